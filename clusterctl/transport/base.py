@@ -1,0 +1,62 @@
+"""The Transport protocol and its value types."""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from clusterctl.inventory import Host
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    connect_timeout: float = 5.0
+    command_timeout: float = 30.0
+    keepalive_s: int = 5
+    connect_retries: int = 2          # extra attempts, transient connect errors only
+    accept_new_host_keys: bool = False
+    ssh_config: str | None = None     # default ~/.ssh/config
+    known_hosts: str | None = None    # default ~/.ssh/known_hosts
+
+
+class Transport(Protocol):
+    """Runs commands on one host. ``argv`` is always a list; it is quoted with ``shlex.join``."""
+
+    host: "Host"
+
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult: ...
+
+    def put(self, data: bytes, path: str, mode: int = 0o600) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def quote(argv: Sequence[str]) -> str:
+    """The one place argv becomes a shell string."""
+    return shlex.join([str(a) for a in argv])
+
+
+def connect(host: "Host", options: ConnectOptions | None = None) -> Transport:
+    """Open a transport for ``host`` according to its ``clusterctl_connection``."""
+    options = options or ConnectOptions()
+    if host.connection == "local":
+        from clusterctl.transport.local import LocalTransport
+
+        return LocalTransport(host, options)
+    from clusterctl.transport.ssh import SSHTransport
+
+    return SSHTransport(host, options)

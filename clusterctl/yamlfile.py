@@ -1,0 +1,87 @@
+"""YAML loading that remembers where every mapping key was, so errors can say ``FILE:LINE``.
+
+``load_yaml_with_lines(path)`` returns plain Python values, except mappings are ``LineDict`` (a ``dict`` with a
+``lines`` attribute: key -> 1-based line, and ``line``: the line the mapping starts on) and sequences are
+``LineList`` (with ``lines``: index -> line). Duplicate keys and malformed YAML raise ``InputError``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from clusterctl.errors import InputError
+
+
+class LineDict(dict):
+    line: int = 0
+    lines: dict
+
+
+class LineList(list):
+    line: int = 0
+    lines: dict
+
+
+def _loader_for(file: str):
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader, node, deep=False):
+        loader.flatten_mapping(node)
+        out = LineDict()
+        out.line, out.lines = node.start_mark.line + 1, {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                raise InputError(file, key_node.start_mark.line + 1, "mapping key is not a scalar") from None
+            if key in out:
+                raise InputError(file, key_node.start_mark.line + 1, f"duplicate key {key!r}")
+            out[key] = loader.construct_object(value_node, deep=True)
+            out.lines[key] = key_node.start_mark.line + 1
+        return out
+
+    def construct_sequence(loader, node, deep=False):
+        out = LineList(loader.construct_object(child, deep=True) for child in node.value)
+        out.line = node.start_mark.line + 1
+        out.lines = {i: child.start_mark.line + 1 for i, child in enumerate(node.value)}
+        return out
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, construct_sequence)
+    return Loader
+
+
+def loads(text: str, file: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_loader_for(file))  # noqa: S506 - SafeLoader subclass
+    except InputError:
+        raise
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else None
+        raise InputError(file, line, f"malformed YAML: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise InputError(file, None, f"malformed YAML: {e}") from None
+    except RecursionError:
+        raise InputError(file, None, "malformed YAML: nested too deeply") from None
+
+
+def load_yaml_with_lines(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise InputError(path, None, "file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(path, None, f"cannot read file: {e.__class__.__name__}: {getattr(e, 'strerror', None) or e}") from None
+    return loads(text, path)
+
+
+def line_of(node: Any, key: Any = None) -> int | None:
+    """Line of ``key`` in mapping/sequence ``node`` (or of the node itself)."""
+    if key is not None and isinstance(node, (LineDict, LineList)):
+        return node.lines.get(key, node.line or None)
+    return getattr(node, "line", None) or None
