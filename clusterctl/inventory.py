@@ -5,13 +5,12 @@ Errors are ``InputError`` with the YAML line of the offending key.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
-
-import yaml
 
 from clusterctl.errors import InputError, UserError
 from clusterctl.yamlfile import load_yaml_with_lines, line_of
@@ -53,6 +52,8 @@ class Host:
     proxy_jump: str | None = None
     groups: tuple[str, ...] = ()
     vars: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # var name -> (file, line) where its effective value was set; for errors found after loading
+    origin: Mapping[str, tuple[str, int | None]] = field(default_factory=dict, compare=False, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -115,3 +116,198 @@ def load(path: str | None) -> Inventory:
     if resolved is None:
         return default_inventory()
     return parse(resolved)
+
+
+# ---------------------------------------------------------------- parsing
+
+GROUP_KEYS = ("hosts", "children", "vars")
+
+
+def expand_range(pattern: str) -> list[str]:
+    """``gpu[01:16]`` -> gpu01..gpu16 (width kept); ``n[a:c]`` -> na, nb, nc; ``[0:10:2]`` strides."""
+    m = RANGE_RE.search(pattern)
+    if not m:
+        return [pattern]
+    lo, hi, step = m.group(1), m.group(2), int(m.group(3) or 1)
+    head, tail = pattern[: m.start()], pattern[m.end():]
+    if lo.isdigit() != hi.isdigit():
+        raise ValueError(f"bad range [{lo}:{hi}]")
+    if lo.isdigit():
+        width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
+        items = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1, step)]
+    else:
+        items = [chr(c) for c in range(ord(lo), ord(hi) + 1, step)]
+    if not items:
+        raise ValueError(f"empty range [{lo}:{hi}]")
+    return [x for item in items for x in expand_range(head + item + tail)]
+
+
+class _Parser:
+    def __init__(self, file: str):
+        self.file = file
+        self.group_vars: dict[str, tuple[int, dict, dict]] = {}   # group -> (depth, vars, lines)
+        self.host_vars: dict[str, list[tuple[dict, dict]]] = {}   # host -> [(vars, lines)] in order
+        self.host_lines: dict[str, int | None] = {}
+        self.membership: dict[str, set[str]] = {}                 # host -> groups (incl. ancestors)
+        self.groups: dict[str, list[str]] = {}                    # group -> hosts in order
+
+    def err(self, node, key, message, dotted=None):
+        raise InputError(self.file, line_of(node, key), message, key=dotted)
+
+    def group(self, name: str, node: Any, ancestors: tuple[str, ...], parent: Any, key_in_parent: Any) -> None:
+        if name in ancestors:
+            self.err(parent, key_in_parent, f"group {name!r} contains itself")
+        if node is None:
+            node = {}
+        if not isinstance(node, dict):
+            self.err(parent, key_in_parent, f"group {name!r} must be a mapping with hosts/children/vars")
+        for k in node:
+            if k not in GROUP_KEYS:
+                hint = difflib.get_close_matches(str(k), GROUP_KEYS, 1)
+                self.err(node, k, f"unknown key {k!r} in group {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+        chain = ancestors + (name,)
+        depth = len(ancestors)
+        gvars = node.get("vars") or {}
+        if not isinstance(gvars, dict):
+            self.err(node, "vars", "vars must be a mapping", dotted=f"{name}.vars")
+        self.check_vars(gvars)
+        prev = self.group_vars.get(name)
+        if prev is None or prev[0] < depth:
+            merged = dict(prev[1]) if prev else {}
+            merged.update(gvars)
+            lines = dict(prev[2]) if prev else {}
+            lines.update({k: line_of(gvars, k) for k in gvars})
+            self.group_vars[name] = (depth, merged, lines)
+        else:
+            prev[1].update(gvars)
+            prev[2].update({k: line_of(gvars, k) for k in gvars})
+        self.groups.setdefault(name, [])
+        hosts = node.get("hosts") or {}
+        if not isinstance(hosts, dict):
+            self.err(node, "hosts", "hosts must be a mapping of host names (to their vars or nothing)",
+                     dotted=f"{name}.hosts")
+        seen_here: set[str] = set()
+        for pattern, hvars in hosts.items():
+            if not isinstance(pattern, str):
+                self.err(hosts, pattern, f"host name must be a string, got {pattern!r}")
+            try:
+                names = expand_range(pattern)
+            except ValueError as e:
+                self.err(hosts, pattern, f"host {pattern!r}: {e}")
+            if hvars is None:
+                hvars = {}
+            if not isinstance(hvars, dict):
+                self.err(hosts, pattern, f"host {pattern!r}: vars must be a mapping")
+            self.check_vars(hvars)
+            for hn in names:
+                if not HOSTNAME_RE.match(hn):
+                    self.err(hosts, pattern, f"invalid host name {hn!r} (letters, digits, '.', '-', '_')")
+                if hn in seen_here:
+                    self.err(hosts, pattern, f"duplicate host {hn!r} in group {name!r}")
+                seen_here.add(hn)
+                self.host_vars.setdefault(hn, []).append((hvars, {k: line_of(hvars, k) for k in hvars}))
+                self.host_lines.setdefault(hn, line_of(hosts, pattern))
+                self.membership.setdefault(hn, set()).update(chain)
+                for g in chain:
+                    if hn not in self.groups.setdefault(g, []):
+                        self.groups[g].append(hn)
+        children = node.get("children") or {}
+        if not isinstance(children, dict):
+            self.err(node, "children", "children must be a mapping of group names", dotted=f"{name}.children")
+        for child, cnode in children.items():
+            if not isinstance(child, str) or not HOSTNAME_RE.match(child):
+                self.err(children, child, f"invalid group name {child!r}")
+            self.group(child, cnode, chain, children, child)
+
+    def check_vars(self, vars_: dict) -> None:
+        for k, v in vars_.items():
+            if not isinstance(k, str):
+                self.err(vars_, k, f"variable name must be a string, got {k!r}")
+            if k.startswith(("ansible_", "clusterctl_")):
+                if k not in KNOWN_VARS:
+                    hint = difflib.get_close_matches(k, list(KNOWN_VARS), 1)
+                    self.err(vars_, k, "unknown variable" + (f" (did you mean {hint[0]!r}?)" if hint else ""), dotted=k)
+                types, _ = KNOWN_VARS[k]
+                if isinstance(v, bool) or not isinstance(v, types):
+                    want = " or ".join(t.__name__ for t in types).replace("str", "string").replace("int", "integer")
+                    self.err(vars_, k, f"must be {want}, got {type(v).__name__} {v!r}", dotted=k)
+                self.check_value(vars_, k, v)
+
+    def check_value(self, vars_: dict, k: str, v: Any) -> None:
+        if isinstance(v, str) and ("\x00" in v or "\n" in v):
+            self.err(vars_, k, "must be a single line", dotted=k)
+        if k == "ansible_port" and not 1 <= v <= 65535:
+            self.err(vars_, k, f"port out of range 1..65535: {v}", dotted=k)
+        if k == "clusterctl_gpus" and v < 0:
+            self.err(vars_, k, f"must be >= 0, got {v}", dotted=k)
+        if k in ("clusterctl_connection", "ansible_connection") and v not in CONNECTIONS:
+            self.err(vars_, k, f"must be one of {', '.join(CONNECTIONS)}, got {v!r}", dotted=k)
+        if k == "clusterctl_runtime" and v not in RUNTIMES:
+            self.err(vars_, k, f"must be one of {', '.join(RUNTIMES)}, got {v!r}", dotted=k)
+        if k in ("ansible_host", "ansible_user", "clusterctl_interface", "clusterctl_proxy_jump"):
+            if not v or v.startswith("-") or any(c.isspace() for c in v):
+                self.err(vars_, k, f"invalid value {v!r} (empty, leading '-' or whitespace)", dotted=k)
+
+    def resolve(self) -> Inventory:
+        hosts = []
+        for hn, defs in self.host_vars.items():
+            merged: dict[str, Any] = {}
+            origin: dict[str, tuple[str, int | None]] = {}
+            groups = sorted(self.membership[hn], key=lambda g: (self.group_vars[g][0], g))
+            for g in groups:
+                _, gv, gl = self.group_vars[g]
+                merged.update(gv)
+                origin.update({k: (self.file, gl.get(k)) for k in gv})
+            for hv, hl in defs:
+                merged.update(hv)
+                origin.update({k: (self.file, hl.get(k)) for k in hv})
+            connection = merged.get("clusterctl_connection", merged.get("ansible_connection", "ssh"))
+            hosts.append(Host(
+                name=hn,
+                address=merged.get("ansible_host", hn),
+                port=merged.get("ansible_port"),
+                user=merged.get("ansible_user"),
+                key_file=merged.get("ansible_ssh_private_key_file"),
+                connection=connection,
+                runtime=merged.get("clusterctl_runtime", "docker"),
+                gpus=merged.get("clusterctl_gpus"),
+                interface=merged.get("clusterctl_interface"),
+                known_hosts=merged.get("clusterctl_known_hosts"),
+                proxy_jump=merged.get("clusterctl_proxy_jump"),
+                groups=tuple(g for g in groups),
+                vars=merged,
+                origin=origin,
+            ))
+        for g in self.groups:
+            if g in self.host_vars:
+                raise InputError(self.file, self.host_lines.get(g), f"name {g!r} is both a host and a group")
+        return Inventory(source=self.file, hosts=tuple(hosts),
+                         groups={g: tuple(v) for g, v in self.groups.items()})
+
+
+def parse(path: str) -> Inventory:
+    data = load_yaml_with_lines(path)
+    return parse_data(data, path)
+
+
+def parse_data(data: Any, file: str) -> Inventory:
+    if data is None:
+        raise InputError(file, None, "inventory is empty: expected 'all:' with hosts")
+    if not isinstance(data, dict):
+        raise InputError(file, line_of(data) or 1, "inventory must be a mapping with an 'all' group")
+    p = _Parser(file)
+    top = data.get("all")
+    if "all" in data:
+        p.group("all", top, (), data, "all")
+    else:
+        p.group_vars["all"] = (0, {}, {})
+    for name, node in data.items():
+        if name == "all":
+            continue
+        if not isinstance(name, str) or not HOSTNAME_RE.match(name):
+            raise InputError(file, line_of(data, name), f"invalid group name {name!r}")
+        p.group(name, node, ("all",), data, name)
+    inv = p.resolve()
+    if not inv.hosts:
+        raise InputError(file, line_of(data) or 1, "inventory defines no hosts")
+    return inv

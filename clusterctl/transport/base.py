@@ -60,3 +60,15 @@ def connect(host: "Host", options: ConnectOptions | None = None) -> Transport:
     from clusterctl.transport.ssh import SSHTransport
 
     return SSHTransport(host, options)
+
+
+# Writes stdin to "$1" with a private umask, then sets the mode. Fixed text; values only as argv.
+_PUT_SCRIPT = 'umask 077 && cat > "$1" && chmod "$2" "$1"'
+
+
+def put_via_run(transport: Transport, data: bytes, path: str, mode: int) -> None:
+    from clusterctl.errors import TransportError
+
+    r = transport.run(["sh", "-c", _PUT_SCRIPT, "sh", path, format(mode, "o")], stdin=data)
+    if not r.ok:
+        raise TransportError(transport.host.name, f"cannot write {path}: {r.stderr.strip()}")

@@ -1,0 +1,37 @@
+"""The ``local`` connection: the same interface as SSH, run with subprocess on this machine."""
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import TYPE_CHECKING, Sequence
+
+from clusterctl.errors import CommandTimeout
+from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run
+
+if TYPE_CHECKING:
+    from clusterctl.inventory import Host
+
+
+class LocalTransport:
+    def __init__(self, host: "Host", options: ConnectOptions):
+        self.host, self.options = host, options
+        self.connect_s = 0.0
+
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        argv = tuple(str(a) for a in argv)
+        timeout = timeout or self.options.command_timeout
+        start = time.monotonic()
+        try:
+            p = subprocess.run(argv, input=stdin or b"", capture_output=True, timeout=timeout, start_new_session=True)
+        except subprocess.TimeoutExpired:
+            raise CommandTimeout(self.host.name, f"command timed out after {timeout:g}s: {argv[0]}") from None
+        except OSError as e:
+            return CommandResult(argv, 127, "", f"{argv[0]}: {e.strerror}", time.monotonic() - start)
+        return CommandResult(argv, p.returncode, p.stdout.decode(errors="replace"),
+                             p.stderr.decode(errors="replace"), time.monotonic() - start)
+
+    def put(self, data: bytes, path: str, mode: int = 0o600) -> None:
+        put_via_run(self, data, path, mode)
+
+    def close(self) -> None:
+        pass

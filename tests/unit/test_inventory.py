@@ -1,0 +1,98 @@
+"""Inventory parsing against golden fixtures: tests/fixtures/inventory/{ok,errors}.
+
+ok/<case>.yaml resolves to ok/<case>.json (regenerate with UPDATE_GOLDEN=1 after checking the diff);
+errors/<case>.yaml must fail with exactly the message in EXPECTED_ERRORS (file:line: message).
+"""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from clusterctl import inventory
+from clusterctl.errors import InputError
+
+FIX = Path(__file__).parent.parent / "fixtures" / "inventory"
+OK = sorted((FIX / "ok").glob("*.yaml"))
+
+
+def resolved(inv):
+    return {"hosts": [{k: v for k, v in h.to_dict().items()} for h in inv.hosts],
+            "groups": {g: list(v) for g, v in inv.groups.items()}}
+
+
+@pytest.mark.parametrize("path", OK, ids=[p.stem for p in OK])
+def test_golden(path):
+    got = resolved(inventory.parse(str(path)))
+    golden = path.with_suffix(".json")
+    if os.environ.get("UPDATE_GOLDEN") or not golden.exists():
+        golden.write_text(json.dumps(got, indent=2) + "\n")
+    assert got == json.loads(golden.read_text())
+
+
+EXPECTED_ERRORS = {
+    "unknown_var": "5: clusterctl_gpu: unknown variable (did you mean 'clusterctl_gpus'?)",
+    "bad_type": "3: ansible_port: must be integer, got str '22'",
+    "duplicate_host": "5: duplicate key 'a'",
+    "malformed": "4: malformed YAML",
+    "bad_runtime": "5: clusterctl_runtime: must be one of docker, podman, bare, got 'kubernetes'",
+    "port_range": "3: ansible_port: port out of range 1..65535: 70000",
+    "empty": "inventory is empty",
+    "no_hosts": "1: inventory defines no hosts",
+    "bad_group_key": "4: unknown key 'host' in group 'gpu' (did you mean 'hosts'?)",
+    "range_overlap": "4: duplicate host 'gpu02' in group 'all'",
+    "bad_hostname": "3: invalid host name 'a;rm -rf /'",
+    "host_is_group": "3: name 'gpu' is both a host and a group",
+    "leading_dash": "4: ansible_host: invalid value '-oProxyCommand=touch /tmp/pwned'",
+    "top_list": "1: inventory must be a mapping",
+}
+
+
+def test_every_error_fixture_has_an_expectation():
+    assert {p.stem for p in (FIX / "errors").glob("*.yaml")} == set(EXPECTED_ERRORS)
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED_ERRORS))
+def test_errors_name_file_and_line(case):
+    path = str(FIX / "errors" / f"{case}.yaml")
+    with pytest.raises(InputError) as e:
+        inventory.parse(path)
+    assert str(e.value).startswith(f"{path}:"), str(e.value)
+    assert EXPECTED_ERRORS[case] in str(e.value)
+    assert e.value.exit_code == 2
+
+
+def test_precedence_host_over_child_over_parent_over_all():
+    inv = inventory.parse(str(FIX / "ok" / "groups.yaml"))
+    g1, g2, g4, b = (inv.get(n) for n in ("gpu01", "gpu02", "gpu04", "bastion"))
+    assert (g1.interface, g1.port, g1.address, g1.gpus) == ("eth1", 2200, "10.0.0.1", 8)  # child group wins
+    assert (g2.interface, g2.port, g2.address) == ("ib0", None, "gpu02")                  # parent group
+    assert g4.gpus == 4                                                                   # host var wins
+    assert (b.gpus, b.runtime, b.user) == (0, "bare", "root")                             # all vars
+    assert inv.select(["rack1", "login", "gpu01"]) == [g1, b]
+
+
+def test_ranges():
+    inv = inventory.parse(str(FIX / "ok" / "ranges.yaml"))
+    assert [h.name for h in inv.hosts] == ["node1", "node2", "node3", "racka-08", "racka-10", "rackb-08", "rackb-10"]
+    assert inv.get("rackb-10").user == "ops"
+
+
+def test_default_when_nothing_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CLUSTERCTL_INVENTORY", raising=False)
+    inv = inventory.load(None)
+    assert [(h.name, h.connection, h.runtime) for h in inv.hosts] == [("localhost", "local", "bare")]
+    (tmp_path / "inventory.yaml").write_text("all:\n  hosts:\n    here:\n")
+    assert inventory.load(None).hosts[0].name == "here"
+    (tmp_path / "env.yaml").write_text("all:\n  hosts:\n    fromenv:\n")
+    monkeypatch.setenv("CLUSTERCTL_INVENTORY", str(tmp_path / "env.yaml"))
+    assert inventory.load(None).hosts[0].name == "fromenv"
+
+
+def test_shipped_examples_parse():
+    root = Path(__file__).parent.parent.parent / "inventories"
+    files = sorted(root.glob("*.yaml"))
+    assert {f.name for f in files} >= {"local.yaml", "gpu-cluster.yaml"}
+    for f in files:
+        assert inventory.parse(str(f)).hosts
