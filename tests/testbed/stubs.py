@@ -1,0 +1,238 @@
+"""Per-host hardware profiles and the stub GPU tools generated from them.
+
+A profile is a plain dict. ``profile(**overrides)`` fills in every key:
+
+==================  =========================  ================================================
+key                 default                    meaning
+==================  =========================  ================================================
+gpus                8                          GPU count; 0 = CPU host: no nvidia-smi at all
+model               "NVIDIA H100 80GB HBM3"    ``name`` column / ``nvidia-smi -L``
+memory_mib          81559                      ``memory.total`` in MiB
+driver              "550.54.15"                driver_version (also NVRM version)
+cuda                "12.4"                     CUDA version in the ``nvidia-smi`` banner
+ecc_uncorrectable   [0] * gpus                 ``ecc.errors.uncorrected.volatile.total`` per GPU
+retired_pending     [False] * gpus             ``retired_pages.pending`` per GPU (Yes/No)
+mismatch            False                      every nvidia-smi call fails with NVML mismatch, exit 18
+toolkit             True (False if gpus == 0)  nvidia-ctk + nvidia-container-cli present
+toolkit_version     "1.14.6"                   ``nvidia-ctk --version``
+cdi                 True (False if gpus == 0)  ``nvidia-ctk cdi list`` lists the GPUs
+image               True                       ``localhost/pytorch-cuda:v2.7-ssh`` in the host's store
+docker              False                      a ``docker`` shim (``exec podman "$@"``) in the stub bin
+==================  =========================  ================================================
+
+Formats the stubs print (copied from the real tools; parsers are written against these):
+
+``nvidia-smi --query-gpu=index,name,driver_version,memory.total,ecc.errors.uncorrected.volatile.total,retired_pages.pending,uuid --format=csv,noheader``::
+
+    0, NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB, 0, No, GPU-3b0a5b0e-7d1c-4f4e-8a55-000000000000
+
+  with ``nounits``: ``81559`` instead of ``81559 MiB``. Without ``noheader`` a header line comes first:
+  ``index, name, driver_version, memory.total [MiB], ecc.errors.uncorrected.volatile.total,
+  retired_pages.pending, uuid`` (units in brackets dropped with ``nounits``). Other fields: memory.used,
+  memory.free, pci.bus_id, temperature.gpu, utilization.gpu [%], count, compute_cap,
+  ecc.errors.uncorrected.aggregate.total. An unknown field prints
+  ``Field "x" is not a valid field to query.`` and exits 2. ``-i N`` selects one GPU.
+
+``nvidia-smi -L``::
+
+    GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-3b0a5b0e-7d1c-4f4e-8a55-000000000000)
+
+``nvidia-smi`` (no args): the usual banner table containing
+``| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4 |``.
+
+``nvidia-smi --version``::
+
+    NVIDIA-SMI version  : 550.54.15
+    NVML version        : 550.54
+    DRIVER version      : 550.54.15
+    CUDA Version        : 12.4
+
+With ``mismatch`` any call prints ``Failed to initialize NVML: Driver/library version mismatch`` (stdout)
+and exits 18.
+
+``nvidia-ctk --version``::
+
+    NVIDIA Container Toolkit CLI version 1.14.6
+    commit: 5605d191332dcfeea802c4497360d60a65c7887e
+
+``nvidia-ctk cdi list``: ``INFO[0000] Found 9 CDI devices`` on **stderr** (logrus), then on stdout one
+device per line: ``nvidia.com/gpu=0`` ... ``nvidia.com/gpu=7``, ``nvidia.com/gpu=all``. Without ``cdi``:
+``INFO[0000] Found 0 CDI devices`` and nothing on stdout.
+
+``nvidia-container-cli --version``: ``cli-version: 1.14.6`` / ``lib-version: 1.14.6``;
+``nvidia-container-cli info``: ``NVRM version:   550.54.15``, ``CUDA version:   12.4``, then per GPU
+``Device Index:   0`` / ``Model:          NVIDIA H100 80GB HBM3`` / ``GPU UUID:       GPU-...`` / ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
+
+
+def profile(**overrides) -> dict:
+    """A complete profile: defaults, then ``overrides``; per-GPU lists sized to ``gpus``."""
+    unknown = set(overrides) - set(_DEFAULTS) - {"ecc_uncorrectable", "retired_pending", "toolkit", "cdi"}
+    if unknown:
+        raise ValueError(f"unknown profile keys: {sorted(unknown)}")
+    p = dict(_DEFAULTS)
+    p.update({k: v for k, v in overrides.items() if v is not None})
+    n = int(p["gpus"])
+    p.setdefault("toolkit", n > 0)
+    p.setdefault("cdi", n > 0)
+    p["ecc_uncorrectable"] = list(p.get("ecc_uncorrectable") or [0] * n)
+    p["retired_pending"] = [bool(x) for x in (p.get("retired_pending") or [False] * n)]
+    if len(p["ecc_uncorrectable"]) != n or len(p["retired_pending"]) != n:
+        raise ValueError("ecc_uncorrectable / retired_pending need one entry per GPU")
+    return p
+
+
+_DEFAULTS = {
+    "gpus": 8,
+    "model": DEFAULT_MODEL,
+    "memory_mib": 81559,
+    "driver": "550.54.15",
+    "cuda": "12.4",
+    "mismatch": False,
+    "toolkit_version": "1.14.6",
+    "image": True,
+    "docker": False,
+}
+
+
+def gpu_uuid(host_index: int, gpu: int) -> str:
+    return f"GPU-3b0a5b0e-7d1c-4f4e-8a55-{host_index:06d}{gpu:06d}"
+
+
+def write_stubs(bin_dir: Path, prof: dict, host_index: int) -> None:
+    """(Re)write the stub tools for one host into ``bin_dir``."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("nvidia-smi", "nvidia-ctk", "nvidia-container-cli", "docker"):
+        (bin_dir / name).unlink(missing_ok=True)
+    data = dict(prof, uuids=[gpu_uuid(host_index, i) for i in range(prof["gpus"])])
+    (bin_dir / "profile.json").write_text(json.dumps(data, indent=1))
+    header = f"#!{os.path.realpath(sys.executable)} -IS\nPROFILE = {str(bin_dir / 'profile.json')!r}\n"
+    if prof["gpus"] > 0:
+        _script(bin_dir / "nvidia-smi", header + _NVIDIA_SMI)
+    if prof["toolkit"]:
+        _script(bin_dir / "nvidia-ctk", header + _NVIDIA_CTK)
+        _script(bin_dir / "nvidia-container-cli", header + _NVIDIA_CONTAINER_CLI)
+    if prof["docker"]:
+        _script(bin_dir / "docker", '#!/bin/sh\nexec podman "$@"\n')
+
+
+def _script(path: Path, text: str) -> None:
+    path.write_text(text)
+    os.chmod(path, 0o755)
+
+
+# The stubs run with the interpreter that built the testbed (-S: no site import, fast start).
+_NVIDIA_SMI = r'''
+import json, sys
+P = json.load(open(PROFILE))
+if P["mismatch"]:
+    print("Failed to initialize NVML: Driver/library version mismatch")
+    sys.exit(18)
+args = sys.argv[1:]
+n = P["gpus"]
+sel = list(range(n))
+if "-i" in args:
+    sel = [int(x) for x in args[args.index("-i") + 1].split(",")]
+    if any(i >= n for i in sel):
+        print("No devices were found"); sys.exit(6)
+def fields(i):
+    return {
+        "index": (str(i), None), "count": (str(n), None), "name": (P["model"], None),
+        "driver_version": (P["driver"], None), "uuid": (P["uuids"][i], None),
+        "memory.total": (str(P["memory_mib"]), "MiB"), "memory.used": ("0", "MiB"),
+        "memory.free": (str(P["memory_mib"] - 0), "MiB"),
+        "pci.bus_id": ("00000000:%02X:00.0" % (0x18 + 0x10 * i), None),
+        "temperature.gpu": ("34", None), "utilization.gpu": ("0", "%"), "compute_cap": ("9.0", None),
+        "ecc.errors.uncorrected.volatile.total": (str(P["ecc_uncorrectable"][i]), None),
+        "ecc.errors.uncorrected.aggregate.total": (str(P["ecc_uncorrectable"][i]), None),
+        "retired_pages.pending": ("Yes" if P["retired_pending"][i] else "No", None),
+    }
+query = [a for a in args if a.startswith("--query-gpu=")]
+if query:
+    names = query[0].split("=", 1)[1].split(",")
+    fmt = next((a.split("=", 1)[1] for a in args if a.startswith("--format=")), "csv").split(",")
+    known = fields(0) if n else {}
+    for f in names:
+        if f not in known:
+            print('Field "%s" is not a valid field to query.' % f); sys.exit(2)
+    nounits = "nounits" in fmt
+    if "noheader" not in fmt:
+        print(", ".join(f + ("" if nounits or not known[f][1] else " [%s]" % known[f][1]) for f in names))
+    for i in sel:
+        fs = fields(i)
+        print(", ".join(fs[f][0] + ("" if nounits or not fs[f][1] else " " + fs[f][1]) for f in names))
+    sys.exit(0)
+if args[:1] == ["-L"]:
+    for i in sel:
+        print("GPU %d: %s (UUID: %s)" % (i, P["model"], P["uuids"][i]))
+    sys.exit(0)
+if args[:1] == ["--version"]:
+    print("NVIDIA-SMI version  : %s" % P["driver"])
+    print("NVML version        : %s" % ".".join(P["driver"].split(".")[:2]))
+    print("DRIVER version      : %s" % P["driver"])
+    print("CUDA Version        : %s" % P["cuda"])
+    sys.exit(0)
+if args:
+    print("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."); sys.exit(2)
+line = "+" + "-" * 89 + "+"
+print("Mon Jan  1 00:00:00 2024")
+print(line)
+print("| NVIDIA-SMI %-22s Driver Version: %-14s CUDA Version: %-9s|" % (P["driver"], P["driver"], P["cuda"]))
+print("|" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+")
+print("| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |")
+print("| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |")
+print("|" + "=" * 41 + "+" + "=" * 24 + "+" + "=" * 22 + "|")
+for i in sel:
+    fs = fields(i)
+    print("| %3d  %-28s    On | %s Off | %20s |" % (i, P["model"][:28], fs["pci.bus_id"][0], fs["ecc.errors.uncorrected.volatile.total"][0]))
+    print("| N/A   34C    P0     70W / 700W |      0MiB / %5dMiB |      0%%      Default |" % P["memory_mib"])
+    print("+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+")
+'''
+
+_NVIDIA_CTK = r'''
+import json, sys
+P = json.load(open(PROFILE))
+args = sys.argv[1:]
+if args[:1] in (["--version"], ["-v"]):
+    print("NVIDIA Container Toolkit CLI version %s" % P["toolkit_version"])
+    print("commit: 5605d191332dcfeea802c4497360d60a65c7887e")
+    sys.exit(0)
+if args[:2] == ["cdi", "list"]:
+    devs = (["nvidia.com/gpu=%d" % i for i in range(P["gpus"])] + ["nvidia.com/gpu=all"]) if P["cdi"] and P["gpus"] else []
+    sys.stderr.write("INFO[0000] Found %d CDI devices\n" % len(devs))
+    for d in devs:
+        print(d)
+    sys.exit(0)
+sys.stderr.write("Incorrect Usage. flag provided but not defined\n")
+sys.exit(1)
+'''
+
+_NVIDIA_CONTAINER_CLI = r'''
+import json, sys
+P = json.load(open(PROFILE))
+args = sys.argv[1:]
+if args[:1] == ["--version"]:
+    print("cli-version: %s\nlib-version: %s\nbuild date: 2024-02-07T18:41+00:00" % (P["toolkit_version"], P["toolkit_version"]))
+    sys.exit(0)
+if "info" in args:
+    if P["mismatch"]:
+        sys.stderr.write("nvidia-container-cli: initialization error: nvml error: driver/library version mismatch\n")
+        sys.exit(1)
+    print("NVRM version:   %s\nCUDA version:   %s\n" % (P["driver"], P["cuda"]))
+    for i in range(P["gpus"]):
+        print("Device Index:   %d\nDevice Minor:   %d\nModel:          %s\nBrand:          Nvidia\n"
+              "GPU UUID:       %s\nBus Location:   00000000:%02x:00.0\nArchitecture:   9.0\n"
+              % (i, i, P["model"], P["uuids"][i], 0x18 + 0x10 * i))
+    sys.exit(0)
+sys.stderr.write("Usage: nvidia-container-cli [OPTION...] COMMAND\n")
+sys.exit(1)
+'''
