@@ -1,0 +1,286 @@
+"""The supervisor: observe every node, classify what happened, act (relaunch from the latest valid checkpoint).
+
+The loop is small and explicit, like torch.distributed.elastic's agent monitor loop: ``classify`` is a pure
+function of the observations, and every side effect goes through the ``NodeOps`` passed in, so tests drive the
+loop with a fake fed a scripted sequence of observations.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable, Protocol, Sequence
+
+from clusterctl.state import JobState, Store
+
+
+class Verdict(str, Enum):
+    CONTINUE = "continue"
+    SUCCESS = "success"
+    USER_ERROR = "user_error"        # a rank exited non-zero while every node is healthy
+    NODE_LOST = "node_lost"          # unreachable K times, container/process gone, killed by a signal
+    RDZV_LOST = "rendezvous_lost"    # the lost node was the rendezvous host
+    HANG = "hang"                    # no progress for hang_timeout
+    STOPPED = "stopped"              # someone ran `clusterctl stop`
+
+
+INFRA = (Verdict.NODE_LOST, Verdict.RDZV_LOST, Verdict.HANG)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One probe of one node. ``state``: running | exited | missing (no container/process) | unreachable."""
+
+    node: str
+    state: str
+    exit_code: int | None = None
+    signal: str | None = None
+    progress: bool = False           # new log output or a new checkpoint since the last probe
+    error_tail: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    lost: tuple[str, ...] = ()
+    node: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    message: str = ""
+    error_tail: str = ""
+
+
+@dataclass
+class Health:
+    """Per-attempt memory of the monitor: consecutive probe failures and time of last progress."""
+
+    started: float
+    last_progress: float
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, probe_failures: int,
+             hang_timeout_s: float, now: float) -> Decision:
+    """Pure: what the latest round of observations means for the attempt."""
+    for o in obs:
+        health.failures[o.node] = health.failures.get(o.node, 0) + 1 if o.state == "unreachable" else 0
+        if o.progress:
+            health.last_progress = now
+    lost = [o for o in obs if o.state == "missing" or o.signal in ("SIGKILL",)
+            or health.failures.get(o.node, 0) >= probe_failures]
+    if lost:
+        names = tuple(o.node for o in lost)
+        first = lost[0]
+        verdict = Verdict.RDZV_LOST if rdzv_host in names else Verdict.NODE_LOST
+        why = {"missing": "its container/process is gone", "unreachable":
+               f"unreachable for {probe_failures} consecutive probes"}.get(first.state, f"killed by {first.signal}")
+        return Decision(verdict, names, first.node, first.exit_code, first.signal,
+                        f"node {first.node} lost: {why}", first.error_tail)
+    if any(o.state == "unreachable" for o in obs):
+        return Decision(Verdict.CONTINUE)  # one failed probe is not a lost node (SkyPilot's lesson)
+    failed = [o for o in obs if o.state == "exited" and o.exit_code not in (0, None)]
+    if failed:
+        f = failed[0]
+        return Decision(Verdict.USER_ERROR, (), f.node, f.exit_code, f.signal,
+                        f"node {f.node} exited with code {f.exit_code}", f.error_tail)
+    if obs and all(o.state == "exited" and o.exit_code == 0 for o in obs):
+        return Decision(Verdict.SUCCESS, message="every node finished with exit code 0")
+    if now - health.last_progress > hang_timeout_s:
+        return Decision(Verdict.HANG, message=f"no progress (log output or checkpoint) for {hang_timeout_s:g}s")
+    return Decision(Verdict.CONTINUE)
+
+
+class NodeOps(Protocol):
+    """Everything the supervisor does to the cluster. The real one is ``launcher.ClusterOps``."""
+
+    def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> dict[str, str]:
+        """Start the attempt on ``nodes``; returns {node: error} for nodes that failed to start (rolled back)."""
+
+    def observe(self, attempt: int, nodes: Sequence[str]) -> list[Observation]: ...
+
+    def stop(self, attempt: int | None, nodes: Sequence[str]) -> dict[str, str]:
+        """Gang-stop (TERM, grace, KILL, remove). attempt None = every attempt of the job. {node: error}."""
+
+    def reachable(self, nodes: Sequence[str]) -> list[str]: ...
+
+    def latest_checkpoint(self, nodes: Sequence[str]) -> tuple[str, int]: ...
+
+    def stop_requested(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Policy:
+    min_nodes: int
+    max_nodes: int
+    max_failures: int = 3
+    max_node_failures: int = 10
+    backoff_s: float = 1.0
+    backoff_max_s: float = 30.0
+    probe_interval_s: float = 1.0
+    probe_failures: int = 3
+    hang_timeout_s: float = 300.0
+    wait_for_nodes_s: float = 300.0
+
+
+class Supervisor:
+    def __init__(self, job_id: str, store: Store, ops: NodeOps, policy: Policy, nodes: Sequence[str], *,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 on_event: Callable[[str], None] | None = None):
+        self.job_id, self.store, self.ops, self.policy = job_id, store, ops, policy
+        self.all_nodes = list(nodes)
+        self.clock, self.sleep = clock, sleep
+        self.on_event = on_event or (lambda msg: None)
+
+    def event(self, kind: str, message: str, **fields) -> None:
+        self.store.add_event(self.job_id, kind, message, **fields)
+        self.on_event(message)
+
+    # -------------------------------------------------------------------------------------------- the loop
+    def run(self, *, adopt_attempt: int | None = None) -> JobState:
+        """Supervise until the job ends. ``adopt_attempt``: an attempt already running (controller restart)."""
+        job = self.store.get_job(self.job_id)
+        attempt = adopt_attempt if adopt_attempt is not None else job.attempt
+        excluded: set[str] = set()
+        running = adopt_attempt is not None
+        nodes: list[str] = []
+        rdzv = ""
+        if running:
+            a = self.store.attempts(self.job_id)[-1]
+            nodes, rdzv = list(a.nodes), a.rdzv_host
+            self.event("adopt", f"controller restarted: re-attached to attempt {attempt} on {', '.join(nodes)}",
+                       attempt=attempt, klass="controller_restart")
+        while True:
+            if not running:
+                attempt += 1
+                started = self._start_attempt(attempt, excluded)
+                if started is None:
+                    return self.store.get_job(self.job_id).state
+                nodes, rdzv = started
+                running = True
+            decision = self._monitor(attempt, nodes, rdzv)
+            running = False
+            end = self._act(decision, attempt, nodes, excluded)
+            if end is not None:
+                return end
+
+    def _start_attempt(self, attempt: int, excluded: set[str]) -> tuple[list[str], str] | None:
+        p = self.policy
+        while True:
+            candidates = [n for n in self.all_nodes if n not in excluded]
+            healthy = self.ops.reachable(candidates)
+            if len(healthy) < p.min_nodes:
+                healthy = self._wait_for_nodes(excluded)
+                if healthy is None:
+                    return None
+            nodes = healthy[: p.max_nodes]
+            rdzv = nodes[0]
+            path, step = self.ops.latest_checkpoint(nodes)
+            self.store.set_state(self.job_id, JobState.STARTING)
+            self.store.start_attempt(self.job_id, attempt, rdzv, f"{self._name()}-{attempt}", nodes, path or None,
+                                     step if path else None)
+            self.event("start", f"attempt {attempt}: starting on {', '.join(nodes)} (rendezvous {rdzv}); "
+                                + (f"resuming from {path} (step {step})" if path else "no checkpoint yet"),
+                       attempt=attempt, checkpoint_step=step if path else None)
+            errors = self.ops.start(attempt, nodes, rdzv, (path, step))
+            if not errors:
+                self.store.set_state(self.job_id, JobState.RUNNING)
+                return nodes, rdzv
+            for node, msg in errors.items():
+                self.event("start_failed", f"attempt {attempt}: {node} failed to start: {msg}",
+                           attempt=attempt, node=node, klass="node_lost")
+            self.store.end_attempt(self.job_id, attempt, "start_failed")
+            excluded.update(errors)
+            if not self._spend(Verdict.NODE_LOST, f"{len(errors)} node(s) failed to start"):
+                return None
+            attempt += 1
+
+    def _wait_for_nodes(self, excluded: set[str]) -> list[str] | None:
+        p = self.policy
+        deadline = self.clock() + p.wait_for_nodes_s
+        self.event("waiting", f"fewer than {p.min_nodes} healthy nodes: waiting up to {p.wait_for_nodes_s:g}s "
+                              "for lost nodes to come back", klass="node_lost")
+        while self.clock() < deadline:
+            if self.ops.stop_requested():
+                self._finish(JobState.STOPPED, "stopped by user")
+                return None
+            healthy = self.ops.reachable(self.all_nodes)
+            if len(healthy) >= p.min_nodes:
+                excluded.difference_update(healthy)
+                return healthy
+            self.sleep(p.probe_interval_s)
+        self._finish(JobState.FAILED, f"fewer than {p.min_nodes} healthy nodes after waiting "
+                                      f"{p.wait_for_nodes_s:g}s")
+        return None
+
+    def _monitor(self, attempt: int, nodes: list[str], rdzv: str) -> Decision:
+        now = self.clock()
+        health = Health(started=now, last_progress=now)
+        while True:
+            if self.ops.stop_requested():
+                return Decision(Verdict.STOPPED, message="stopped by user")
+            obs = self.ops.observe(attempt, nodes)
+            now = self.clock()
+            d = classify(obs, health, rdzv_host=rdzv, probe_failures=self.policy.probe_failures,
+                         hang_timeout_s=self.policy.hang_timeout_s, now=now)
+            for o in obs:
+                self.store.set_node(self.job_id, attempt, o.node, state=o.state, exit_code=o.exit_code,
+                                    signal=o.signal, error_tail=o.error_tail or None)
+            if d.verdict != Verdict.CONTINUE:
+                return d
+            self.sleep(self.policy.probe_interval_s)
+
+    def _act(self, d: Decision, attempt: int, nodes: list[str], excluded: set[str]) -> JobState | None:
+        self.event("verdict", d.message, attempt=attempt, klass=d.verdict.value, node=d.node,
+                   exit_code=d.exit_code, signal=d.signal)
+        if d.verdict == Verdict.SUCCESS:
+            self.store.end_attempt(self.job_id, attempt, "succeeded")
+            self._cleanup(attempt, nodes)
+            return self._finish(JobState.SUCCEEDED, d.message)
+        if d.verdict == Verdict.STOPPED:
+            self.store.end_attempt(self.job_id, attempt, "stopped")
+            self._cleanup(None, self.all_nodes)
+            return self._finish(JobState.STOPPED, d.message)
+        self.store.set_state(self.job_id, JobState.RECOVERING, d.message)
+        self.store.end_attempt(self.job_id, attempt, d.verdict.value)
+        survivors = [n for n in nodes if n not in d.lost]
+        self.event("gang_stop", f"attempt {attempt}: stopping {', '.join(survivors) or 'nothing'}",
+                   attempt=attempt)
+        self._cleanup(attempt, survivors)
+        excluded.update(d.lost)
+        if not self._spend(d.verdict, d.message):
+            self._cleanup(None, self.all_nodes)
+            return self.store.get_job(self.job_id).state
+        return None
+
+    def _spend(self, verdict: Verdict, message: str) -> bool:
+        """Charge one failure to the matching budget; sleep the backoff. False when the budget is exhausted."""
+        job, p = self.store.get_job(self.job_id), self.policy
+        if verdict in INFRA:
+            used, budget, field_ = job.node_failures_used + 1, p.max_node_failures, "node_failures_used"
+        else:
+            used, budget, field_ = job.failures_used + 1, p.max_failures, "failures_used"
+        self.store.update_job(self.job_id, **{field_: used})
+        if used > budget:
+            kind = "infrastructure" if verdict in INFRA else "user-error"
+            self._finish(JobState.FAILED, f"{message}; {kind} restart budget exhausted ({budget} "
+                                          f"{'restarts.max_node_failures' if verdict in INFRA else 'restarts.max_failures'})")
+            return False
+        delay = min(p.backoff_max_s, p.backoff_s * 2 ** (used - 1))
+        if delay:
+            self.event("backoff", f"waiting {delay:g}s before the next attempt")
+            self.sleep(delay)
+        return True
+
+    def _cleanup(self, attempt: int | None, nodes: Sequence[str]) -> None:
+        errors = self.ops.stop(attempt, nodes) if nodes else {}
+        for node, msg in errors.items():
+            self.event("cleanup_pending", f"could not clean up {node}: {msg} (run `clusterctl stop` when it is "
+                                          "reachable again)", node=node)
+
+    def _finish(self, state: JobState, reason: str) -> JobState:
+        self.store.set_state(self.job_id, state, reason)
+        self.event("end", f"job {state.value}: {reason}")
+        return state
+
+    def _name(self) -> str:
+        return self.store.get_job(self.job_id).name

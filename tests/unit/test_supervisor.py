@@ -1,0 +1,133 @@
+"""The supervisor loop driven by a fake cluster fed scripted observations (no network, no sleeps)."""
+from collections import deque
+
+import pytest
+
+from clusterctl.state import JobState, Store
+from clusterctl.supervisor import Health, Observation, Policy, Supervisor, Verdict, classify
+
+R, E, M, U = "running", "exited", "missing", "unreachable"
+
+
+def obs(**states):
+    out = []
+    for node, st in states.items():
+        if isinstance(st, tuple):
+            out.append(Observation(node, st[0], exit_code=st[1], signal=st[2] if len(st) > 2 else None))
+        else:
+            out.append(Observation(node, st, exit_code=0 if st == E else None, progress=st == R))
+    return out
+
+
+def test_classify_needs_k_failed_probes_before_a_node_is_lost():
+    h = Health(0, 0)
+    kw = dict(rdzv_host="a", probe_failures=3, hang_timeout_s=100)
+    assert classify(obs(a=R, b=U), h, now=1, **kw).verdict == Verdict.CONTINUE
+    assert classify(obs(a=R, b=U), h, now=2, **kw).verdict == Verdict.CONTINUE
+    assert classify(obs(a=R, b=R), h, now=3, **kw).verdict == Verdict.CONTINUE   # a success resets the count
+    for t in (4, 5):
+        assert classify(obs(a=R, b=U), h, now=t, **kw).verdict == Verdict.CONTINUE
+    d = classify(obs(a=R, b=U), h, now=6, **kw)
+    assert (d.verdict, d.lost) == (Verdict.NODE_LOST, ("b",))
+
+
+@pytest.mark.parametrize("states,verdict", [
+    (dict(a=(E, 0), b=(E, 0)), Verdict.SUCCESS),
+    (dict(a=R, b=(E, 1)), Verdict.USER_ERROR),
+    (dict(a=(E, 1), b=M), Verdict.NODE_LOST),                 # survivors' errors are consequences
+    (dict(a=(E, 137, "SIGKILL"), b=(E, 1)), Verdict.RDZV_LOST),
+    (dict(a=R, b=(E, 0)), Verdict.CONTINUE),
+])
+def test_classify(states, verdict):
+    assert classify(obs(**states), Health(0, 0), rdzv_host="a", probe_failures=3, hang_timeout_s=100,
+                    now=1).verdict == verdict
+
+
+def test_classify_hang_without_progress():
+    h = Health(0, 0)
+    quiet = [Observation("a", R), Observation("b", R)]
+    assert classify(quiet, h, rdzv_host="a", probe_failures=3, hang_timeout_s=10, now=5).verdict == Verdict.CONTINUE
+    assert classify(quiet, h, rdzv_host="a", probe_failures=3, hang_timeout_s=10, now=11).verdict == Verdict.HANG
+
+
+class FakeOps:
+    def __init__(self, script, reachable=None, checkpoint=("", 0)):
+        self.script = deque(script)          # one list of observations per probe round
+        self.started, self.stopped = [], []
+        self.reach = reachable
+        self.checkpoint = checkpoint
+
+    def start(self, attempt, nodes, rdzv_host, resume):
+        self.started.append((attempt, tuple(nodes), rdzv_host, resume))
+        return {}
+
+    def observe(self, attempt, nodes):
+        return [o for o in self.script.popleft() if o.node in nodes]
+
+    def stop(self, attempt, nodes):
+        self.stopped.append((attempt, tuple(nodes)))
+        return {}
+
+    def reachable(self, nodes):
+        return [n for n in nodes if self.reach is None or n in self.reach]
+
+    def latest_checkpoint(self, nodes):
+        return self.checkpoint
+
+    def stop_requested(self):
+        return False
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "state.db")
+    yield s
+    s.close()
+
+
+def run(store, ops, **policy):
+    job_id = store.create_job("demo", "{}", None, None)
+    pol = Policy(**{"min_nodes": 2, "max_nodes": 3, "backoff_s": 0, **policy})
+    sleeps = []
+    sup = Supervisor(job_id, store, ops, pol, ["a", "b", "c"], clock=iter(range(10**6)).__next__,
+                     sleep=sleeps.append)
+    return job_id, sup.run(), sleeps
+
+
+def test_node_lost_relaunches_without_it_with_new_rendezvous_host(store):
+    ops = FakeOps([obs(a=R, b=R, c=R), obs(a=M, b=(E, 1), c=R), obs(b=(E, 0), c=(E, 0))],
+                  checkpoint=("/ck/step-000000010", 10))
+    job_id, state, _ = run(store, ops)
+    assert state == JobState.SUCCEEDED
+    assert [s[:3] for s in ops.started] == [(1, ("a", "b", "c"), "a"), (2, ("b", "c"), "b")]
+    assert ops.started[1][3] == ("/ck/step-000000010", 10)
+    assert ops.stopped[0] == (1, ("b", "c"))                    # gang-stop of the survivors
+    job = store.get_job(job_id)
+    assert (job.node_failures_used, job.failures_used) == (1, 0)
+    kinds = [e.klass for e in store.events(job_id) if e.kind == "verdict"]
+    assert kinds == ["rendezvous_lost", "success"]
+
+
+def test_user_errors_spend_their_own_budget_then_fail(store):
+    rounds = [obs(a=(E, 1), b=(E, 1), c=(E, 1))] * 5
+    job_id, state, sleeps = run(store, FakeOps(rounds), max_failures=2, backoff_s=1)
+    assert state == JobState.FAILED
+    job = store.get_job(job_id)
+    assert job.failures_used == 3 and job.node_failures_used == 0
+    assert "restarts.max_failures" in job.reason and "exited with code 1" in job.reason
+    assert sleeps.count(1) >= 1 and 2 in sleeps                # exponential backoff
+
+
+def test_below_min_nodes_waits_then_fails(store):
+    ops = FakeOps([obs(a=R, b=R, c=R), obs(a=R, b=M, c=M)], reachable={"a"})
+    ops.reach = None
+    orig = ops.reachable
+    calls = {"n": 0}
+
+    def reachable(nodes):
+        calls["n"] += 1
+        return orig(nodes) if calls["n"] == 1 else [n for n in nodes if n == "a"]
+    ops.reachable = reachable
+    job_id, state, _ = run(store, ops, wait_for_nodes_s=5, probe_interval_s=1)
+    assert state == JobState.FAILED
+    assert "fewer than 2 healthy nodes" in store.get_job(job_id).reason
