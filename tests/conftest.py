@@ -1,7 +1,7 @@
 """Shared fixtures.
 
 ``testbed`` (session): 6 healthy hosts node1..node6 (2 x H100 each, toolkit + CDI, image present),
-prefix ``tbt``, subnet 10.78.0.0/24. Fields: ``tb.hosts`` (``.name``, ``.address``, ``.ns``, ``.profile``),
+prefix ``tbt<slot letter>``, subnet 10.(120+10*slot).0.0/24 (slot: see ``testbed_slot``). Fields: ``tb.hosts`` (``.name``, ``.address``, ``.ns``, ``.profile``),
 ``tb.user``, ``tb.key``, ``tb.known_hosts``, ``tb.shared``, ``tb.inventory(path, runtime=, hosts=, extra_vars=)``,
 faults ``tb.partition/heal/kill/stop_sshd/start_sshd/occupy_port``, ``tb.exec(host, argv)``, ``tb.processes``.
 Tests that fault hosts of the session testbed must undo it (heal, start_sshd) before returning.
@@ -14,11 +14,15 @@ Integration tests never skip: if the testbed cannot be built they fail with the 
 
 from __future__ import annotations
 
+import fcntl
 import itertools
+import os
+import string
 
 import pytest
 
 from tests.testbed import Testbed, profile
+from tests.testbed.core import REGISTRY
 
 SESSION_HOSTS = 6
 
@@ -43,24 +47,49 @@ def _build(n, base_dir, profiles, prefix, subnet) -> Testbed:
     return tb
 
 
+SLOTS = 10
+
+
 @pytest.fixture(scope="session")
-def testbed(tmp_path_factory):
+def testbed_slot():
+    """A slot (0..9) held with a lock for the whole session, so concurrent pytest runs on one machine get
+    distinct prefixes and subnets; a crashed run's slot is freed with its process, and the next run in that
+    slot removes its leftovers (``Testbed.up`` cleans its prefix first)."""
+    REGISTRY.mkdir(parents=True, exist_ok=True)
+    for slot in range(SLOTS):
+        fd = os.open(REGISTRY / f"pytest-slot-{slot}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        yield slot
+        os.close(fd)
+        return
+    pytest.fail(f"all {SLOTS} testbed slots are held by other pytest runs", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def testbed(tmp_path_factory, testbed_slot):
+    letter = string.ascii_lowercase[testbed_slot]
     tb = _build(SESSION_HOSTS, tmp_path_factory.mktemp("testbed"), [profile(gpus=2)] * SESSION_HOSTS,
-                "tbt", 78)
+                f"tbt{letter}", 120 + 10 * testbed_slot)
     yield tb
     tb.down()
 
 
-_counter = itertools.count(1)
+_counter = itertools.count()
 
 
 @pytest.fixture
-def make_testbed(tmp_path):
+def make_testbed(tmp_path, testbed_slot):
     built: list[Testbed] = []
 
     def make(n: int, profiles=None) -> Testbed:
         k = next(_counter)
-        tb = _build(n, tmp_path / f"testbed{k}", profiles, f"tbf{k}", 100 + k % 100)
+        suffix = string.ascii_lowercase[k // 26 % 26] + string.ascii_lowercase[k % 26]
+        prefix = f"tbf{string.ascii_lowercase[testbed_slot]}{suffix}"
+        tb = _build(n, tmp_path / f"testbed-{prefix}", profiles, prefix, 121 + 10 * testbed_slot + k % 9)
         built.append(tb)
         return tb
 

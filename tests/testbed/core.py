@@ -71,8 +71,9 @@ class Testbed:
     def __init__(self, n_hosts: int, base_dir, profiles=None, prefix: str = "tb", subnet_octet: int = 77):
         if not 1 <= n_hosts <= 200:
             raise ValueError("n_hosts must be 1..200")
-        if len(prefix) > 9 or not prefix.isalnum():
-            raise ValueError("prefix must be alphanumeric and at most 9 characters (interface names)")
+        if not (len(prefix) <= 9 and prefix.isalnum() and prefix.isascii() and prefix[-1].isalpha()):
+            # names are <prefix><digits>: a prefix ending in a digit would alias another prefix's hosts
+            raise ValueError("prefix must be alphanumeric, end with a letter and have at most 9 characters")
         profiles = list(profiles or [])
         if len(profiles) > n_hosts:
             raise ValueError("more profiles than hosts")
