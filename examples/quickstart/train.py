@@ -19,28 +19,42 @@ import socket
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
+# torch and clusterctl.checkpoint are imported by _imports() so that --fail-always exits at once
+torch = dist = nn = DDP = checkpoint = None
 
-try:
-    from clusterctl import checkpoint
-except ImportError:  # clusterctl not on PYTHONPATH: use a checkpoint.py copied next to us or in $CLUSTERCTL_HOME
-    import importlib.util
 
-    for _cand in (
-        os.path.join(os.environ.get("CLUSTERCTL_HOME", ""), "checkpoint.py"),
-        os.path.join(os.environ.get("CLUSTERCTL_HOME", ""), "clusterctl", "checkpoint.py"),
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint.py"),
-    ):
-        if os.path.isfile(_cand):
-            _spec = importlib.util.spec_from_file_location("clusterctl_checkpoint", _cand)
-            checkpoint = importlib.util.module_from_spec(_spec)
-            _spec.loader.exec_module(checkpoint)
-            break
-    else:
+def _imports() -> None:
+    global torch, dist, nn, DDP, checkpoint
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    checkpoint = _import_checkpoint()
+
+
+def _import_checkpoint():
+    try:
+        from clusterctl import checkpoint
+
+        return checkpoint
+    except ImportError:  # not on PYTHONPATH: a checkpoint.py in $CLUSTERCTL_HOME or next to this script
+        import importlib.util
+
+        home = os.environ.get("CLUSTERCTL_HOME", "")
+        for cand in (
+            os.path.join(home, "checkpoint.py") if home else "",
+            os.path.join(home, "clusterctl", "checkpoint.py") if home else "",
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint.py"),
+        ):
+            if cand and os.path.isfile(cand):
+                spec = importlib.util.spec_from_file_location("clusterctl_checkpoint", cand)
+                mod = importlib.util.module_from_spec(spec)
+                sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+                spec.loader.exec_module(mod)
+                return mod
         raise
+
 
 IN_DIM, HIDDEN, OUT_DIM = 32, 64, 1
 DATASET = 4096
@@ -109,7 +123,7 @@ def batch_indices(step: int, rank: int, world: int) -> torch.Tensor:
     return torch.randint(0, DATASET, (BATCH,), generator=g)
 
 
-def find_resume_path(rank: int, device: torch.device):
+def find_resume_path(rank: int):
     """Rank 0 chooses (latest valid checkpoint, else the launcher's hint); all ranks agree on it."""
     chosen = ""
     if rank == 0:
@@ -136,6 +150,7 @@ def main(argv=None) -> int:
         print("fail-always: exiting with status 1", file=sys.stderr, flush=True)
         return 1
 
+    _imports()
     device = init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = os.environ.get("CLUSTERCTL_ATTEMPT", "")
@@ -149,7 +164,7 @@ def main(argv=None) -> int:
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     step = 0
 
-    path = find_resume_path(rank, device) if ckpt_enabled or os.environ.get("CLUSTERCTL_RESUME_FROM") else None
+    path = find_resume_path(rank) if ckpt_enabled or os.environ.get("CLUSTERCTL_RESUME_FROM") else None
     if path:
         state = checkpoint.load(path, map_location="cpu")
         model.load_state_dict(state["model"])
