@@ -1,0 +1,67 @@
+"""Rendering a PreflightReport with rich: hosts x checks table, one line per problem, a summary; progress."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from clusterctl.checks.job import HOST_CHECKS
+from clusterctl.checks.results import PreflightReport
+
+CELLS = {"pass": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "bold red"), "skip": ("–", "dim")}
+
+
+def _cell(status: str) -> Text:
+    sym, style = CELLS[status]
+    return Text(sym, style=style)
+
+
+def render_table(report: PreflightReport, console: Console) -> None:
+    ids = [cid for cid in HOST_CHECKS if any(h.get(cid) for h in report.hosts)]
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("host", no_wrap=True)
+    for cid in ids:
+        table.add_column(cid, justify="center")
+    for h in report.hosts:
+        row = [Text(h.host)]
+        for cid in ids:
+            c = h.get(cid)
+            row.append(_cell(c.status) if c else Text(""))
+        table.add_row(*row)
+    console.print(table)
+    if report.cluster:
+        console.print(Text("cluster: ", style="bold") + Text("  ").join(
+            _cell(c.status) + Text(f" {c.id}") for c in report.cluster))
+    problems = report.failures()
+    if problems:
+        console.print()
+    for where, c in problems:
+        sym, style = CELLS[c.status]
+        line = Text(f"{sym} ", style=style) + Text(f"{where} ", style="bold") + Text(f"{c.id}: {c.detail}")
+        if c.hint:
+            line += Text(f"\n    → {c.hint}", style="cyan")
+        console.print(line)
+    s = report.summary
+    verdict = Text("preflight passed" if report.ok else "preflight failed",
+                   style="bold green" if report.ok else "bold red")
+    console.print(verdict + Text(f": {s['pass']} passed, {s['warn']} warnings, {s['fail']} failed, "
+                                 f"{s['skip']} skipped in {report.duration_s:.1f}s"))
+
+
+@contextmanager
+def progress_display(console: Console | None = None) -> Iterator:
+    """A rich progress bar (on stderr by default) and the ``progress(done, total, label)`` callback that drives
+    it: ``with progress_display() as cb: run_preflight(..., progress=cb)``."""
+    console = console or Console(stderr=True)
+    with Progress(TextColumn("preflight"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("", total=None)
+
+        def update(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=label)
+
+        yield update

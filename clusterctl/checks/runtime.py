@@ -1,0 +1,191 @@
+"""Container runtime checks: docker/podman info, nvidia-ctk, CDI and image parsers (pure) and their checks."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import TYPE_CHECKING, Any
+
+from clusterctl.checks.probe import Section, first_line, tool_error
+from clusterctl.checks.results import CheckResult, failed, passed, skipped, warned
+
+if TYPE_CHECKING:
+    from clusterctl.checks.preflight import HostProbe
+
+TOOLKIT_INSTALL_HINT = ("install nvidia-container-toolkit "
+                        "(https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html)")
+DOCKER_CONFIGURE = "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker"
+CDI_GENERATE = "sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+_DECODER = json.JSONDecoder()
+
+
+def _json_and_messages(output: str) -> tuple[Any, list[str]]:
+    """The first JSON object in ``output`` and the non-empty lines outside it (stderr noise, errors)."""
+    start = output.find("{")
+    doc, end = None, start
+    if start >= 0:
+        try:
+            doc, end = _DECODER.raw_decode(output, start)
+        except ValueError:
+            doc, end = None, start
+    rest = output if doc is None else output[:start] + "\n" + output[end:]
+    return doc, [ln.strip() for ln in rest.splitlines() if ln.strip()]
+
+
+def parse_runtime_info(output: str, rc: int = 0) -> dict[str, Any]:
+    """``docker info --format '{{json .}}'`` or ``podman info --format json`` (also podman behind a ``docker``
+    shim) -> {"flavor", "version", "runtimes", "root", "rootless", "error"}."""
+    doc, messages = _json_and_messages(output)
+    out: dict[str, Any] = {"flavor": None, "version": None, "runtimes": [], "root": None, "rootless": None,
+                           "error": None}
+    if isinstance(doc, dict) and "store" in doc and "host" in doc:          # podman
+        out.update(flavor="podman", version=(doc.get("version") or {}).get("Version"),
+                   runtimes=[r for r in [((doc["host"].get("ociRuntime") or {}).get("name"))] if r],
+                   root=(doc.get("store") or {}).get("graphRoot"),
+                   rootless=(doc["host"].get("security") or {}).get("rootless"))
+    elif isinstance(doc, dict):                                              # docker
+        out.update(flavor="docker", version=doc.get("ServerVersion") or None,
+                   runtimes=sorted(doc.get("Runtimes") or {}), root=doc.get("DockerRootDir") or None)
+        server_errors = doc.get("ServerErrors") or []
+        if server_errors or not out["version"]:
+            out["error"] = (server_errors[0] if server_errors else None) or _pick_error(messages) or \
+                "docker daemon did not answer"
+    if rc != 0 and not out["error"]:
+        out["error"] = _pick_error(messages) or f"exit {rc}"
+    if doc is None and not out["error"]:
+        out["error"] = _pick_error(messages) or "no output"
+    return out
+
+
+def _pick_error(messages: list[str]) -> str | None:
+    for m in messages:
+        if re.search(r"error|cannot|permission|denied|failed|not found", m, re.I):
+            return m[:300]
+    return messages[0][:300] if messages else None
+
+
+def parse_nvidia_ctk_version(output: str, rc: int = 0) -> dict[str, Any]:
+    """``nvidia-ctk --version`` -> {"version": "1.14.6" | None}."""
+    m = re.search(r"version\s+v?(\d+(?:\.\d+)+)", output) if rc == 0 else None
+    return {"version": m.group(1) if m else None}
+
+
+_CDI_RE = re.compile(r"^([A-Za-z0-9][\w.-]*/[\w.-]+)=(\S+)$")
+
+
+def parse_cdi_list(output: str, rc: int = 0) -> dict[str, Any]:
+    """``nvidia-ctk cdi list`` (logrus INFO line + one device per line) -> {"devices", "gpus"} where ``gpus``
+    counts the ``nvidia.com/gpu=<index>`` entries."""
+    devices = []
+    for line in output.splitlines():
+        m = _CDI_RE.match(line.strip())
+        if m:
+            devices.append(m.group(0))
+    gpus = sum(1 for d in devices if re.fullmatch(r"nvidia\.com/gpu=\d+", d))
+    return {"devices": devices, "gpus": gpus}
+
+
+def parse_image_inspect(output: str, rc: int = 0) -> dict[str, Any]:
+    """``<rt> image inspect --format '{{.Id}} {{json .RepoDigests}}' IMAGE`` -> {"present", "id", "digest",
+    "error"}. ``digest``: the first repo digest (``sha256:...``), else the image id."""
+    if rc != 0:
+        return {"present": False, "id": None, "digest": None, "error": first_line(output) or f"exit {rc}"}
+    for line in output.splitlines():
+        parts = line.strip().split(" ", 1)
+        if parts[0].startswith("sha256:") or re.fullmatch(r"[0-9a-f]{64}", parts[0]):
+            image_id = parts[0] if parts[0].startswith("sha256:") else "sha256:" + parts[0]
+            try:
+                repo_digests = json.loads(parts[1]) if len(parts) > 1 else []
+            except ValueError:
+                repo_digests = []
+            digest = next((d.split("@", 1)[1] for d in repo_digests or [] if "@" in d), image_id)
+            return {"present": True, "id": image_id, "digest": digest, "error": None}
+    return {"present": False, "id": None, "digest": None, "error": first_line(output) or "no image id"}
+
+
+def runtime_info(p: "HostProbe") -> dict[str, Any] | None:
+    sec = p.sections.get("runtime_info")
+    return parse_runtime_info(sec.output, sec.rc) if sec is not None else None
+
+
+def _runtime_hint(rt: str, error: str, sec: Section | None) -> str:
+    e = error.lower()
+    if sec is not None and sec.rc == 127 or "not found" in e:
+        return f"install {rt} on the host, or set clusterctl_runtime (docker | podman | bare) for it"
+    if "permission denied" in e:
+        return f"add the user to the docker group: `sudo usermod -aG docker $USER`, then log in again" \
+            if rt == "docker" else f"run `{rt} info` as this user and fix the permission error"
+    if "cannot connect" in e or "is the docker daemon running" in e:
+        return "start the daemon: `sudo systemctl enable --now docker`"
+    return f"run `{rt} info` on the host and fix the error it prints"
+
+
+def check_container_runtime(p: "HostProbe") -> CheckResult:
+    rt = p.host.runtime
+    if rt == "bare":
+        return skipped("container_runtime", "bare runtime (no container)")
+    info = runtime_info(p)
+    sec = p.sections.get("runtime_info")
+    if info is None or info["error"]:
+        err = (tool_error(rt, sec, p.options.probe_timeout_s) if sec is not None and sec.rc in (124, 127) else
+               None) or (f"{rt} info: {info['error']}" if info else f"{rt} info did not run")
+        return failed("container_runtime", err, _runtime_hint(rt, err, sec), runtime=rt)
+    flavor = info["flavor"]
+    via = f" (podman behind the docker command)" if rt == "docker" and flavor == "podman" else ""
+    return passed("container_runtime", f"{flavor} {info['version']}{via}", runtime=rt, flavor=flavor,
+                  version=info["version"], root=info["root"], rootless=info["rootless"])
+
+
+def check_nvidia_toolkit(p: "HostProbe") -> CheckResult:
+    rt = p.host.runtime
+    if p.host.gpus == 0:
+        return skipped("nvidia_toolkit", "CPU host (clusterctl_gpus: 0)")
+    if rt == "bare":
+        return skipped("nvidia_toolkit", "bare runtime (no container)")
+    sec = p.sections.get("nvidia_ctk")
+    version = parse_nvidia_ctk_version(sec.output, sec.rc)["version"] if sec else None
+    if version is None:
+        err = tool_error("nvidia-ctk", sec, p.options.probe_timeout_s) or "nvidia-ctk printed no version"
+        return failed("nvidia_toolkit", f"nvidia-container-toolkit: {err}", TOOLKIT_INSTALL_HINT)
+    info = runtime_info(p)
+    if info is None or info["error"]:
+        return skipped("nvidia_toolkit", f"nvidia-ctk {version}; runtime unusable (see container_runtime)",
+                       version=version)
+    cdi_sec = p.sections.get("cdi_list")
+    cdi = parse_cdi_list(cdi_sec.output, cdi_sec.rc) if cdi_sec else {"devices": [], "gpus": 0}
+    data = {"version": version, "runtimes": info["runtimes"], "cdi_gpus": cdi["gpus"]}
+    if info["flavor"] == "docker":
+        if "nvidia" not in info["runtimes"]:
+            return failed("nvidia_toolkit", f"nvidia-ctk {version} installed but docker has no `nvidia` runtime "
+                          f"(runtimes: {', '.join(info['runtimes']) or 'none'})", DOCKER_CONFIGURE, **data)
+        return passed("nvidia_toolkit", f"nvidia-ctk {version}; docker runtime `nvidia` configured", **data)
+    if not cdi["gpus"]:
+        return failed("nvidia_toolkit", f"nvidia-ctk {version} installed but no CDI GPU devices "
+                      "(`nvidia-ctk cdi list` lists none)", CDI_GENERATE, **data)
+    n = p.host.gpus
+    if n is not None and cdi["gpus"] < n:
+        return warned("nvidia_toolkit", f"CDI spec lists {cdi['gpus']} GPUs, host has {n} (stale spec?)",
+                      CDI_GENERATE, **data)
+    return passed("nvidia_toolkit", f"nvidia-ctk {version}; {cdi['gpus']} CDI GPU devices", **data)
+
+
+def check_image(p: "HostProbe") -> CheckResult:
+    rt = p.host.runtime
+    image = p.image
+    if rt == "bare":
+        return skipped("image", "bare runtime (no container)")
+    info = runtime_info(p)
+    if info is None or info["error"]:
+        return skipped("image", "runtime unusable (see container_runtime)", image=image)
+    pull = p.sections.get("image_pull")
+    if pull is not None and pull.rc != 0:
+        err = tool_error(f"{rt} pull", pull, p.options.pull_timeout_s) or "pull failed"
+        return failed("image", f"{image}: {err}", f"check the image name and registry access on the host "
+                      f"(`{rt} login REGISTRY`)", image=image)
+    sec = p.sections.get("image")
+    parsed = parse_image_inspect(sec.output, sec.rc) if sec else None
+    if parsed is None or not parsed["present"]:
+        return failed("image", f"{image} is not present on the host",
+                      f"`{rt} pull {shlex.quote(image)}` on the host, or rerun preflight with --pull", image=image)
+    short = parsed["digest"].split(":")[-1][:12]
+    return passed("image", f"{image} ({short})", image=image, id=parsed["id"], digest=parsed["digest"])
