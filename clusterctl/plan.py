@@ -1,0 +1,229 @@
+"""Pure: (spec, hosts, attempt, ...) -> LaunchPlan, printable for ``--dry-run``.
+
+Secret values are never in a plan: ``NodePlan.env`` maps every secret name to ``***``. The launcher reads the values
+(``read_secrets``) and passes ``node.env_script(secrets)`` as the stdin of ``node.runtime_argv`` (see runtimes/).
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from clusterctl import runtimes
+from clusterctl.errors import UserError
+from clusterctl.inventory import Host
+from clusterctl.spec import JobSpec
+
+MASK = "***"
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    host: str                             # inventory name
+    address: str
+    runtime: str                          # docker | podman | bare
+    container_name: str                   # clusterctl-<job>-<host> (bare: recorded in node_dir/name)
+    runtime_argv: tuple[str, ...]         # full argv to run on the node; stdin = env_script(secrets)
+    torchrun_argv: tuple[str, ...]
+    env: Mapping[str, str]                # job environment; secrets as ***
+    secret_names: tuple[str, ...]
+    node_dir: str                         # ~/.clusterctl/jobs/<job_id>/<attempt> (bare: node.log, pid, exit, name)
+    log_path: str | None                  # bare: node_dir/node.log; containers: None (use runtime logs)
+    nproc: int
+    is_rdzv_host: bool
+
+    def env_script(self, secrets: Mapping[str, str]) -> bytes:
+        """The stdin for ``runtime_argv``: ``export NAME='value'`` lines with the real secret values filled in."""
+        missing = [n for n in self.secret_names if n not in secrets]
+        if missing:
+            raise UserError(f"secret_env {', '.join(missing)} not set in the environment of clusterctl")
+        lines = ["# clusterctl job environment (sourced by eval; never stored)"]
+        for k, v in self.env.items():
+            value = secrets[k] if k in self.secret_names else v
+            lines.append(f"export {k}={shlex.quote(value)}")
+        return ("\n".join(lines) + "\n").encode()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host, "address": self.address, "runtime": self.runtime,
+            "container_name": self.container_name, "runtime_argv": list(self.runtime_argv),
+            "torchrun_argv": list(self.torchrun_argv), "env": dict(self.env),
+            "secret_names": list(self.secret_names), "node_dir": self.node_dir, "log_path": self.log_path,
+            "nproc": self.nproc, "is_rdzv_host": self.is_rdzv_host,
+        }
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    job: str
+    job_id: str
+    attempt: int
+    rdzv_endpoint: str
+    nodes: tuple[NodePlan, ...]
+    nnodes: str = ""                      # "MIN:MAX" as given to torchrun
+    image: str = ""
+
+    def node(self, host: str) -> NodePlan:
+        for n in self.nodes:
+            if n.host == host:
+                return n
+        raise KeyError(host)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "job_id": self.job_id, "attempt": self.attempt,
+                "rdzv_endpoint": self.rdzv_endpoint, "nnodes": self.nnodes, "image": self.image,
+                "nodes": [n.to_dict() for n in self.nodes]}
+
+    def render(self) -> str:
+        out = [f"job {self.job}  id {self.job_id}  attempt {self.attempt}",
+               f"rendezvous {self.rdzv_endpoint}  nodes {self.nnodes}  image {self.image}", ""]
+        for n in self.nodes:
+            host_mark = "  (rendezvous host)" if n.is_rdzv_host else ""
+            out.append(f"[{n.host}] {n.address}  runtime {n.runtime}  {n.nproc} proc(s){host_mark}")
+            out.append(f"  name     {n.container_name}")
+            out.append(f"  dir      {n.node_dir}")
+            if n.log_path:
+                out.append(f"  log      {n.log_path}")
+            out.append(f"  torchrun {shlex.join(n.torchrun_argv)}")
+            out.append("  env")
+            out += [f"    {k}={shlex.quote(v) if v != MASK else MASK}" for k, v in n.env.items()]
+            shown = [a if "\n" not in a else f"<script {len(a.splitlines())} lines>" for a in n.runtime_argv]
+            out.append(f"  command  {shlex.join(shown)}")
+            out.append("")
+        return "\n".join(out)
+
+
+def read_secrets(names: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The values of ``secret_env`` from the controller's environment (``UserError`` naming the missing ones)."""
+    names = list(names)
+    missing = [n for n in names if n not in environ]
+    if missing:
+        raise UserError(f"secret_env {', '.join(missing)} not set in the environment of clusterctl")
+    return {n: environ[n] for n in names}
+
+
+def _endpoint(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def _nproc(spec: JobSpec, host: Host) -> int:
+    if spec.nproc_per_node != "gpu":
+        return int(spec.nproc_per_node)
+    if not host.gpus:
+        raise UserError(f"{host.name}: nproc_per_node is \"gpu\" but the host has no known GPUs "
+                        "(set clusterctl_gpus in the inventory, or a number in the job)")
+    return host.gpus
+
+
+def torchrun_argv(spec: JobSpec, *, rdzv_endpoint: str, rdzv_id: str, is_host: bool, local_addr: str,
+                  nproc: int) -> list[str]:
+    """The torchrun command line of one node (FACTS §2: c10d, is_host on one node, --local-addr everywhere)."""
+    r = spec.rendezvous
+    conf = (f"is_host={1 if is_host else 0},join_timeout={r.join_timeout},last_call_timeout={r.last_call_timeout},"
+            f"close_timeout={r.close_timeout},keep_alive_interval={r.keep_alive_interval},"
+            f"keep_alive_max_attempt={r.keep_alive_max_attempt},read_timeout={r.read_timeout}")
+    argv = [*spec.torchrun,
+            f"--nnodes={spec.min_nodes}:{spec.max_nodes}", f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
+            f"--rdzv-conf={conf}", f"--local-addr={local_addr}", f"--max-restarts={spec.restarts.max_restarts}"]
+    if spec.module is not None:
+        argv += ["-m", spec.module]
+    else:
+        argv.append(spec.script)
+    return argv + list(spec.args)
+
+
+def node_env(spec: JobSpec, host: Host, *, job_id: str, attempt: int, interface: str | None,
+             resume_from: str, resume_step: int, pkg_path: str | None, secret_names: Iterable[str]) -> dict[str, str]:
+    env: dict[str, str] = {
+        "CLUSTERCTL_JOB": spec.name,
+        "CLUSTERCTL_JOB_ID": job_id,
+        "CLUSTERCTL_ATTEMPT": str(attempt),
+        "CLUSTERCTL_NODE": host.name,
+        "CLUSTERCTL_CHECKPOINT_DIR": spec.checkpoint.dir or "",
+        "CLUSTERCTL_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
+        "CLUSTERCTL_CHECKPOINT_VERIFY": spec.checkpoint.verify,
+        "CLUSTERCTL_RESUME_FROM": resume_from,
+        "CLUSTERCTL_RESUME_STEP": str(resume_step),
+        "CLUSTERCTL_COLLECTIVE_TIMEOUT_S": str(spec.supervisor.collective_timeout_s),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if interface:
+        env["GLOO_SOCKET_IFNAME"] = interface
+        env["NCCL_SOCKET_IFNAME"] = interface
+    user_pythonpath = spec.env.get("PYTHONPATH")
+    env.update(spec.env)                                  # the job may override NIC vars and PYTHONUNBUFFERED
+    if pkg_path:
+        env["PYTHONPATH"] = f"{pkg_path}:{user_pythonpath}" if user_pythonpath else pkg_path
+    for name in secret_names:
+        env[name] = MASK
+    return env
+
+
+def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, rdzv_host: Host | None = None,
+               interfaces: Mapping[str, str] | None = None, resume_from: str = "", resume_step: int = 0,
+               secret_names: Iterable[str] | None = None, pkg_path: str | None = None,
+               infiniband: Mapping[str, bool] | None = None,
+               jobs_root: str = runtimes.DEFAULT_JOBS_ROOT) -> LaunchPlan:
+    """One attempt's launch plan. ``hosts`` are the chosen nodes in order (their count must fit ``nodes``).
+
+    Rendezvous host: ``rdzv_host``, else ``spec.rendezvous.host``, else ``hosts[0]``; it must be one of ``hosts``.
+    ``interfaces``: host name -> NIC (from preflight), else ``host.interface``; unknown -> no *_SOCKET_IFNAME.
+    ``secret_names``: default ``spec.secret_env``. ``pkg_path``: where clusterctl lives on the nodes (PYTHONPATH).
+    ``infiniband``: host name -> /dev/infiniband present (containers get ``--device=/dev/infiniband``).
+    """
+    if not hosts:
+        raise UserError("no hosts to run on")
+    names = [h.name for h in hosts]
+    if len(set(names)) != len(names):
+        raise UserError(f"a host is chosen twice: {', '.join(names)}")
+    if not spec.min_nodes <= len(hosts) <= spec.max_nodes:
+        want = spec.min_nodes if not spec.elastic else f"{spec.min_nodes} to {spec.max_nodes}"
+        raise UserError(f"job {spec.name} needs {want} node(s), got {len(hosts)}: {', '.join(names)}")
+    if not JOB_ID_RE.match(job_id):
+        raise UserError(f"invalid job id {job_id!r} (letters, digits, '.', '_', '-')")
+    if attempt < 0:
+        raise UserError(f"attempt must be >= 0, got {attempt}")
+    if rdzv_host is None and spec.rendezvous.host is not None:
+        rdzv_host = next((h for h in hosts if h.name == spec.rendezvous.host), None)
+        if rdzv_host is None:
+            raise UserError(f"rendezvous.host {spec.rendezvous.host!r} is not one of the job's hosts: {', '.join(names)}")
+    rdzv_host = rdzv_host or hosts[0]
+    if rdzv_host.name not in names:
+        raise UserError(f"rendezvous host {rdzv_host.name!r} is not one of the job's hosts: {', '.join(names)}")
+    secret_names = tuple(spec.secret_env if secret_names is None else secret_names)
+    interfaces = interfaces or {}
+    infiniband = infiniband or {}
+    endpoint = _endpoint(rdzv_host.address, spec.rendezvous.port)
+    rdzv_id = f"{job_id}-{attempt}"
+    ndir = runtimes.node_dir(jobs_root, job_id, attempt)
+
+    nodes = []
+    for h in hosts:
+        try:
+            rt = runtimes.get(h.runtime)
+        except ValueError as e:
+            raise UserError(f"{h.name}: {e}") from None
+        nproc = _nproc(spec, h)
+        is_host = h.name == rdzv_host.name
+        targv = torchrun_argv(spec, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, is_host=is_host,
+                              local_addr=h.address, nproc=nproc)
+        env = node_env(spec, h, job_id=job_id, attempt=attempt, interface=interfaces.get(h.name) or h.interface,
+                       resume_from=resume_from, resume_step=resume_step, pkg_path=pkg_path,
+                       secret_names=secret_names)
+        name = runtimes.container_name(spec.name, h.name)
+        bare = h.runtime == "bare"
+        req = runtimes.RunRequest(
+            job=spec.name, job_id=job_id, attempt=attempt, node=h.name, name=name, image=spec.image,
+            workdir=spec.workdir or (spec.source_dir if bare else None), node_dir=ndir, command=tuple(targv),
+            mounts=tuple(spec.mounts), gpus=h.gpus, infiniband=bool(infiniband.get(h.name)),
+            ipc=spec.container.ipc, shm_size=spec.container.shm_size,
+            ulimits=tuple(spec.container.ulimits.items()), extra_args=tuple(spec.container.extra_args))
+        nodes.append(NodePlan(
+            host=h.name, address=h.address, runtime=h.runtime, container_name=name,
+            runtime_argv=tuple(rt.run_argv(req)), torchrun_argv=tuple(targv), env=env, secret_names=secret_names,
+            node_dir=ndir, log_path=f"{ndir}/node.log" if bare else None, nproc=nproc, is_rdzv_host=is_host))
+    return LaunchPlan(job=spec.name, job_id=job_id, attempt=attempt, rdzv_endpoint=endpoint, nodes=tuple(nodes),
+                      nnodes=f"{spec.min_nodes}:{spec.max_nodes}", image=spec.image)

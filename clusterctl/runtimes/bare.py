@@ -1,0 +1,168 @@
+"""bare: torchrun on the host itself, detached from the SSH session (pure argv builders + status parser).
+
+Process model, per node and attempt, in ``NODE_DIR`` (``~/.clusterctl/jobs/<job_id>/<attempt>``; a leading ``~/``
+is expanded to ``$HOME`` on the node):
+
+* the start wrapper (``sh -c START``) reads the env script from stdin, creates ``NODE_DIR`` (mode 0700), ``cd``s to
+  the workdir, writes ``NODE_DIR/name``, and starts ``setsid nohup sh -c RUNNER`` in the background with stdin
+  ``/dev/null`` and stdout+stderr appended to ``NODE_DIR/node.log``; it waits (up to 5 s) for the pid file and
+  prints the pid. The SSH command returns at once; the runner survives the session (own session, no terminal,
+  SIGHUP ignored).
+* the runner writes its pid to ``NODE_DIR/pid`` (it is the session and process-group leader: pid == pgid == sid),
+  applies the env script, runs torchrun as its child, forwards SIGTERM/SIGINT to it, and when torchrun ends writes
+  its exit status to ``NODE_DIR/exit`` (128+N when killed by signal N).
+* stop: TERM/INT go to the runner, which forwards them to the torchrun agent (the agent stops its workers). KILL
+  goes to the whole process group *and* to every process of the user whose environment holds
+  ``CLUSTERCTL_JOB_ID=<job_id>`` and ``CLUSTERCTL_ATTEMPT=<attempt>``: torch starts its workers in their own
+  sessions, so a group kill alone would orphan them.
+"""
+from __future__ import annotations
+
+from clusterctl.runtimes import (APPLY_ENV_AND_EXEC, DEFAULT_JOBS_ROOT, ENV_SCRIPT_VAR, LABEL_ATTEMPT, LABEL_JOB_ID,
+                                 Instance, NodeRef, RunRequest)
+
+_EXPAND_D = 'case $d in "~/"*) d=$HOME/${d#"~/"};; esac'
+
+# $1 NODE_DIR  $2 NAME  $3 WORKDIR  $4 RUNNER  $5... torchrun argv
+START = f"""set -u
+d=$1 name=$2 wd=$3 runner=$4; shift 4
+{_EXPAND_D}
+{ENV_SCRIPT_VAR}=$(cat) || exit 125
+export {ENV_SCRIPT_VAR}
+(umask 077 && mkdir -p -- "$d") || exit 125
+cd -- "$wd" || exit 125
+rm -f -- "$d/pid" "$d/exit"
+printf '%s\\n' "$name" >"$d/name" || exit 125
+setsid nohup sh -c "$runner" clusterctl-runner "$d" "$@" </dev/null >>"$d/node.log" 2>&1 &
+i=0
+while [ ! -s "$d/pid" ] && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+[ -s "$d/pid" ] || {{ echo "clusterctl: the runner did not start (see $d/node.log)" >&2; exit 125; }}
+cat -- "$d/pid"
+"""
+
+# $1 NODE_DIR  $2... torchrun argv   (environment: CLUSTERCTL_ENV_SCRIPT)
+RUNNER = f"""d=$1; shift
+echo $$ >"$d/pid.tmp" && mv -f -- "$d/pid.tmp" "$d/pid" || exit 125
+c=
+trap '[ -z "$c" ] || kill -s TERM "$c" 2>/dev/null' TERM
+trap '[ -z "$c" ] || kill -s INT "$c" 2>/dev/null' INT
+sh -c '{APPLY_ENV_AND_EXEC}' clusterctl-env "$@" &
+c=$!
+while :; do
+  wait "$c"; rc=$?
+  [ "$rc" -gt 128 ] || break
+  kill -0 "$c" 2>/dev/null || break
+done
+echo "clusterctl: torchrun exited with status $rc"
+echo "$rc" >"$d/exit"
+exit "$rc"
+"""
+
+# $1 NODE_DIR  $2 SIGNAL  $3 JOB_ID  $4 ATTEMPT
+STOP = f"""d=$1 sig=$2 jid=$3 att=$4
+{_EXPAND_D}
+pid=$(cat -- "$d/pid" 2>/dev/null) || {{ echo "clusterctl: no pid file in $d" >&2; exit 3; }}
+case $sig in
+  TERM|INT) kill -s "$sig" -- "$pid" 2>/dev/null || exit 3 ;;
+  KILL)
+    kill -s KILL -- "-$pid" 2>/dev/null
+    for e in /proc/[0-9]*/environ; do
+      if tr '\\0' '\\n' <"$e" 2>/dev/null | grep -qxF "CLUSTERCTL_JOB_ID=$jid" &&
+         tr '\\0' '\\n' <"$e" 2>/dev/null | grep -qxF "CLUSTERCTL_ATTEMPT=$att"; then
+        p=${{e#/proc/}}; kill -s KILL -- "${{p%/environ}}" 2>/dev/null
+      fi
+    done ;;
+  *) kill -s "$sig" -- "-$pid" 2>/dev/null || exit 3 ;;
+esac
+exit 0
+"""
+
+# $1 JOB_DIR (jobs_root/job_id): one line per attempt: ATTEMPT STATE EXIT PID NAME (tab-separated)
+LIST = f"""d=$1
+{_EXPAND_D}
+[ -d "$d" ] || exit 0
+for a in "$d"/*/; do
+  [ -d "$a" ] || continue
+  a=${{a%/}}; n=${{a##*/}}
+  name=$(cat -- "$a/name" 2>/dev/null); pid=$(cat -- "$a/pid" 2>/dev/null); ec=
+  if [ -f "$a/exit" ]; then st=exited; ec=$(cat -- "$a/exit")
+  elif [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then st=running
+  elif [ -n "$pid" ]; then st=dead
+  else st=created
+  fi
+  printf '%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' "$n" "$st" "$ec" "$pid" "$name" "${{d##*/}}"
+done
+"""
+
+# $1 JOB_DIR  $2 JOB_ID: SIGKILL every attempt still alive (files are kept for the logs)
+KILL_JOB = f"""d=$1 jid=$2
+{_EXPAND_D}
+[ -d "$d" ] || exit 0
+for a in "$d"/*/; do
+  [ -f "$a/pid" ] && [ ! -f "$a/exit" ] && kill -s KILL -- "-$(cat -- "$a/pid")" 2>/dev/null
+done
+for e in /proc/[0-9]*/environ; do
+  if tr '\\0' '\\n' <"$e" 2>/dev/null | grep -qxF "CLUSTERCTL_JOB_ID=$jid"; then
+    p=${{e#/proc/}}; kill -s KILL -- "${{p%/environ}}" 2>/dev/null
+  fi
+done
+exit 0
+"""
+
+# $1 LOG  $2... tail options
+LOGS = 'f=$1; shift; case $f in "~/"*) f=$HOME/${f#"~/"};; esac; exec tail "$@" -- "$f"'
+
+
+def _job_dir(node_dir: str) -> str:
+    return node_dir.rstrip("/").rsplit("/", 1)[0]
+
+
+class BareRuntime:
+    name = "bare"
+
+    def run_argv(self, req: RunRequest) -> list[str]:
+        if not req.workdir:
+            raise ValueError("bare runtime needs a workdir")
+        return ["sh", "-c", START, "clusterctl-start", req.node_dir, req.name, req.workdir, RUNNER, *req.command]
+
+    def stop_argv(self, node: NodeRef, signal: str = "TERM") -> list[str]:
+        job_id = _job_dir(node.node_dir).rsplit("/", 1)[-1]
+        attempt = node.node_dir.rstrip("/").rsplit("/", 1)[-1]
+        return ["sh", "-c", STOP, "clusterctl-stop", node.node_dir, signal, job_id, attempt]
+
+    def remove_argv(self, names: list[str]) -> list[str]:
+        # bare has no container to remove: everything is per job (remove_job_argv); keep the interface total
+        return ["true"]
+
+    def list_argv(self, job_id: str, *, jobs_root: str = DEFAULT_JOBS_ROOT) -> list[str]:
+        return ["sh", "-c", LIST, "clusterctl-list", f"{jobs_root.rstrip('/')}/{job_id}"]
+
+    def remove_job_argv(self, job_id: str, *, jobs_root: str = DEFAULT_JOBS_ROOT) -> list[str]:
+        return ["sh", "-c", KILL_JOB, "clusterctl-kill", f"{jobs_root.rstrip('/')}/{job_id}", job_id]
+
+    def logs_argv(self, node: NodeRef, *, tail: int | None = None, follow: bool = False) -> list[str]:
+        opts = [f"-n{int(tail)}" if tail is not None else "-n+1"]
+        if follow:
+            opts.append("-F")
+        return ["sh", "-c", LOGS, "clusterctl-logs", node.log_path or f"{node.node_dir}/node.log", *opts]
+
+    def parse_list(self, stdout: str) -> list[Instance]:
+        return parse_list(stdout)
+
+
+def parse_list(stdout: str) -> list[Instance]:
+    out = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) != 6:
+            raise ValueError(f"cannot parse bare status line {line!r}")
+        attempt, state, ec, _pid, name, job_id = parts
+        code = int(ec) if state == "exited" and ec.strip().lstrip("-").isdigit() else None
+        out.append(Instance(name=name, state=state, exit_code=code,
+                            labels={LABEL_JOB_ID: job_id, LABEL_ATTEMPT: attempt}))
+    return out
+
+
+RUNTIME = BareRuntime()

@@ -1,0 +1,128 @@
+"""docker: argv builders and ``docker ps --format '{{json .}}'`` parsing (pure)."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from clusterctl.runtimes import (APPLY_ENV_AND_EXEC, DEFAULT_JOBS_ROOT, ENV_SCRIPT_VAR, LABEL_JOB_ID,
+                                 READ_ENV_AND_EXEC, Instance, NodeRef, RunRequest)
+
+_EXITED_RE = re.compile(r"^Exited \((-?[0-9]+)\)")
+_STATES = {"running", "exited", "created", "paused", "restarting", "removing", "dead"}
+_STATE_ALIASES = {"stopped": "exited", "configured": "created", "initialized": "created", "up": "running"}
+
+
+class ContainerRuntime:
+    """Shared by docker and podman; subclasses set the program, the GPU flags and the remove flags."""
+
+    name = "docker"
+    program = "docker"
+
+    def gpu_args(self) -> list[str]:
+        return ["--gpus=all"]
+
+    def rm_flags(self) -> list[str]:
+        return ["-f"]                      # docker rm has no -t; -f kills with SIGKILL at once
+
+    def ps_format(self) -> str:
+        return "{{json .}}"
+
+    # ------------------------------------------------------------------ start
+    def run_argv(self, req: RunRequest) -> list[str]:
+        argv = ["sh", "-c", READ_ENV_AND_EXEC, "clusterctl-start",
+                self.program, "run", "-d", f"--name={req.name}"]
+        argv += [f"--label={k}={v}" for k, v in req.labels.items()]
+        argv += ["--network=host", f"--ipc={req.ipc}", "--init", "--restart=no"]
+        argv += [f"--ulimit={k}={v}" for k, v in req.ulimits]
+        if req.shm_size is not None and req.ipc != "host":
+            argv.append(f"--shm-size={req.shm_size}")
+        if req.gpus != 0:
+            argv += self.gpu_args()
+        if req.infiniband:
+            argv.append("--device=/dev/infiniband")
+        argv += [f"--volume={m}" for m in req.mounts]
+        if req.workdir:
+            argv.append(f"--workdir={req.workdir}")
+        argv.append(f"--env={ENV_SCRIPT_VAR}")          # value taken from the CLI's environment, not argv
+        argv += list(req.extra_args)
+        argv.append(req.image)
+        argv += ["sh", "-c", APPLY_ENV_AND_EXEC, "clusterctl-env", *req.command]
+        return argv
+
+    # ------------------------------------------------------------------ control
+    def stop_argv(self, node: NodeRef, signal: str = "TERM") -> list[str]:
+        return [self.program, "kill", f"--signal={signal}", node.container_name]
+
+    def remove_argv(self, names: list[str]) -> list[str]:
+        return [self.program, "rm", *self.rm_flags(), *names]
+
+    def list_argv(self, job_id: str, *, jobs_root: str = DEFAULT_JOBS_ROOT) -> list[str]:
+        return [self.program, "ps", "-a", "--no-trunc", f"--filter=label={LABEL_JOB_ID}={job_id}",
+                f"--format={self.ps_format()}"]
+
+    def remove_job_argv(self, job_id: str, *, jobs_root: str = DEFAULT_JOBS_ROOT) -> list[str]:
+        # ids are hex container ids printed by -q; nothing user-controlled is expanded
+        script = ('ids=$("$0" ps -aq --filter="label=$1=$2") || exit 1; '
+                  '[ -z "$ids" ] || exec "$0" rm ' + " ".join(self.rm_flags()) + " $ids")
+        return ["sh", "-c", script, self.program, LABEL_JOB_ID, job_id]
+
+    def logs_argv(self, node: NodeRef, *, tail: int | None = None, follow: bool = False) -> list[str]:
+        argv = [self.program, "logs"]
+        if tail is not None:
+            argv.append(f"--tail={int(tail)}")
+        if follow:
+            argv.append("--follow")
+        return argv + [node.container_name]
+
+    # ------------------------------------------------------------------ status
+    def parse_list(self, stdout: str) -> list[Instance]:
+        return parse_ps(stdout)
+
+
+def parse_ps(stdout: str) -> list[Instance]:
+    """Parse docker's ``{{json .}}`` lines or podman's ``--format json`` array (either CLI behind either name)."""
+    text = stdout.strip()
+    if not text:
+        return []
+    try:
+        if text.startswith("["):
+            items = json.loads(text)
+        else:
+            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+        raise ValueError(f"cannot parse container list: {e}") from None
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ValueError("cannot parse container list: expected JSON objects")
+    return [_instance(i) for i in items]
+
+
+def _instance(item: dict[str, Any]) -> Instance:
+    names = item.get("Names")
+    if isinstance(names, list):
+        names = names[0] if names else ""
+    name = str(names or item.get("Name") or "").lstrip("/")
+    labels = item.get("Labels") or {}
+    if isinstance(labels, str):
+        labels = dict(p.split("=", 1) if "=" in p else (p, "") for p in labels.split(",") if p)
+    status = str(item.get("Status") or "")
+    state = str(item.get("State") or "").lower()
+    if not state:
+        low = status.lower()
+        state = ("running" if low.startswith("up") else "exited" if low.startswith("exited")
+                 else "created" if low.startswith("created") else "unknown")
+    state = _STATE_ALIASES.get(state, state)
+    if state not in _STATES:
+        state = "unknown"
+    exit_code: int | None = None
+    if state == "exited":
+        code = item.get("ExitCode")
+        if isinstance(code, int) and not isinstance(code, bool):
+            exit_code = code
+        else:
+            m = _EXITED_RE.match(status)
+            exit_code = int(m.group(1)) if m else None
+    return Instance(name=name, state=state, exit_code=exit_code, labels={str(k): str(v) for k, v in labels.items()})
+
+
+RUNTIME = ContainerRuntime()
