@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "status":
         for h in tb.hosts:
             sshd = "sshd up" if tb.sshd_pid(h) else "sshd DOWN"
-            print(f"{h.name}\t{h.address}\t{h.ns}\t{sshd}\t{len(tb.processes(h))} processes")
+            link = "partitioned" if tb.partitioned(h) else "linked"
+            print(f"{h.name}\t{h.address}\t{h.ns}\t{link}\t{sshd}\t{len(tb.processes(h))} processes")
     elif args.cmd == "partition":
         tb.partition(args.host)
     elif args.cmd == "heal":

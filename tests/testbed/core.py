@@ -322,6 +322,10 @@ class Testbed:
         """Cut the host off the bridge: peers see silence (hangs), not resets."""
         system.sh(["ip", "link", "set", self.host(host).veth, "down"])
 
+    def partitioned(self, host) -> bool:
+        flags = int(Path(f"/sys/class/net/{self.host(host).veth}/flags").read_text(), 16)
+        return not flags & 1  # IFF_UP
+
     def heal(self, host) -> None:
         system.sh(["ip", "link", "set", self.host(host).veth, "up"])
 
