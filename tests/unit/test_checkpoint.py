@@ -471,3 +471,36 @@ def test_cli_subprocess_module_and_standalone(tmp_path):
     assert [(x["step"], x["status"]) for x in json.loads(r.stdout)] == [(10, "valid"), (30, "valid"), (40, "invalid")]
     r = run_cli("scan", module=False, script=script)
     assert r.returncode == 2 and "--root" in r.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# examples/quickstart/train.py (single process, no torchrun: a few seconds)
+# --------------------------------------------------------------------------------------------
+
+
+def test_quickstart_train_resumes(tmp_path):
+    pytest.importorskip("torch")
+    script = REPO / "examples" / "quickstart" / "train.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLUSTERCTL_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    env.update(CLUSTERCTL_CHECKPOINT_DIR=str(tmp_path / "ckpt"), CLUSTERCTL_ATTEMPT="1", OMP_NUM_THREADS="1")
+    rec = tmp_path / "rec.jsonl"
+
+    def run(*args: str, attempt: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), "--record", str(rec), *args], capture_output=True,
+                              text=True, timeout=120, env={**env, "CLUSTERCTL_ATTEMPT": attempt})
+
+    r = run("--steps", "10", "--checkpoint-every", "5", attempt="1")
+    assert r.returncode == 0, r.stderr
+    assert "starting from scratch" in r.stdout and "done: step 10" in r.stdout
+    r = run("--steps", "15", "--checkpoint-every", "5", "--dump-env", str(tmp_path / "env"), attempt="2")
+    assert r.returncode == 0, r.stderr
+    assert f"resumed from {tmp_path / 'ckpt' / 'step-000000010'} at step 10" in r.stdout
+    lines = [json.loads(x) for x in rec.read_text().splitlines()]
+    assert [x["step"] for x in lines] == list(range(1, 16))
+    assert {x["attempt"] for x in lines if x["step"] > 10} == {"2"}
+    dumped = json.loads((tmp_path / "env-rank0.json").read_text())
+    # single process (no torchrun): no RANK in the env it was started with
+    assert dumped["env"]["CLUSTERCTL_ATTEMPT"] == "2" and "RANK" not in dumped["env"] and "--dump-env" in dumped["argv"]
+    assert ck.latest(str(tmp_path / "ckpt")).endswith("step-000000015")
+    r = run("--fail-always", attempt="3")
+    assert r.returncode == 1
