@@ -553,7 +553,10 @@ def save(state: Any, step: int, root: Optional[str] = None, keep: Optional[int] 
             final = finalize(tmp, step, r)
             tmp = None
             if keep is not None:
-                prune(r, keep)
+                try:
+                    prune(r, keep)
+                except OSError as e:  # the checkpoint is safe; retention can wait for the next save
+                    print(f"clusterctl.checkpoint: prune failed: {e}", file=sys.stderr)
         except BaseException as e:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
