@@ -22,19 +22,19 @@ class CheckResult:
                 "data": dict(self.data)}
 
 
-def passed(id: str, detail: str, **data: Any) -> CheckResult:
+def passed(id: str, detail: str, /, **data: Any) -> CheckResult:
     return CheckResult(id, "pass", detail, None, data)
 
 
-def warned(id: str, detail: str, hint: str, **data: Any) -> CheckResult:
+def warned(id: str, detail: str, hint: str, /, **data: Any) -> CheckResult:
     return CheckResult(id, "warn", detail, hint, data)
 
 
-def failed(id: str, detail: str, hint: str, **data: Any) -> CheckResult:
+def failed(id: str, detail: str, hint: str, /, **data: Any) -> CheckResult:
     return CheckResult(id, "fail", detail, hint, data)
 
 
-def skipped(id: str, detail: str, **data: Any) -> CheckResult:
+def skipped(id: str, detail: str, /, **data: Any) -> CheckResult:
     return CheckResult(id, "skip", detail, None, data)
 
 

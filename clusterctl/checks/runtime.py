@@ -59,6 +59,9 @@ def parse_runtime_info(output: str, rc: int = 0) -> dict[str, Any]:
 
 def _pick_error(messages: list[str]) -> str | None:
     for m in messages:
+        if m.startswith(("Error", "ERROR")):
+            return m[:300]
+    for m in messages:
         if re.search(r"error|cannot|permission|denied|failed|not found", m, re.I):
             return m[:300]
     return messages[0][:300] if messages else None
