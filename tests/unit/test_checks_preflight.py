@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from checks_fakes import FakeHost, FakeTransport, sections_for, serial_fan_out, smi_rows  # noqa: E402
+from test_checks_fakes import FakeHost, FakeTransport, sections_for, serial_fan_out, smi_rows  # noqa: E402
 
 from clusterctl.checks import (LAUNCH_CHECKS, PreflightJob, PreflightOptions, exit_code,  # noqa: E402
                                run_preflight)

@@ -1,4 +1,4 @@
-"""Fakes for the preflight unit tests: a Transport that answers the probe script from canned sections."""
+"""Fakes for the preflight unit tests (no tests here): a Transport that answers the probe script from canned sections."""
 from __future__ import annotations
 
 import re
