@@ -108,8 +108,8 @@ def build_probe_script(host: "Host", job: PreflightJob | None, options: Prefligh
         add(f"b cdi_list; {_cmd(t, ('nvidia-ctk', 'cdi', 'list'))}; e cdi_list $?\n")
     if "image" in want:
         if options.pull:
-            add(f"b image_pull; {_cmd(options.pull_timeout_s, (rt, 'pull', '-q', image))}; e image_pull $?\n")
-        add(f"b image; {_cmd(t, (rt, 'image', 'inspect', '--format', IMAGE_FORMAT, image))}; e image $?\n")
+            add(f"b image_pull; {_cmd(options.pull_timeout_s, (rt, 'pull', '-q', '--', image))}; e image_pull $?\n")
+        add(f"b image; {_cmd(t, (rt, 'image', 'inspect', '--format', IMAGE_FORMAT, '--', image))}; e image $?\n")
     if "ss" in want:
         add(f"b ss; {_cmd(t, ('ss', '-Hltn'))}; e ss $?\n")
     if "df_checkpoint" in want:

@@ -226,7 +226,7 @@ def test_image_missing_and_pull():
     hosts, fakes = cluster(1)
     c = check(run(hosts, fakes, options=PreflightOptions(pull=True))[0], "node1", "image")
     assert c.status == "pass" and c.data["digest"] == "sha256:" + "cd" * 32
-    assert "podman pull -q pytorch-cuda:v2.7-ssh" in fakes["node1"].calls[0][-1]
+    assert "podman pull -q -- pytorch-cuda:v2.7-ssh" in fakes["node1"].calls[0][-1]
 
 
 def test_bare_runtime_skips_container_checks():
