@@ -97,6 +97,7 @@ def run_preflight(hosts: Sequence["Host"], *, connect: Callable[["Host"], "Trans
     Unreachable hosts are results, never exceptions.
     """
     options = options or PreflightOptions()
+    only = only if only is not None else options.only
     if only is not None:
         only = frozenset(only) | {"ssh"}
         unknown = only - ALL_CHECKS

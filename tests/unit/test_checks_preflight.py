@@ -398,3 +398,25 @@ def test_job_from_spec_duck_typing():
     hosts, fakes = cluster(1)
     report, _ = run(hosts, fakes, Spec())
     assert check(report, "node1", "ports").data["ports"] == [29500]
+
+
+def test_render_table_shows_cells_problems_and_summary():
+    from rich.console import Console
+
+    from clusterctl.checks import render_table
+
+    hosts, fakes = cluster(2, node2={"sections": {"image": ("Error: No such image: pytorch-cuda:v2.7-ssh", 1)}})
+    report, _ = run(hosts, fakes, JOB)
+    console = Console(record=True, width=250, color_system=None)
+    render_table(report, console)
+    text = console.export_text()
+    assert "node1" in text and "✓" in text and "✗" in text
+    assert "node2 image: pytorch-cuda:v2.7-ssh is not present on the host" in text
+    assert "→ `podman pull pytorch-cuda:v2.7-ssh` on the host" in text
+    assert "preflight failed" in text and "1 failed" in text
+
+
+def test_options_only_behaves_like_only():
+    hosts, fakes = cluster(1)
+    report, _ = run(hosts, fakes, options=PreflightOptions(only=frozenset({"ports"})))
+    assert [c.id for c in report.hosts[0].checks] == ["ssh", "ports"]
