@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import shutil
 import signal as signals
 import socket
 import subprocess
@@ -31,6 +33,7 @@ from . import containers, stubs, system
 
 REGISTRY = Path("/run/clusterctl-testbed")
 SSHD = "/usr/sbin/sshd"
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"  # after the host's stub bin dir on every host's PATH
 
 
 @dataclass
@@ -112,10 +115,13 @@ class Testbed:
             return self
         if os.geteuid() != 0:
             raise RuntimeError("the testbed needs root (network namespaces, sshd, podman)")
-        missing = [t for t in ("ip", "nsenter", "unshare", "ssh-keygen", "podman", "runc") if not _which(t)]
+        missing = [t for t in ("ip", "nsenter", "unshare", "ssh-keygen", "podman", "runc") if not shutil.which(t)]
         if missing or not os.path.exists(SSHD):
             raise RuntimeError(f"missing tools {missing + ([] if os.path.exists(SSHD) else [SSHD])}: "
                                "apt-get install openssh-server podman runc iproute2 util-linux")
+        if (real := [t for t in ("nvidia-smi", "nvidia-ctk", "nvidia-container-cli")
+                     if shutil.which(t, path=SYSTEM_PATH)]):
+            raise RuntimeError(f"{real} found on {SYSTEM_PATH}: hosts profiled without them would still see them")
         cleanup_stale(self.prefix)
         if (holder := system.address_in_use(self.gateway)):
             raise RuntimeError(f"{self.gateway} already on {holder}: pick another subnet_octet")
@@ -170,7 +176,7 @@ class Testbed:
                 keygens.append(subprocess.Popen(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name,
                                                  "-f", str(hk)], stdout=subprocess.DEVNULL))
             stubs.write_stubs(h.bin_dir, h.profile, h.index)
-            h.env = {"PATH": f"{h.bin_dir}:/usr/local/bin:/usr/bin:/bin",
+            h.env = {"PATH": f"{h.bin_dir}:{SYSTEM_PATH}",
                      **containers.write_configs(h.dir, self.runroot / h.name, self.shared)}
             (h.dir / "sshd_config").write_text(self._sshd_config(h))
         for p in keygens:
@@ -262,7 +268,7 @@ class Testbed:
     def from_state(cls, state: dict) -> "Testbed":
         tb = cls(state["n_hosts"], state["base_dir"], state["profiles"], state["prefix"], state["subnet_octet"])
         for h in tb.hosts:
-            h.env = {"PATH": f"{h.bin_dir}:/usr/local/bin:/usr/bin:/bin",
+            h.env = {"PATH": f"{h.bin_dir}:{SYSTEM_PATH}",
                      "CONTAINERS_CONF": str(h.dir / "containers.conf"),
                      "CONTAINERS_STORAGE_CONF": str(h.dir / "storage.conf")}
         tb._up = all((Path("/run/netns") / h.ns).exists() for h in tb.hosts)
@@ -332,8 +338,6 @@ class Testbed:
     def kill(self, host, pattern: str | None = None, signal: int = signals.SIGKILL) -> list[int]:
         """Signal processes in the host's netns (all of them = the host crashed), or those whose cmdline
         matches the regex ``pattern``. Returns the pids signalled."""
-        import re
-
         procs = self.processes(host)
         pids = [pid for pid, cmd in procs if pattern is None or re.search(pattern, cmd)]
         return system.kill_pids(pids, signal)
@@ -390,8 +394,3 @@ def cleanup_stale(prefix: str) -> None:
     system.ip_batch(lines)
     system.remove_user(f"cc{prefix}")
 
-
-def _which(tool: str) -> bool:
-    import shutil
-
-    return shutil.which(tool) is not None

@@ -18,6 +18,8 @@ toolkit_version     "1.14.6"                   ``nvidia-ctk --version``
 cdi                 True (False if gpus == 0)  ``nvidia-ctk cdi list`` lists the GPUs
 image               True                       ``localhost/pytorch-cuda:v2.7-ssh`` in the host's store
 docker              False                      a ``docker`` shim (``exec podman "$@"``) in the stub bin
+                                               (without it, ``docker`` is whatever /usr/local/bin or /usr/bin
+                                               hold: on the dev image a real docker CLI with no daemon)
 ==================  =========================  ================================================
 
 Formats the stubs print (copied from the real tools; parsers are written against these):
