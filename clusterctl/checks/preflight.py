@@ -141,6 +141,8 @@ def run_preflight(hosts: Sequence["Host"], *, connect: Callable[["Host"], "Trans
         sent, m1 = clock(), monotonic()
         res = tr.run(["sh", "-c", script], timeout=timeout)
         rtt, received = monotonic() - m1, clock()
+        if finished.is_set():  # abandoned by the fan-out's deadline: nobody will close it later
+            tr.close()
         return HostProbe(host, pjob, options, split_sections(res.stdout), res.exit_code, res.stderr,
                          connect_s, rtt, sent, received, tr)
 

@@ -50,7 +50,7 @@ def run_sh(script: str, bin_dir: Path, log: Path) -> subprocess.CompletedProcess
 
 def args_of(log: Path, tool: str) -> list[list[str]]:
     """argv (without argv[0]) of every call of ``tool``, as the stubs logged them."""
-    calls = [c.split("\0")[:-1] for c in log.read_text().split("--call--\0")[1:]]
+    calls = [c.split("\0")[:-1] for c in log.read_bytes().decode("utf-8", "surrogateescape").split("--call--\0")[1:]]
     return [c[1:] for c in calls if c[0] == tool]
 
 
