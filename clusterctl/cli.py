@@ -90,6 +90,295 @@ def inventory_cmd(inventory: Optional[str], output: str) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- preflight
+def _preflight(ctx, hosts, job, *, only=None, accept_new=False, pull=False, show_progress=True):
+    from contextlib import nullcontext
+
+    from clusterctl.checks.job import PreflightJob, PreflightOptions
+    from clusterctl.checks.preflight import run_preflight
+    from clusterctl.checks.report import progress_display
+    from clusterctl.transport import connect
+
+    options = connect_options(ctx, accept_new)
+    pjob = PreflightJob.from_spec(job) if job is not None else None
+    with (progress_display(err) if show_progress else nullcontext(None)) as progress:
+        return run_preflight(hosts, connect=lambda h: connect(h, options), job=pjob,
+                             options=PreflightOptions(pull=pull), only=only, progress=progress)
+
+
+@app.command("preflight")
+@inventory_option
+@click.argument("job", required=False)
+@click.option("--limit", default=None, help="Comma-separated hosts or groups to check.")
+@output_option
+@click.option("--strict", is_flag=True, help="Warnings fail too.")
+@click.option("--pull", is_flag=True, help="Pull the image where it is missing instead of failing.")
+@accept_option
+@click.pass_context
+def preflight_cmd(ctx, inventory, job, limit, output, strict, pull, accept_new) -> int:
+    """Check every host before a launch; every failure says how to fix it."""
+    from clusterctl import inventory as inv_mod
+    from clusterctl.checks.report import render_table
+    from clusterctl.checks.results import exit_code
+    from clusterctl.spec import load_job
+
+    spec = load_job(job) if job else None
+    inv = inv_mod.load(inventory)
+    hosts = list(inv.hosts)
+    if spec is not None and spec.hosts:
+        hosts = inv.select(spec.hosts)
+    if limit:
+        hosts = [h for h in inv.select([p.strip() for p in limit.split(",") if p.strip()]) if h in hosts]
+    report = _preflight(ctx, hosts, spec, accept_new=accept_new, pull=pull, show_progress=output != "json")
+    if output == "json":
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        render_table(report, out)
+    return exit_code(report, strict)
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+QUICK_CHECKS = {"ssh", "container_runtime", "nvidia_toolkit", "image", "ports", "interface"}
+
+
+@app.command("launch")
+@click.argument("job")
+@inventory_option
+@click.option("--dry-run", is_flag=True, help="Print the per-node plan (secrets as ***) and exit.")
+@click.option("--detach", "-d", is_flag=True, help="Return once the job is started; the supervisor runs on.")
+@click.option("--skip-preflight", is_flag=True, help="Skip the quick preflight of the chosen hosts.")
+@output_option
+@accept_option
+@click.pass_context
+def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, accept_new) -> int:
+    """Start JOB (a job YAML) on the inventory's hosts and supervise it."""
+    import os
+
+    from clusterctl import controller
+    from clusterctl.checks.report import render_table
+    from clusterctl.plan import read_secrets
+
+    jc = controller.load_context(job, inventory)
+    read_secrets(jc.spec.secret_env, os.environ)        # fail early (exit 2) when a secret is missing
+    if dry_run:
+        plan = controller.dry_run_plan(jc)
+        if output == "json":
+            print_json(plan.to_dict())
+        else:
+            out.print(plan.render(), markup=False)
+        return 0
+    interfaces: dict = {}
+    if not skip_preflight:
+        report = _preflight(ctx, jc.hosts, jc.spec, only=QUICK_CHECKS, accept_new=accept_new,
+                            show_progress=output != "json")
+        if not report.ok:
+            render_table(report, err)
+            err.print("launch stopped: preflight failed (fix the above, or --skip-preflight)", markup=False)
+            return 1
+        interfaces = report.interfaces()
+    root, store = controller.open_store(ctx.obj.state_dir)
+    job_id = controller.record_job(store, jc, job, inventory, interfaces)
+    pid = controller.spawn_supervisor(root, job_id, accept_new=accept_new or ctx.obj.accept_new_host_keys)
+    if output == "json" and detach:
+        print_json({"job_id": job_id, "name": jc.spec.name, "supervisor_pid": pid})
+        return 0
+    err.print(f"job {job_id} launched on {', '.join(h.name for h in jc.hosts)} (supervisor pid {pid})",
+              markup=False)
+    if detach:
+        err.print(f"follow it: clusterctl logs -f {jc.spec.name}   stop it: clusterctl stop {jc.spec.name}",
+                  markup=False)
+        return 0
+    return _attach(root, store, job_id, jc.spec.name, output)
+
+
+def _attach(root, store, job_id, name, output) -> int:
+    from clusterctl import controller, status
+    from clusterctl.state import JobState
+
+    try:
+        state = controller.follow(root, store, job_id, lambda line: out.print(line, markup=False))
+    except KeyboardInterrupt:
+        err.print(f"\ndetached; job {name} keeps running. Re-attach: clusterctl logs -f {name}   "
+                  f"stop: clusterctl stop {name}", markup=False)
+        return 0
+    view = status.job_view(store, store.get_job(job_id))
+    if output == "json":
+        print_json(view)
+    else:
+        err.print(f"job {name}: {state.value}" + (f" ({view['reason']})" if view["reason"] else ""), markup=False)
+    return 0 if state == JobState.SUCCEEDED else 1
+
+
+@app.command("_supervise", hidden=True)
+@click.argument("job_id")
+@click.option("--adopt", is_flag=True)
+@click.pass_context
+def supervise_cmd(ctx, job_id, adopt) -> int:
+    from pathlib import Path
+
+    from clusterctl import controller
+    from clusterctl.state import JobState
+
+    state = controller.supervise(Path(ctx.obj.state_dir), job_id, connect_options(ctx), adopt=adopt,
+                                 echo=lambda m: print(m, flush=True))
+    return 0 if state == JobState.SUCCEEDED else 1
+
+
+@app.command("status")
+@click.argument("job", required=False)
+@output_option
+@click.pass_context
+def status_cmd(ctx, job, output) -> int:
+    """Jobs and their state; with JOB, what happened and where it stands."""
+    from clusterctl import controller, status
+
+    _, store = controller.open_store(ctx.obj.state_dir)
+    jobs = [store.get_job(job)] if job else store.list_jobs()
+    views = [status.job_view(store, j) for j in jobs]
+    if output == "json":
+        print_json(views[0] if job else {"jobs": views})
+        return 0
+    if not job:
+        table = Table()
+        for col in ("job", "state", "attempt", "nodes", "started", "reason"):
+            table.add_column(col)
+        for v in views:
+            table.add_row(v["job_id"], v["state"], str(v["attempt"]), ",".join(n["node"] for n in v["nodes"]),
+                          _ago(v["started_at"]), v["reason"] or "")
+        out.print(table)
+        return 0
+    _print_status(views[0])
+    return 0
+
+
+def _ago(t) -> str:
+    import time
+
+    if not t:
+        return "-"
+    s = int(time.time() - t)
+    return f"{s}s ago" if s < 120 else f"{s // 60}m ago" if s < 7200 else f"{s // 3600}h ago"
+
+
+def _print_status(v) -> None:
+    p = lambda s: out.print(s, markup=False)  # noqa: E731
+    p(f"job       {v['job_id']}  ({v['name']})")
+    p(f"state     {v['state']}" + (f"  — {v['reason']}" if v["reason"] else ""))
+    p(f"attempt   {v['attempt']}  started {_ago(v['started_at'])}  rendezvous {v['rendezvous_host'] or '-'}")
+    p("nodes     " + ", ".join(f"{n['node']}={n['state'] or '?'}" + (f"(exit {n['exit_code']})"
+                                if n.get("exit_code") not in (None, 0) else "") for n in v["nodes"]))
+    ck = v["checkpoint"]
+    p("checkpoint " + (f"{ck['path']} (step {ck['step']})" if ck else "none"))
+    r = v["restarts"]
+    p(f"restarts  user errors {r['failures_used']}/{r['max_failures']}, "
+      f"infrastructure {r['node_failures_used']}/{r['max_node_failures']}")
+    for f in v["failures"]:
+        p(f"failure   attempt {f['attempt']} [{f['class']}] node {f['node'] or '-'} rank {f['rank'] or '-'} "
+          f"exit {f['exit_code'] if f['exit_code'] is not None else '-'} signal {f['signal'] or '-'}: {f['message']}")
+        for line in (f["error_tail"] or "").splitlines()[-10:]:
+            p(f"          | {line}")
+
+
+@app.command("events")
+@click.argument("job")
+@output_option
+@click.pass_context
+def events_cmd(ctx, job, output) -> int:
+    """The job's timeline: every decision the supervisor took."""
+    import datetime
+
+    from clusterctl import controller, status
+
+    _, store = controller.open_store(ctx.obj.state_dir)
+    evs = status.events_view(store, store.get_job(job))
+    if output == "json":
+        print_json(evs)
+        return 0
+    for e in evs:
+        t = datetime.datetime.fromtimestamp(e["time"]).strftime("%H:%M:%S")
+        out.print(f"{t}  attempt {e['attempt'] or '-'}  {e['kind']:<14} {e['message']}", markup=False)
+    return 0
+
+
+@app.command("logs")
+@click.argument("job")
+@click.option("--node", default=None, help="Only this node.")
+@click.option("--rank", default=None, type=int, help="Only this global rank.")
+@click.option("--tail", default=None, type=int, help="Only the last N lines.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the job ends.")
+@click.pass_context
+def logs_cmd(ctx, job, node, rank, tail, follow) -> int:
+    """Every rank's output, prefixed [node/rank] (the controller's copy; nodes keep the full logs)."""
+    from clusterctl import controller, paths
+
+    root, store = controller.open_store(ctx.obj.state_dir)
+    j = store.get_job(job)
+    path = paths.job_dir(root, j.job_id) / "output.log"
+
+    def keep(line: str) -> bool:
+        head = line.split("] ", 1)[0].lstrip("[")
+        n, _, r = head.partition("/")
+        return (node is None or n == node) and (rank is None or r == str(rank))
+
+    lines = [ln for ln in (path.read_text(errors="replace").splitlines() if path.exists() else []) if keep(ln)]
+    for line in lines[-tail:] if tail else lines:
+        out.print(line, markup=False)
+    if follow:
+        try:
+            controller.follow(root, store, j.job_id,
+                              lambda ln: keep(ln) and out.print(ln, markup=False), from_start=False)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+@app.command("stop")
+@click.argument("job")
+@click.option("--grace", default=10.0, show_default=True, help="Seconds between SIGTERM and kill.")
+@output_option
+@accept_option
+@click.pass_context
+def stop_cmd(ctx, job, grace, output, accept_new) -> int:
+    """SIGTERM torchrun on every node, kill after --grace, remove exactly this job's containers."""
+    from clusterctl import controller
+
+    root, store = controller.open_store(ctx.obj.state_dir)
+    j = store.get_job(job)
+    errors = controller.stop_job(root, store, j.job_id, connect_options(ctx, accept_new), grace_s=grace)
+    if output == "json":
+        print_json({"job_id": j.job_id, "state": store.get_job(j.job_id).state.value, "errors": errors})
+    else:
+        for node, msg in errors.items():
+            err.print(f"{node}: could not clean up: {msg}", markup=False)
+        err.print(f"job {j.job_id}: {store.get_job(j.job_id).state.value}", markup=False)
+    return 1 if errors else 0
+
+
+@app.command("resume")
+@click.argument("job")
+@click.option("--exclude", multiple=True, help="Do not use this host (repeatable).")
+@click.option("--checkpoint", default=None, help="Resume from this checkpoint instead of the latest valid one.")
+@click.option("--detach", "-d", is_flag=True)
+@output_option
+@accept_option
+@click.pass_context
+def resume_cmd(ctx, job, exclude, checkpoint, detach, output, accept_new) -> int:
+    """Bring a job back: re-attach if it still runs, else relaunch from its newest valid checkpoint."""
+    from clusterctl import controller
+
+    root, store = controller.open_store(ctx.obj.state_dir)
+    j = store.get_job(job)
+    accept = accept_new or ctx.obj.accept_new_host_keys
+    outcome, pid = controller.resume(root, store, j.job_id, connect_options(ctx, accept_new), accept_new=accept,
+                                     exclude=exclude, checkpoint=checkpoint)
+    err.print(f"job {j.job_id}: {outcome} (supervisor pid {pid})", markup=False)
+    if detach:
+        if output == "json":
+            print_json({"job_id": j.job_id, "outcome": outcome, "supervisor_pid": pid})
+        return 0
+    return _attach(root, store, j.job_id, j.name, output)
+
+
 # ---------------------------------------------------------------------------------------------- entry point
 def main(argv: Optional[List[str]] = None) -> None:
     args = sys.argv[1:] if argv is None else argv

@@ -127,7 +127,8 @@ def torchrun_argv(spec: JobSpec, *, rdzv_endpoint: str, rdzv_id: str, is_host: b
     argv = [*spec.torchrun,
             f"--nnodes={spec.min_nodes}:{spec.max_nodes}", f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
-            f"--rdzv-conf={conf}", f"--local-addr={local_addr}", f"--max-restarts={spec.restarts.max_restarts}"]
+            f"--rdzv-conf={conf}", f"--local-addr={local_addr}", f"--max-restarts={spec.restarts.max_restarts}",
+            "--tee=3"]  # with TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE every line carries its global rank
     if spec.module is not None:
         argv += ["-m", spec.module]
     else:
@@ -149,6 +150,7 @@ def node_env(spec: JobSpec, host: Host, *, job_id: str, attempt: int, interface:
         "CLUSTERCTL_RESUME_STEP": str(resume_step),
         "CLUSTERCTL_COLLECTIVE_TIMEOUT_S": str(spec.supervisor.collective_timeout_s),
         "PYTHONUNBUFFERED": "1",
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]:",
     }
     if interface:
         env["GLOO_SOCKET_IFNAME"] = interface

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence
+import threading
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 if TYPE_CHECKING:
     from clusterctl.inventory import Host
@@ -41,6 +42,10 @@ class Transport(Protocol):
     def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult: ...
 
     def put(self, data: bytes, path: str, mode: int = 0o600) -> None: ...
+
+    def stream(self, argv: Sequence[str], on_data: Callable[[bytes], None], stop: threading.Event) -> None:
+        """Run a long-lived command (``logs -f``), passing its output (stdout+stderr) to ``on_data`` until it
+        ends or ``stop`` is set. Connection loss raises ``TransportError``."""
 
     def close(self) -> None: ...
 

@@ -1,9 +1,12 @@
 """The ``local`` connection: the same interface as SSH, run with subprocess on this machine."""
 from __future__ import annotations
 
+import os
+import select
 import subprocess
+import threading
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from clusterctl.errors import CommandTimeout
 from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run
@@ -32,6 +35,23 @@ class LocalTransport:
 
     def put(self, data: bytes, path: str, mode: int = 0o600) -> None:
         put_via_run(self, data, path, mode)
+
+    def stream(self, argv: Sequence[str], on_data: Callable[[bytes], None], stop: threading.Event) -> None:
+        p = subprocess.Popen([str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while not stop.is_set():
+                ready, _, _ = select.select([p.stdout], [], [], 0.5)
+                if ready:
+                    data = os.read(p.stdout.fileno(), 65536)
+                    if not data:
+                        break
+                    on_data(data)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            p.stdout.close()
 
     def close(self) -> None:
         pass

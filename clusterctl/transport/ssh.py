@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import paramiko
 from paramiko.hostkeys import HostKeyEntry, HostKeys
@@ -289,6 +289,25 @@ class SSHTransport:
 
     def put(self, data: bytes, path: str, mode: int = 0o600) -> None:
         put_via_run(self, data, path, mode)
+
+    def stream(self, argv: Sequence[str], on_data: Callable[[bytes], None], stop: threading.Event) -> None:
+        self.connect()
+        try:
+            chan = self._t.open_session(timeout=self.options.connect_timeout)
+            chan.set_combine_stderr(True)
+            chan.exec_command(quote(argv))
+            chan.shutdown_write()
+            fd = chan.fileno()
+            while not stop.is_set():
+                select.select([fd], [], [], 0.5)
+                if chan.recv_ready():
+                    on_data(chan.recv(65536))
+                elif chan.eof_received or chan.closed:
+                    break
+            chan.close()
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            self.close()
+            raise ConnectError(self.host.name, f"connection lost: {e or e.__class__.__name__}") from None
 
     def close(self) -> None:
         for t in (self._t, self._jump):

@@ -1,0 +1,238 @@
+"""The controller side of a job: create it, run its supervisor (in a background process), follow it, stop it.
+
+``launch`` records the job and starts ``clusterctl _supervise JOB_ID`` as a detached process (its own session,
+log and pid file in the state dir), so training never depends on the terminal: an attached ``launch`` only
+follows the job's log copy and state, and Ctrl-C detaches.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from clusterctl import inventory as inventory_mod
+from clusterctl import paths
+from clusterctl.errors import UserError
+from clusterctl.inventory import Host, Inventory
+from clusterctl.launcher import ClusterOps, LogSink
+from clusterctl.plan import build_plan, read_secrets
+from clusterctl.spec import JobSpec, load_job, parse_job
+from clusterctl.state import JobState, Store, pid_alive
+from clusterctl.supervisor import Policy, Supervisor
+from clusterctl.transport import ConnectOptions
+
+PKG_PATH = str(Path(__file__).resolve().parent.parent)   # where `import clusterctl` works from
+
+
+@dataclass(frozen=True)
+class JobContext:
+    spec: JobSpec
+    inventory: Inventory
+    hosts: list[Host]
+
+
+def load_context(job_path: str, inventory_path: str | None) -> JobContext:
+    spec = load_job(job_path)
+    inv = inventory_mod.load(inventory_path)
+    hosts = inv.select(spec.hosts) if spec.hosts else list(inv.hosts)
+    if len(hosts) < spec.min_nodes:
+        raise UserError(f"{job_path}: nodes: the job needs at least {spec.min_nodes} node(s) but the inventory "
+                        f"{inv.source} offers {len(hosts)}: {', '.join(h.name for h in hosts)}")
+    for h in hosts:
+        if spec.nproc_per_node == "gpu" and not h.gpus:
+            raise UserError(f"{job_path}: nproc_per_node: \"gpu\" but {h.name} has no GPUs (clusterctl_gpus)")
+        if isinstance(spec.nproc_per_node, int) and h.gpus and spec.nproc_per_node > h.gpus:
+            raise UserError(f"{job_path}: nproc_per_node: {spec.nproc_per_node} > {h.gpus} GPUs on {h.name}")
+    return JobContext(spec, inv, hosts[: spec.max_nodes] if spec.hosts is None else hosts)
+
+
+def dry_run_plan(ctx: JobContext, interfaces: dict[str, str] | None = None):
+    hosts = ctx.hosts[: ctx.spec.max_nodes]
+    return build_plan(ctx.spec, hosts, job_id=f"{ctx.spec.name}-DRYRUN", attempt=1, interfaces=interfaces,
+                      pkg_path=PKG_PATH)
+
+
+def open_store(state_dir: str | None, secrets: Sequence[str] = ()) -> tuple[Path, Store]:
+    root = paths.ensure_state_dir(paths.state_dir(state_dir))
+    return root, Store(paths.db_path(root), secrets=secrets)
+
+
+def record_job(store: Store, ctx: JobContext, job_path: str, inventory_path: str | None,
+               interfaces: dict[str, str]) -> str:
+    payload = {"spec": ctx.spec.model_dump(mode="json"), "source": os.path.abspath(job_path),
+               "interfaces": interfaces, "hosts": [h.name for h in ctx.hosts]}
+    inv = ctx.inventory.source
+    return store.create_job(ctx.spec.name, json.dumps(payload),
+                            None if inv == inventory_mod.EMBEDDED_DEFAULT else os.path.abspath(inv),
+                            os.path.abspath(job_path))
+
+
+def spawn_supervisor(root: Path, job_id: str, *, accept_new: bool, adopt: bool = False) -> int:
+    """Start ``clusterctl _supervise`` detached: own session, stdin closed, output to its log file."""
+    log = paths.supervisor_log_path(root, job_id)
+    paths.ensure_job_dir(root, job_id)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    argv = [sys.executable, "-m", "clusterctl.cli", "--state-dir", str(root)]
+    if accept_new:
+        argv.append("--accept-new-host-keys")
+    argv += ["_supervise", job_id] + (["--adopt"] if adopt else [])
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
+                         close_fds=True)
+    os.close(fd)
+    paths.supervisor_pid_path(root, job_id).write_text(f"{p.pid}\n")
+    return p.pid
+
+
+def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions) -> tuple[ClusterOps, Policy, list[str]]:
+    job = store.get_job(job_id)
+    payload = json.loads(job.spec_json)
+    spec = parse_job(payload["spec"], payload["source"])
+    inv = inventory_mod.load(job.inventory_path) if job.inventory_path else inventory_mod.default_inventory()
+    hosts = {h.name: h for h in inv.hosts if h.name in payload["hosts"]}
+    missing = [n for n in payload["hosts"] if n not in hosts]
+    if missing:
+        raise UserError(f"hosts {', '.join(missing)} are no longer in the inventory {inv.source}")
+    secrets = read_secrets(spec.secret_env, os.environ)
+    store.add_secrets(secrets.values())
+    sink = LogSink(paths.job_dir(root, job_id) / "output.log")
+    ops = ClusterOps(spec=spec, hosts=hosts, job_id=job_id, store=store, sink=sink, options=options,
+                     secrets=secrets, interfaces=payload.get("interfaces") or {}, pkg_path=PKG_PATH,
+                     probe_timeout_s=max(2.0, spec.supervisor.probe_interval_s * 2),
+                     checkpoint_override=payload.get("checkpoint_override"))
+    s, r = spec.supervisor, spec.restarts
+    policy = Policy(min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, max_failures=r.max_failures,
+                    max_node_failures=r.max_node_failures, backoff_s=r.backoff_s, backoff_max_s=r.backoff_max_s,
+                    probe_interval_s=s.probe_interval_s, probe_failures=s.probe_failures,
+                    hang_timeout_s=s.hang_timeout_s, wait_for_nodes_s=float(spec.rendezvous.join_timeout))
+    return ops, policy, list(payload["hosts"])
+
+
+def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool = False,
+              echo: Callable[[str], None] = print) -> JobState:
+    """The body of ``clusterctl _supervise``: claim the job, run the loop, release."""
+    store = Store(paths.db_path(root))
+    if not store.claim_supervisor(job_id, os.getpid()):
+        raise UserError(f"job {job_id} already has a live supervisor (pid {store.get_job(job_id).supervisor_pid})")
+    ops, policy, nodes = build_ops(root, store, job_id, options)
+    try:
+        sup = Supervisor(job_id, store, ops, policy, nodes, on_event=lambda m: echo(f"clusterctl: {m}"))
+        job = store.get_job(job_id)
+        attempt = job.attempt if adopt and job.attempt else None
+        if adopt and attempt:
+            ops.plan = ops.make_plan(attempt, list(store.attempts(job_id)[-1].nodes),
+                                     store.attempts(job_id)[-1].rdzv_host, ("", 0))
+            for n in ops.plan.nodes:
+                ops._follow(attempt, n.host)
+        return sup.run(adopt_attempt=attempt)
+    finally:
+        ops.close()
+        store.release_supervisor(job_id, os.getpid())
+
+
+def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *, from_start: bool = True,
+           poll_s: float = 0.3, stop_when_done: bool = True) -> JobState:
+    """Print the job's log copy as it grows; return the job's state once it is terminal."""
+    path = paths.job_dir(root, job_id) / "output.log"
+    offset = 0 if from_start else (path.stat().st_size if path.exists() else 0)
+    printed_events = 0
+    while True:
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+            complete = data[: data.rfind(b"\n") + 1]
+            offset += len(complete)
+            for line in complete.decode(errors="replace").splitlines():
+                echo(line)
+        events = store.events(job_id, after_id=printed_events)
+        for e in events:
+            printed_events = e.id
+            echo(f"clusterctl: {e.message}")
+        job = store.get_job(job_id)
+        if stop_when_done and job.terminal:
+            sup = job.supervisor_pid
+            if not sup or not pid_alive(sup):
+                return job.state
+        time.sleep(poll_s)
+
+
+def stop_job(root: Path, store: Store, job_id: str, options: ConnectOptions, grace_s: float = 10.0) -> dict[str, str]:
+    """SIGTERM to torchrun everywhere, kill after the grace period, remove exactly this job's containers."""
+    job = store.get_job(job_id)
+    if not job.terminal:
+        store.set_state(job_id, JobState.STOPPED, "stopped by user")
+        store.add_event(job_id, "stop", "stop requested by user")
+    ops, _, nodes = build_ops(root, store, job_id, options)
+    try:
+        attempts = store.attempts(job_id)
+        if attempts:
+            a = attempts[-1]
+            ops.plan = ops.make_plan(a.attempt, list(a.nodes), a.rdzv_host, ("", 0))
+        return ops.stop(None, nodes, grace_s=grace_s)
+    finally:
+        ops.close()
+
+
+def live_supervisor(root: Path, job) -> int | None:
+    """The pid of a live supervisor of ``job`` (from the DB claim or the pid file of one being started)."""
+    pid_file = paths.supervisor_pid_path(root, job.job_id)
+    candidates = [job.supervisor_pid]
+    if pid_file.exists():
+        try:
+            candidates.append(int(pid_file.read_text().strip()))
+        except ValueError:
+            pass
+    for pid in candidates:
+        if pid and pid_alive(pid) and _is_supervisor(pid, job.job_id):
+            return pid
+    return None
+
+
+def _is_supervisor(pid: int, job_id: str) -> bool:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True   # no /proc (macOS): trust the pid
+    return b"_supervise" in cmd and job_id.encode() in cmd
+
+
+def resume(root: Path, store: Store, job_id: str, options: ConnectOptions, *, accept_new: bool,
+           exclude: Sequence[str] = (), checkpoint: str | None = None) -> tuple[str, int]:
+    """Re-attach when the job still runs and only the controller died; else clean up and relaunch.
+    Idempotent: with a live supervisor it only reports it."""
+    job = store.get_job(job_id)
+    pid = live_supervisor(root, job)
+    if pid:
+        return "already supervised", pid
+    if job.state == JobState.SUCCEEDED:
+        raise UserError(f"job {job_id} already succeeded; launch it again to start over")
+    payload = json.loads(job.spec_json)
+    unknown = [h for h in exclude if h not in payload["hosts"]]
+    if unknown:
+        raise UserError(f"--exclude: {', '.join(unknown)} not among the job's hosts {', '.join(payload['hosts'])}")
+    attempts = store.attempts(job_id)
+    ops, _, nodes = build_ops(root, store, job_id, options)
+    try:
+        if attempts and not job.terminal and not exclude and not checkpoint:
+            a = attempts[-1]
+            obs = ops.observe(a.attempt, list(a.nodes))
+            if obs and all(o.state == "running" for o in obs):
+                return "re-attached to the running attempt", spawn_supervisor(root, job_id, accept_new=accept_new,
+                                                                                adopt=True)
+        errors = ops.stop(None, nodes)
+        for node, msg in errors.items():
+            store.add_event(job_id, "cleanup_pending", f"could not clean up {node}: {msg}", node=node)
+    finally:
+        ops.close()
+    payload["hosts"] = [h for h in payload["hosts"] if h not in exclude]
+    payload["checkpoint_override"] = checkpoint
+    store.update_job(job_id, spec_json=json.dumps(payload), failures_used=0, node_failures_used=0)
+    store.set_state(job_id, JobState.RECOVERING, "resumed by user")
+    store.add_event(job_id, "resume", "resumed by user" + (f" from {checkpoint}" if checkpoint else "")
+                    + (f", excluding {', '.join(exclude)}" if exclude else ""))
+    return "relaunching from the latest valid checkpoint", spawn_supervisor(root, job_id, accept_new=accept_new)

@@ -1,0 +1,281 @@
+"""Applies launch plans to the cluster: the real ``NodeOps`` behind the supervisor.
+
+One persistent transport per node (reconnected after a failure), every remote call with a timeout, and all
+per-node work fanned out in parallel. A start that fails on some nodes removes what it started on the others.
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from clusterctl import checkpoint as checkpoint_mod
+from clusterctl import runtimes
+from clusterctl.errors import TransportError
+from clusterctl.inventory import Host
+from clusterctl.plan import LaunchPlan, build_plan
+from clusterctl.spec import JobSpec
+from clusterctl.state import JobState, Store
+from clusterctl.supervisor import Observation
+from clusterctl.transport import ConnectOptions, Transport, connect, fan_out
+
+RANK_PREFIX = re.compile(rb"^\[(\d+)\]:")
+SIGNALS = {129: "SIGHUP", 130: "SIGINT", 134: "SIGABRT", 137: "SIGKILL", 139: "SIGSEGV", 143: "SIGTERM"}
+
+
+def signal_of(exit_code: int | None) -> str | None:
+    return SIGNALS.get(exit_code) if exit_code is not None else None
+
+
+class LogSink:
+    """The controller's copy of every node's output: ``[node/rank] line`` in one file (0600)."""
+
+    def __init__(self, path: Path, echo: Callable[[str], None] | None = None):
+        self.path, self.echo = path, echo
+        self.lock = threading.Lock()
+        self.partial: dict[str, bytes] = {}
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.touch(mode=0o600, exist_ok=True)
+
+    def feed(self, node: str, data: bytes) -> None:
+        buf = self.partial.get(node, b"") + data
+        *lines, rest = buf.split(b"\n")
+        self.partial[node] = rest
+        self.write(node, lines)
+
+    def write(self, node: str, lines: Sequence[bytes]) -> None:
+        out = []
+        for line in lines:
+            m = RANK_PREFIX.match(line)
+            rank = m.group(1).decode() if m else "-"
+            text = line[m.end():] if m else line
+            out.append(f"[{node}/{rank}] {text.decode(errors='replace').rstrip()}")
+        if out:
+            with self.lock, open(self.path, "a") as f:
+                f.write("\n".join(out) + "\n")
+            if self.echo:
+                for line in out:
+                    self.echo(line)
+
+
+@dataclass
+class _Follower:
+    thread: threading.Thread
+    stop: threading.Event
+    bytes_seen: int = 0
+    last_seen: int = 0
+
+
+@dataclass
+class ClusterOps:
+    """``supervisor.NodeOps`` over real transports."""
+
+    spec: JobSpec
+    hosts: Mapping[str, Host]
+    job_id: str
+    store: Store
+    sink: LogSink
+    options: ConnectOptions = field(default_factory=ConnectOptions)
+    secrets: Mapping[str, str] = field(default_factory=dict)
+    interfaces: Mapping[str, str] = field(default_factory=dict)
+    pkg_path: str | None = None
+    connect: Callable[[Host, ConnectOptions], Transport] = connect
+    probe_timeout_s: float = 5.0
+    stop_grace_s: float = 10.0
+    checkpoint_override: str | None = None   # `resume --checkpoint PATH`: used by the first attempt only
+
+    def __post_init__(self) -> None:
+        self._transports: dict[str, Transport] = {}
+        self._lock = threading.Lock()
+        self._followers: dict[str, _Follower] = {}
+        self.plan: LaunchPlan | None = None
+
+    # ------------------------------------------------------------------------------------------ plumbing
+    def transport(self, node: str) -> Transport:
+        with self._lock:
+            t = self._transports.get(node)
+            if t is None:
+                t = self._transports[node] = self.connect(self.hosts[node], self.options)
+            return t
+
+    def _run(self, node: str, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None):
+        try:
+            return self.transport(node).run(argv, timeout=timeout, stdin=stdin)
+        except TransportError:
+            self.drop(node)
+            raise
+
+    def drop(self, node: str) -> None:
+        with self._lock:
+            t = self._transports.pop(node, None)
+        if t is not None:
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection may fail in any way
+                pass
+
+    def close(self) -> None:
+        self.stop_followers()
+        for node in list(self._transports):
+            self.drop(node)
+
+    def _runtime(self, node: str):
+        return runtimes.get(self.hosts[node].runtime)
+
+    # ------------------------------------------------------------------------------------------ NodeOps
+    def make_plan(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> LaunchPlan:
+        return build_plan(self.spec, [self.hosts[n] for n in nodes], job_id=self.job_id, attempt=attempt,
+                          rdzv_host=self.hosts[rdzv_host], interfaces=self.interfaces, resume_from=resume[0],
+                          resume_step=resume[1], pkg_path=self.pkg_path)
+
+    def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> dict[str, str]:
+        plan = self.plan = self.make_plan(attempt, nodes, rdzv_host, resume)
+
+        def start_one(host: Host) -> None:
+            node = plan.node(host.name)
+            rt = self._runtime(host.name)
+            self._run(host.name, rt.remove_job_argv(self.job_id), timeout=30)   # the previous attempt's leftovers
+            r = self._run(host.name, node.runtime_argv, timeout=60, stdin=node.env_script(self.secrets))
+            if not r.ok:
+                raise RuntimeError((r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}")[-500:])
+            self.store.set_node(self.job_id, attempt, host.name, address=host.address,
+                                container=node.container_name, state="running")
+
+        results = fan_out([self.hosts[n] for n in nodes], start_one, host_timeout=90)
+        errors = {r.host.name: str(r.error) for r in results if r.error is not None}
+        if errors:
+            started = [r.host.name for r in results if r.error is None]
+            self.stop(attempt, started)   # roll back exactly what this attempt started
+            return errors
+        for n in nodes:
+            self._follow(attempt, n)
+        return {}
+
+    def observe(self, attempt: int, nodes: Sequence[str]) -> list[Observation]:
+        def probe(host: Host) -> Observation:
+            rt = self._runtime(host.name)
+            r = self._run(host.name, rt.list_argv(self.job_id), timeout=self.probe_timeout_s)
+            if not r.ok:
+                raise TransportError(host.name, f"status probe failed: {r.stderr.strip()[-200:]}")
+            mine = [i for i in rt.parse_list(r.stdout) if i.attempt == attempt]
+            f = self._followers.get(host.name)
+            progress = bool(f and f.bytes_seen != f.last_seen)
+            if f:
+                f.last_seen = f.bytes_seen
+            if not mine:
+                return Observation(host.name, "missing", progress=progress)
+            inst = mine[0]
+            if inst.state in ("running", "created", "restarting", "paused"):
+                return Observation(host.name, "running", progress=progress)
+            if inst.state == "dead":
+                return Observation(host.name, "missing", progress=progress)
+            code = inst.exit_code
+            return Observation(host.name, "exited", exit_code=code, signal=signal_of(code), progress=progress,
+                               error_tail=self._tail(host.name) if code else "")
+
+        out = []
+        for r in fan_out([self.hosts[n] for n in nodes], probe, host_timeout=self.probe_timeout_s + 2):
+            out.append(r.value if r.ok else Observation(r.host.name, "unreachable", error_tail=str(r.error)))
+        return out
+
+    def _tail(self, node: str, lines: int = 20) -> str:
+        """The last lines this node printed (from the controller's copy)."""
+        try:
+            text = self.sink.path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        mine = [line for line in text if line.startswith(f"[{node}/")]
+        return "\n".join(mine[-lines:])
+
+    def stop(self, attempt: int | None, nodes: Sequence[str], grace_s: float = 0.0) -> dict[str, str]:
+        """Stop this job on ``nodes``: TERM + grace when ``grace_s``, then kill and remove by label/job id."""
+        self.stop_followers(nodes)
+
+        def stop_one(host: Host) -> None:
+            rt = self._runtime(host.name)
+            if grace_s and self.plan is not None and host.name in [n.host for n in self.plan.nodes]:
+                self._run(host.name, rt.stop_argv(self.plan.node(host.name), "TERM"), timeout=15)
+                deadline = time.monotonic() + grace_s
+                while time.monotonic() < deadline:
+                    r = self._run(host.name, rt.list_argv(self.job_id), timeout=self.probe_timeout_s)
+                    if not any(i.state == "running" for i in rt.parse_list(r.stdout)):
+                        break
+                    time.sleep(0.5)
+            r = self._run(host.name, rt.remove_job_argv(self.job_id), timeout=60)
+            if not r.ok:
+                raise RuntimeError(r.stderr.strip()[-300:] or f"exit code {r.exit_code}")
+
+        results = fan_out([self.hosts[n] for n in nodes], stop_one, host_timeout=grace_s + 75)
+        return {r.host.name: str(r.error) for r in results if r.error is not None}
+
+    def reachable(self, nodes: Sequence[str]) -> list[str]:
+        results = fan_out([self.hosts[n] for n in nodes],
+                          lambda h: self._run(h.name, ["true"], timeout=self.probe_timeout_s),
+                          host_timeout=self.probe_timeout_s + self.options.connect_timeout + 1)
+        return [r.host.name for r in results if r.ok and r.value.ok]
+
+    def latest_checkpoint(self, nodes: Sequence[str]) -> tuple[str, int]:
+        """Ask a node (checkpoints live on the nodes' shared storage) for the latest valid checkpoint."""
+        if self.checkpoint_override:
+            path, self.checkpoint_override = self.checkpoint_override, None
+            m = re.search(r"step-(\d+)", path)
+            return path, int(m.group(1)) if m else 0
+        root = self.spec.checkpoint.dir
+        if not root:
+            return "", 0
+        source = Path(checkpoint_mod.__file__).read_bytes()
+        argv = ["python3", "-", "latest", "--root", root, "--verify", self.spec.checkpoint.verify, "--json"]
+        for node in nodes:
+            try:
+                r = self._run(node, argv, timeout=60, stdin=source)
+            except TransportError:
+                continue
+            if r.ok:
+                info = json.loads(r.stdout or "{}")
+                if info.get("path"):
+                    return info["path"], int(info.get("step") or 0)
+                return "", 0
+        return "", 0
+
+    def stop_requested(self) -> bool:
+        return self.store.get_job(self.job_id).state == JobState.STOPPED
+
+    # ------------------------------------------------------------------------------------------ logs
+    def _follow(self, attempt: int, node: str) -> None:
+        self.stop_followers([node])
+        plan_node = self.plan.node(node)
+        rt = self._runtime(node)
+        stop = threading.Event()
+        self.sink.write(node, [f"=== attempt {attempt} ===".encode()])
+
+        def run() -> None:
+            first = True
+            while not stop.is_set():
+                try:
+                    # after a reconnect, only new lines (the node keeps the full log)
+                    argv = rt.logs_argv(plan_node, follow=True, tail=None if first else 0)
+                    self.transport(node).stream(argv, lambda data: self._on_data(node, data), stop)
+                except TransportError:
+                    self.drop(node)
+                first = False
+                stop.wait(1.0)
+
+        t = threading.Thread(target=run, daemon=True, name=f"logs-{node}")
+        self._followers[node] = _Follower(t, stop)
+        t.start()
+
+    def _on_data(self, node: str, data: bytes) -> None:
+        f = self._followers.get(node)
+        if f:
+            f.bytes_seen += len(data)
+        self.sink.feed(node, data)
+
+    def stop_followers(self, nodes: Sequence[str] | None = None) -> None:
+        for node in list(self._followers if nodes is None else nodes):
+            f = self._followers.pop(node, None)
+            if f:
+                f.stop.set()

@@ -1,0 +1,65 @@
+"""What `clusterctl status` says: a pure view of the state store (no I/O beyond reading it)."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from clusterctl.state import Job, Store
+
+FAILURE_KLASSES = ("user_error", "node_lost", "rendezvous_lost", "hang")
+
+
+def job_view(store: Store, job: Job, now: float | None = None) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    attempts = store.attempts(job.job_id)
+    current = attempts[-1] if attempts else None
+    nodes = store.nodes(job.job_id, job.attempt) if current else []
+    events = store.events(job.job_id)
+    failures = [e for e in events if e.kind in ("verdict", "start_failed") and e.klass in FAILURE_KLASSES]
+    spec = json.loads(job.spec_json or "{}")
+    restarts = spec.get("restarts") or {}
+    checkpoint = None
+    ck_events = [e for e in events if e.checkpoint_step is not None]
+    if current and current.checkpoint_path:
+        checkpoint = {"path": current.checkpoint_path, "step": current.checkpoint_step}
+    for e in reversed(ck_events):
+        if e.kind == "checkpoint":
+            checkpoint = {"path": e.message.split(" ", 1)[-1], "step": e.checkpoint_step, "age_s": round(now - e.time, 1)}
+            break
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "state": job.state.value,
+        "reason": job.reason,
+        "attempt": job.attempt,
+        "created_at": job.created_at,
+        "started_at": current.started_at if current else None,
+        "rendezvous_host": current.rdzv_host if current else None,
+        "nodes": [{"node": n.node, "address": n.address, "state": n.state, "exit_code": n.exit_code,
+                   "signal": n.signal} for n in nodes] or ([{"node": n, "state": None} for n in current.nodes]
+                                                           if current else []),
+        "failures": [{"time": e.time, "attempt": e.attempt, "class": e.klass, "node": e.node, "rank": e.rank,
+                      "exit_code": e.exit_code, "signal": e.signal, "message": e.message,
+                      "error_tail": _tail(store, job.job_id, e)} for e in failures],
+        "checkpoint": checkpoint,
+        "restarts": {"failures_used": job.failures_used, "max_failures": restarts.get("max_failures", 3),
+                     "node_failures_used": job.node_failures_used,
+                     "max_node_failures": restarts.get("max_node_failures", 10)},
+        "supervisor_pid": job.supervisor_pid,
+    }
+
+
+def _tail(store: Store, job_id: str, event) -> str | None:
+    if not event.node or event.attempt is None:
+        return None
+    for n in store.nodes(job_id, event.attempt):
+        if n.node == event.node:
+            return n.error_tail
+    return None
+
+
+def events_view(store: Store, job: Job) -> list[dict[str, Any]]:
+    return [{"time": e.time, "attempt": e.attempt, "kind": e.kind, "class": e.klass, "node": e.node,
+             "rank": e.rank, "exit_code": e.exit_code, "signal": e.signal, "checkpoint_step": e.checkpoint_step,
+             "message": e.message} for e in store.events(job.job_id)]
