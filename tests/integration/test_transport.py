@@ -243,6 +243,24 @@ def test_accept_new_records_the_key_then_plain_connect_works(tb, hosts, opts, us
     assert user_kh.read_text().splitlines() == lines
 
 
+def test_big_user_known_hosts_with_hashed_and_malformed_lines(tb, hosts, opts, user_kh, tmp_path):
+    """A real ~/.ssh/known_hosts: thousands of other hosts, a malformed hashed line, the host's key hashed
+    (Debian's HashKnownHosts default). Connecting works and stays cheap."""
+    from paramiko.hostkeys import HostKeys
+
+    other, _ = _other_key(tmp_path)
+    pub = (tb.host(hosts[0].name).dir / "ssh_host_ed25519_key.pub").read_text().split()
+    lines = ["|1|not-base64|x " + other, "10.255.0.1 ssh-ed25519 !!!not-a-key!!!"]
+    lines += [f"10.254.{i // 250}.{i % 250} {other}" for i in range(2000)]
+    lines.append(f"{HostKeys.hash_host(hosts[0].address)} {pub[0]} {pub[1]}")
+    user_kh.write_text("\n".join(lines) + "\n")
+    h = dataclasses.replace(hosts[0], known_hosts=None)
+    t0 = time.monotonic()
+    for _ in range(3):
+        assert run_once(h, ["hostname"], opts).stdout == f"{h.name}\n"
+    assert time.monotonic() - t0 < 3
+
+
 def test_accept_new_from_many_threads_records_each_key_once(tb, hosts, opts, user_kh):
     bare = [dataclasses.replace(h, known_hosts=None) for h in hosts]
     accept = dataclasses.replace(opts, accept_new_host_keys=True)
