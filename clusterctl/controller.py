@@ -84,7 +84,9 @@ def spawn_supervisor(root: Path, job_id: str, *, accept_new: bool, adopt: bool =
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
                          close_fds=True)
     os.close(fd)
-    paths.supervisor_pid_path(root, job_id).write_text(f"{p.pid}\n")
+    pid_fd = os.open(paths.supervisor_pid_path(root, job_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(pid_fd, f"{p.pid}\n".encode())
+    os.close(pid_fd)
     return p.pid
 
 

@@ -148,8 +148,7 @@ class ClusterOps:
         results = fan_out([self.hosts[n] for n in nodes], start_one, host_timeout=90)
         errors = {r.host.name: str(r.error) for r in results if r.error is not None}
         if errors:
-            started = [r.host.name for r in results if r.error is None]
-            self.stop(attempt, started)   # roll back exactly what this attempt started
+            self.stop(attempt, nodes)   # roll back what this attempt started (by job id), half-created ones too
             return errors
         for n in nodes:
             self._follow(attempt, n)

@@ -25,7 +25,8 @@ def job_view(store: Store, job: Job, now: float | None = None) -> dict[str, Any]
         checkpoint = {"path": current.checkpoint_path, "step": current.checkpoint_step}
     for e in reversed(ck_events):
         if e.kind == "checkpoint":
-            checkpoint = {"path": e.message.split(" ", 1)[-1], "step": e.checkpoint_step, "age_s": round(now - e.time, 1)}
+            checkpoint = {"path": e.message.rsplit(": ", 1)[-1], "step": e.checkpoint_step,
+                          "age_s": round(now - e.time, 1)}
             break
     return {
         "job_id": job.job_id,

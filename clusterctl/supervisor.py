@@ -120,6 +120,7 @@ class Policy:
     probe_failures: int = 3
     hang_timeout_s: float = 300.0
     wait_for_nodes_s: float = 300.0
+    checkpoint_every_probes: int = 5     # look for a new latest valid checkpoint every N probe rounds
 
 
 class Supervisor:
@@ -130,6 +131,7 @@ class Supervisor:
         self.all_nodes = list(nodes)
         self.clock, self.sleep = clock, sleep
         self.on_event = on_event or (lambda msg: None)
+        self._last_checkpoint_step: int | None = None
 
     def event(self, kind: str, message: str, **fields) -> None:
         self.store.add_event(self.job_id, kind, message, **fields)
@@ -144,6 +146,7 @@ class Supervisor:
         running = adopt_attempt is not None
         nodes: list[str] = []
         rdzv = ""
+        first_attempt = attempt + 1
         if running:
             a = self.store.attempts(self.job_id)[-1]
             nodes, rdzv = list(a.nodes), a.rdzv_host
@@ -152,10 +155,10 @@ class Supervisor:
         while True:
             if not running:
                 attempt += 1
-                started = self._start_attempt(attempt, excluded)
+                started = self._start_attempt(attempt, excluded, first=attempt == first_attempt)
                 if started is None:
                     return self.store.get_job(self.job_id).state
-                nodes, rdzv = started
+                nodes, rdzv, attempt = started
                 running = True
             decision = self._monitor(attempt, nodes, rdzv)
             running = False
@@ -163,7 +166,8 @@ class Supervisor:
             if end is not None:
                 return end
 
-    def _start_attempt(self, attempt: int, excluded: set[str]) -> tuple[list[str], str] | None:
+    def _start_attempt(self, attempt: int, excluded: set[str],
+                       first: bool = False) -> tuple[list[str], str, int] | None:
         p = self.policy
         while True:
             candidates = [n for n in self.all_nodes if n not in excluded]
@@ -176,7 +180,7 @@ class Supervisor:
             rdzv = nodes[0]
             path, step = self.ops.latest_checkpoint(nodes)
             self.store.set_state(self.job_id, JobState.STARTING)
-            self.store.start_attempt(self.job_id, attempt, rdzv, f"{self._name()}-{attempt}", nodes, path or None,
+            self.store.start_attempt(self.job_id, attempt, rdzv, f"{self.job_id}-{attempt}", nodes, path or None,
                                      step if path else None)
             self.event("start", f"attempt {attempt}: starting on {', '.join(nodes)} (rendezvous {rdzv}); "
                                 + (f"resuming from {path} (step {step})" if path else "no checkpoint yet"),
@@ -184,11 +188,16 @@ class Supervisor:
             errors = self.ops.start(attempt, nodes, rdzv, (path, step))
             if not errors:
                 self.store.set_state(self.job_id, JobState.RUNNING)
-                return nodes, rdzv
+                return nodes, rdzv, attempt
             for node, msg in errors.items():
                 self.event("start_failed", f"attempt {attempt}: {node} failed to start: {msg}",
                            attempt=attempt, node=node, klass="node_lost")
             self.store.end_attempt(self.job_id, attempt, "start_failed")
+            if first:   # a launch that cannot start is an error to show, not a failure to retry
+                node, msg = next(iter(errors.items()))
+                self._finish(JobState.FAILED, f"launch failed: {node} could not start: {msg} "
+                                              "(what started on the other nodes was removed)")
+                return None
             excluded.update(errors)
             if not self._spend(Verdict.NODE_LOST, f"{len(errors)} node(s) failed to start"):
                 return None
@@ -215,10 +224,14 @@ class Supervisor:
     def _monitor(self, attempt: int, nodes: list[str], rdzv: str) -> Decision:
         now = self.clock()
         health = Health(started=now, last_progress=now)
+        rounds = 0
         while True:
             if self.ops.stop_requested():
                 return Decision(Verdict.STOPPED, message="stopped by user")
             obs = self.ops.observe(attempt, nodes)
+            rounds += 1
+            if rounds % self.policy.checkpoint_every_probes == 0 and self._checkpoint_progress(attempt, nodes):
+                obs = [Observation(o.node, o.state, o.exit_code, o.signal, True, o.error_tail) for o in obs]
             now = self.clock()
             d = classify(obs, health, rdzv_host=rdzv, probe_failures=self.policy.probe_failures,
                          hang_timeout_s=self.policy.hang_timeout_s, now=now)
@@ -226,8 +239,22 @@ class Supervisor:
                 self.store.set_node(self.job_id, attempt, o.node, state=o.state, exit_code=o.exit_code,
                                     signal=o.signal, error_tail=o.error_tail or None)
             if d.verdict != Verdict.CONTINUE:
+                if self.ops.stop_requested():   # `clusterctl stop` killed the nodes: not a failure
+                    return Decision(Verdict.STOPPED, message="stopped by user")
+                if d.verdict == Verdict.SUCCESS:
+                    self._checkpoint_progress(attempt, nodes)
                 return d
             self.sleep(self.policy.probe_interval_s)
+
+    def _checkpoint_progress(self, attempt: int, nodes: list[str]) -> bool:
+        """Record a new latest valid checkpoint as an event; True when there is one (progress)."""
+        path, step = self.ops.latest_checkpoint(nodes)
+        if path and step != self._last_checkpoint_step:
+            self._last_checkpoint_step = step
+            self.store.add_event(self.job_id, "checkpoint", f"latest valid checkpoint: {path}", attempt=attempt,
+                                 checkpoint_step=step)
+            return True
+        return False
 
     def _act(self, d: Decision, attempt: int, nodes: list[str], excluded: set[str]) -> JobState | None:
         self.event("verdict", d.message, attempt=attempt, klass=d.verdict.value, node=d.node,
