@@ -13,7 +13,7 @@ test: deps venv
 	$(PY) -m pytest -q tests
 
 demo: deps venv
-	$(VENV)/bin/clusterctl launch examples/quickstart/job.yaml
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/clusterctl launch examples/quickstart/job.yaml
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
