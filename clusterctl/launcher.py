@@ -27,6 +27,15 @@ RANK_PREFIX = re.compile(rb"^\[(\d+)\]:")
 SIGNALS = {129: "SIGHUP", 130: "SIGINT", 134: "SIGABRT", 137: "SIGKILL", 139: "SIGSEGV", 143: "SIGTERM"}
 
 
+ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def root_cause(text: str) -> tuple[int, int] | None:
+    """(rank, exit code) from torchrun's failure summary ("Root Cause (first observed failure)")."""
+    m = ROOT_CAUSE.search(text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def signal_of(exit_code: int | None) -> str | None:
     return SIGNALS.get(exit_code) if exit_code is not None else None
 
@@ -173,8 +182,15 @@ class ClusterOps:
             if inst.state == "dead":
                 return Observation(host.name, "missing", progress=progress)
             code = inst.exit_code
+            tail, rank = "", None
+            if code:
+                tail = self._tail(host.name, 80)
+                cause = root_cause(tail)
+                rank = cause[0] if cause else None
+                mine = [ln for ln in tail.splitlines() if rank is not None and ln.startswith(f"[{host.name}/{rank}]")]
+                tail = "\n".join((mine or tail.splitlines())[-20:])
             return Observation(host.name, "exited", exit_code=code, signal=signal_of(code), progress=progress,
-                               error_tail=self._tail(host.name) if code else "")
+                               error_tail=tail, rank=rank)
 
         out = []
         for r in fan_out([self.hosts[n] for n in nodes], probe, host_timeout=self.probe_timeout_s + 2):

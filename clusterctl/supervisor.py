@@ -37,6 +37,7 @@ class Observation:
     signal: str | None = None
     progress: bool = False           # new log output or a new checkpoint since the last probe
     error_tail: str = ""
+    rank: int | None = None          # the failing rank (torchrun's "Root Cause" summary), when known
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Decision:
     signal: str | None = None
     message: str = ""
     error_tail: str = ""
+    rank: int | None = None
 
 
 @dataclass
@@ -81,8 +83,9 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
     failed = [o for o in obs if o.state == "exited" and o.exit_code not in (0, None)]
     if failed:
         f = failed[0]
+        where = f"node {f.node}" + (f" rank {f.rank}" if f.rank is not None else "")
         return Decision(Verdict.USER_ERROR, (), f.node, f.exit_code, f.signal,
-                        f"node {f.node} exited with code {f.exit_code}", f.error_tail)
+                        f"{where} exited with code {f.exit_code}", f.error_tail, f.rank)
     if obs and all(o.state == "exited" and o.exit_code == 0 for o in obs):
         return Decision(Verdict.SUCCESS, message="every node finished with exit code 0")
     if now - health.last_progress > hang_timeout_s:
@@ -231,13 +234,13 @@ class Supervisor:
             obs = self.ops.observe(attempt, nodes)
             rounds += 1
             if rounds % self.policy.checkpoint_every_probes == 0 and self._checkpoint_progress(attempt, nodes):
-                obs = [Observation(o.node, o.state, o.exit_code, o.signal, True, o.error_tail) for o in obs]
+                obs = [Observation(o.node, o.state, o.exit_code, o.signal, True, o.error_tail, o.rank) for o in obs]
             now = self.clock()
             d = classify(obs, health, rdzv_host=rdzv, probe_failures=self.policy.probe_failures,
                          hang_timeout_s=self.policy.hang_timeout_s, now=now)
             for o in obs:
                 self.store.set_node(self.job_id, attempt, o.node, state=o.state, exit_code=o.exit_code,
-                                    signal=o.signal, error_tail=o.error_tail or None)
+                                    signal=o.signal, error_tail=o.error_tail or None, rank=o.rank)
             if d.verdict != Verdict.CONTINUE:
                 if self.ops.stop_requested():   # `clusterctl stop` killed the nodes: not a failure
                     return Decision(Verdict.STOPPED, message="stopped by user")
@@ -258,7 +261,7 @@ class Supervisor:
 
     def _act(self, d: Decision, attempt: int, nodes: list[str], excluded: set[str]) -> JobState | None:
         self.event("verdict", d.message, attempt=attempt, klass=d.verdict.value, node=d.node,
-                   exit_code=d.exit_code, signal=d.signal)
+                   exit_code=d.exit_code, signal=d.signal, rank=d.rank)
         if d.verdict == Verdict.SUCCESS:
             self.store.end_attempt(self.job_id, attempt, "succeeded")
             self._cleanup(attempt, nodes)
