@@ -168,7 +168,9 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
             out.print(plan.render(), markup=False)
         return 0
     interfaces: dict = {}
-    if not skip_preflight:
+    if skip_preflight:   # the supervisor would see a bad host key only as an unreachable node
+        controller.verify_host_keys(jc.hosts, connect_options(ctx, accept_new))
+    else:
         report = _preflight(ctx, jc.hosts, jc.spec, only=QUICK_CHECKS, accept_new=accept_new,
                             show_progress=output != "json")
         if not report.ok:

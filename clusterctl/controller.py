@@ -203,6 +203,26 @@ def _is_supervisor(pid: int, job_id: str) -> bool:
     return b"_supervise" in cmd and job_id.encode() in cmd
 
 
+def verify_host_keys(hosts: Sequence[Host], options: ConnectOptions) -> None:
+    """Connect to every host once. A changed/unknown host key or a refused login is an error now (with the
+    transport's message: fingerprints, known_hosts file:line, the fix), not a node the supervisor waits for.
+    Unreachable hosts are left to the supervisor (they may come back)."""
+    from clusterctl.errors import AuthError, ClusterctlError, HostKeyError
+    from clusterctl.transport import connect, fan_out
+
+    def probe(h: Host) -> None:
+        t = connect(h, options)
+        try:
+            t.run(["true"], timeout=options.command_timeout)
+        finally:
+            t.close()
+
+    results = fan_out(list(hosts), probe, host_timeout=options.connect_timeout * 3 + options.command_timeout)
+    bad = [r.error for r in results if isinstance(r.error, (HostKeyError, AuthError))]
+    if bad:
+        raise ClusterctlError("cannot connect safely:\n" + "\n".join(f"  {e}" for e in bad))
+
+
 def resume(root: Path, store: Store, job_id: str, options: ConnectOptions, *, accept_new: bool,
            exclude: Sequence[str] = (), checkpoint: str | None = None) -> tuple[str, int]:
     """Re-attach when the job still runs and only the controller died; else clean up and relaunch.
@@ -219,6 +239,7 @@ def resume(root: Path, store: Store, job_id: str, options: ConnectOptions, *, ac
         raise UserError(f"--exclude: {', '.join(unknown)} not among the job's hosts {', '.join(payload['hosts'])}")
     attempts = store.attempts(job_id)
     ops, _, nodes = build_ops(root, store, job_id, options)
+    verify_host_keys([ops.hosts[n] for n in nodes if n not in exclude], options)
     try:
         if attempts and not job.terminal and not exclude and not checkpoint:
             a = attempts[-1]
