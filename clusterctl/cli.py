@@ -82,7 +82,7 @@ def inventory_cmd(inventory: Optional[str], output: str) -> int:
         return 0
     table = Table(title=f"inventory: {inv.source}")
     for col in ("host", "address", "port", "user", "connection", "runtime", "gpus", "interface", "groups"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col in ("host", "address"), overflow="fold")
     for h in inv.hosts:
         table.add_row(h.name, h.address, str(h.port or "-"), h.user or "-", h.connection, h.runtime,
                       "-" if h.gpus is None else str(h.gpus), h.interface or "-", ",".join(h.groups))
@@ -127,8 +127,9 @@ def preflight_cmd(ctx, inventory, job, limit, output, strict, pull, accept_new) 
     hosts = list(inv.hosts)
     if spec is not None and spec.hosts:
         hosts = inv.select(spec.hosts)
-    if limit:
-        hosts = [h for h in inv.select([p.strip() for p in limit.split(",") if p.strip()]) if h in hosts]
+    if limit:  # filters, keeping the job's (or inventory's) order: the first host stays the rendezvous host
+        chosen = inv.select([p.strip() for p in limit.split(",") if p.strip()])
+        hosts = [h for h in hosts if h in chosen]
     report = _preflight(ctx, hosts, spec, accept_new=accept_new, pull=pull, show_progress=output != "json")
     if output == "json":
         sys.stdout.write(report.to_json() + "\n")

@@ -17,7 +17,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
                       field_validator, model_validator)
 
 from clusterctl.errors import InputError
-from clusterctl.yamlfile import _loader_for, line_of
+from clusterctl import yamlfile
+from clusterctl.yamlfile import line_of
 
 JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -490,53 +491,11 @@ def parse_job(data: Any, file: str) -> JobSpec:
     return spec
 
 
-_INT_TAG, _FLOAT_TAG, _STR_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:str"
-
-
-def _job_loader(file: str) -> type:
-    """yamlfile's line-tracking loader, minus YAML 1.1's base-60 numbers: ``nodes: 2:4`` must stay the string
-    "2:4" (YAML 1.1 reads it as 124), as must ``args: [--time, 1:30]``."""
-    base = _loader_for(file)
-
-    class JobLoader(base):  # type: ignore[misc, valid-type]
-        def resolve(self, kind, value, implicit):
-            tag = super().resolve(kind, value, implicit)
-            if kind is yaml.ScalarNode and implicit[0] and tag in (_INT_TAG, _FLOAT_TAG) and ":" in value:
-                return _STR_TAG
-            return tag
-
-    return JobLoader
-
-
-def _load_text(text: str, file: str) -> Any:
-    try:
-        return yaml.load(text, Loader=_job_loader(file))  # noqa: S506 - SafeLoader subclass
-    except InputError:
-        raise
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        raise InputError(file, mark.line + 1 if mark else None, f"malformed YAML: {e.problem or e.context}") from None
-    except yaml.YAMLError as e:
-        raise InputError(file, None, f"malformed YAML: {e}") from None
-    except RecursionError:
-        raise InputError(file, None, "malformed YAML: nested too deeply") from None
-
-
 def loads_job(text: str, file: str = "<job>") -> JobSpec:
     """Parse and validate job YAML text; ``file`` is the name used in errors."""
-    if "\x00" in text:
-        line = text[: text.index("\x00")].count("\n") + 1
-        raise InputError(file, line, "NUL byte in file")
-    return parse_job(_load_text(text, file), file)
+    return parse_job(yamlfile.loads(text, file), file)
 
 
 def load_job(path: str) -> JobSpec:
     """Read and validate a job file. Raises ``InputError`` (``FILE:LINE: key: message``) for every problem."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise InputError(path, None, "file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(path, None, f"cannot read file: {e.__class__.__name__}: {getattr(e, 'strerror', None) or e}") from None
-    return loads_job(text, path)
+    return parse_job(yamlfile.load_yaml_with_lines(path), path)

@@ -23,9 +23,17 @@ class LineList(list):
     lines: dict
 
 
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
 def _loader_for(file: str):
     class Loader(yaml.SafeLoader):
-        pass
+        def resolve(self, kind, value, implicit):
+            """No YAML 1.1 base-60 numbers: ``nodes: 2:4`` stays "2:4" (not 124), as does ``1:30``."""
+            tag = super().resolve(kind, value, implicit)
+            if kind is yaml.ScalarNode and implicit[0] and tag in _NUMBER_TAGS and ":" in value:
+                return "tag:yaml.org,2002:str"
+            return tag
 
     def construct_mapping(loader, node, deep=False):
         loader.flatten_mapping(node)
@@ -55,6 +63,8 @@ def _loader_for(file: str):
 
 
 def loads(text: str, file: str) -> Any:
+    if "\x00" in text:
+        raise InputError(file, text[: text.index("\x00")].count("\n") + 1, "NUL byte in file")
     try:
         return yaml.load(text, Loader=_loader_for(file))  # noqa: S506 - SafeLoader subclass
     except InputError:

@@ -108,9 +108,9 @@ def _matches(pattern: str, name: str) -> bool:
     return pattern == name or (pattern.startswith("|1|") and HostKeys.hash_host(name, pattern) == pattern)
 
 
-def check_host_key(host_name: str, name: str, key: paramiko.PKey, files: Sequence[str], record_file: str,
-                   accept_new: bool) -> None:
-    entries = known_keys(files, name)
+def check_host_key(host_name: str, name: str, key: paramiko.PKey, entries: Sequence[KnownKey],
+                   files: Sequence[str], record_file: str, accept_new: bool) -> None:
+    """``entries``: ``known_keys(files, name)``, read once per connection."""
     same_type = [e for e in entries if e.key.get_name() == key.get_name()]
     if any(e.key.asbytes() == key.asbytes() for e in same_type):
         return
@@ -216,8 +216,8 @@ class SSHTransport:
             raise ConnectError(self.host.name, f"SSH handshake with {self.target.hostname}:{self.target.port} "
                                                f"failed: {e or e.__class__.__name__}") from None
         try:
-            check_host_key(self.host.name, name, t.get_remote_server_key(), self.known_files, self.record_file,
-                           self.options.accept_new_host_keys)
+            check_host_key(self.host.name, name, t.get_remote_server_key(), known, self.known_files,
+                           self.record_file, self.options.accept_new_host_keys)
             self._auth(t)
         except TransportError:
             t.close()
