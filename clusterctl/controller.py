@@ -26,8 +26,6 @@ from clusterctl.state import JobState, Store, pid_alive
 from clusterctl.supervisor import Policy, Supervisor
 from clusterctl.transport import ConnectOptions
 
-PKG_PATH = str(Path(__file__).resolve().parent.parent)   # where `import clusterctl` works from
-
 
 @dataclass(frozen=True)
 class JobContext:
@@ -53,8 +51,7 @@ def load_context(job_path: str, inventory_path: str | None) -> JobContext:
 
 def dry_run_plan(ctx: JobContext, interfaces: dict[str, str] | None = None):
     hosts = ctx.hosts[: ctx.spec.max_nodes]
-    return build_plan(ctx.spec, hosts, job_id=f"{ctx.spec.name}-DRYRUN", attempt=1, interfaces=interfaces,
-                      pkg_path=PKG_PATH)
+    return build_plan(ctx.spec, hosts, job_id=f"{ctx.spec.name}-DRYRUN", attempt=1, interfaces=interfaces)
 
 
 def open_store(state_dir: str | None, secrets: Sequence[str] = ()) -> tuple[Path, Store]:
@@ -103,7 +100,7 @@ def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions) ->
     store.add_secrets(secrets.values())
     sink = LogSink(paths.job_dir(root, job_id) / "output.log")
     ops = ClusterOps(spec=spec, hosts=hosts, job_id=job_id, store=store, sink=sink, options=options,
-                     secrets=secrets, interfaces=payload.get("interfaces") or {}, pkg_path=PKG_PATH,
+                     secrets=secrets, interfaces=payload.get("interfaces") or {},
                      probe_timeout_s=max(2.0, spec.supervisor.probe_interval_s * 2),
                      checkpoint_override=payload.get("checkpoint_override"))
     s, r = spec.supervisor, spec.restarts

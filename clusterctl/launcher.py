@@ -17,12 +17,14 @@ from clusterctl import checkpoint as checkpoint_mod
 from clusterctl import runtimes
 from clusterctl.errors import TransportError
 from clusterctl.inventory import Host
-from clusterctl.plan import LaunchPlan, build_plan
+from clusterctl.plan import LaunchPlan, build_plan, checkpoint_installer
 from clusterctl.spec import JobSpec
 from clusterctl.state import JobState, Store
 from clusterctl.supervisor import Observation
 from clusterctl.transport import ConnectOptions, Transport, connect, fan_out
 
+# `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
+CHECKPOINT_INSTALLER = checkpoint_installer(Path(checkpoint_mod.__file__).read_text())
 RANK_PREFIX = re.compile(rb"^\[(\d+)\]:")
 SIGNALS = {129: "SIGHUP", 130: "SIGINT", 134: "SIGABRT", 137: "SIGKILL", 139: "SIGSEGV", 143: "SIGTERM"}
 
@@ -148,7 +150,8 @@ class ClusterOps:
             node = plan.node(host.name)
             rt = self._runtime(host.name)
             self._run(host.name, rt.remove_job_argv(self.job_id), timeout=30)   # the previous attempt's leftovers
-            r = self._run(host.name, node.runtime_argv, timeout=60, stdin=node.env_script(self.secrets))
+            r = self._run(host.name, node.runtime_argv, timeout=60,
+                          stdin=node.env_script(self.secrets, CHECKPOINT_INSTALLER))
             if not r.ok:
                 raise RuntimeError((r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}")[-500:])
             self.store.set_node(self.job_id, attempt, host.name, address=host.address,

@@ -34,8 +34,9 @@ class NodePlan:
     nproc: int
     is_rdzv_host: bool
 
-    def env_script(self, secrets: Mapping[str, str]) -> bytes:
-        """The stdin for ``runtime_argv``: ``export NAME='value'`` lines with the real secret values filled in."""
+    def env_script(self, secrets: Mapping[str, str], prelude: str = "") -> bytes:
+        """The stdin for ``runtime_argv``: ``export NAME='value'`` lines with the real secret values filled in,
+        then ``prelude`` (fixed shell text of ours, e.g. ``checkpoint_installer``)."""
         missing = [n for n in self.secret_names if n not in secrets]
         if missing:
             raise UserError(f"secret_env {', '.join(missing)} not set in the environment of clusterctl")
@@ -43,7 +44,7 @@ class NodePlan:
         for k, v in self.env.items():
             value = secrets[k] if k in self.secret_names else v
             lines.append(f"export {k}={shlex.quote(value)}")
-        return ("\n".join(lines) + "\n").encode()
+        return ("\n".join(lines) + "\n" + prelude).encode()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +94,21 @@ class LaunchPlan:
             out.append(f"  command  {shlex.join(shown)}")
             out.append("")
         return "\n".join(out)
+
+
+_EOF = "__CLUSTERCTL_CHECKPOINT_PY__"
+
+
+def checkpoint_installer(source: str) -> str:
+    """Shell text that makes ``from clusterctl import checkpoint`` work wherever the job runs (inside the
+    container too): writes ``source`` (checkpoint.py) into a fresh private temp dir and prepends it to PYTHONPATH.
+    Runs in the shell that execs torchrun, so it needs nothing on the node but ``sh`` and ``mktemp``."""
+    if _EOF in source:
+        raise ValueError("checkpoint source contains the heredoc delimiter")
+    return (f'_cc_lib=$(mktemp -d "${{TMPDIR:-/tmp}}/clusterctl-lib.XXXXXX") && mkdir "$_cc_lib/clusterctl" && '
+            f': >"$_cc_lib/clusterctl/__init__.py" && cat >"$_cc_lib/clusterctl/checkpoint.py" <<\'{_EOF}\' '
+            f'&& export PYTHONPATH="$_cc_lib${{PYTHONPATH:+:$PYTHONPATH}}"\n{source}'
+            + ("" if source.endswith("\n") else "\n") + f"{_EOF}\nunset _cc_lib\n")
 
 
 def read_secrets(names: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:

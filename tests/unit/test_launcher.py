@@ -34,3 +34,21 @@ def test_log_sink_prefixes_ranks_and_joins_partial_lines(tmp_path):
     assert echoed == ["[node1/0] step 1 loss 0.5", "[node1/1] step 1 loss 0.4", "[node1/-] agent line"]
     assert (tmp_path / "out.log").read_text().splitlines() == echoed
     assert oct((tmp_path / "out.log").stat().st_mode & 0o777) == "0o600"
+
+
+def test_checkpoint_installer_makes_the_module_importable_anywhere(tmp_path):
+    """The start script installs clusterctl.checkpoint into a private temp dir on PYTHONPATH (in containers too)."""
+    import subprocess
+    import sys
+
+    from clusterctl.launcher import CHECKPOINT_INSTALLER
+
+    script = "export PYTHONPATH=/elsewhere\n" + CHECKPOINT_INSTALLER
+    code = "import os; from clusterctl import checkpoint; print(checkpoint.__file__); print(os.environ['PYTHONPATH'])"
+    r = subprocess.run(["sh", "-c", 'eval "$S"; exec "$@"', "sh", sys.executable, "-S", "-c", code],
+                       env={"S": script, "PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)}, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    path, pythonpath = r.stdout.split()
+    assert path.startswith(str(tmp_path)) and path.endswith("clusterctl/checkpoint.py")
+    assert pythonpath.endswith(":/elsewhere")
