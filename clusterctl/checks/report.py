@@ -13,6 +13,11 @@ from clusterctl.checks.job import HOST_CHECKS
 from clusterctl.checks.results import PreflightReport
 
 CELLS = {"pass": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "bold red"), "skip": ("–", "dim")}
+# Column headers: short enough that a full table fits 80 columns (full ids would be truncated to "gpu_…");
+# the problem lines below the table use the full check ids.
+LABELS = {"ssh": "ssh", "gpu_driver": "driver", "gpu_count": "gpus", "gpu_health": "health",
+          "container_runtime": "runtime", "nvidia_toolkit": "toolkit", "image": "image", "ports": "ports",
+          "disk": "disk", "clock": "clock", "interface": "nic"}
 
 
 def _cell(status: str) -> Text:
@@ -22,10 +27,10 @@ def _cell(status: str) -> Text:
 
 def render_table(report: PreflightReport, console: Console) -> None:
     ids = [cid for cid in HOST_CHECKS if any(h.get(cid) for h in report.hosts)]
-    table = Table(box=None, pad_edge=False, header_style="bold")
+    table = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
     table.add_column("host", no_wrap=True)
     for cid in ids:
-        table.add_column(cid, justify="center")
+        table.add_column(LABELS.get(cid, cid), justify="center", no_wrap=True)
     for h in report.hosts:
         row = [Text(h.host)]
         for cid in ids:

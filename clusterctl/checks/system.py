@@ -41,7 +41,8 @@ def ssh_hint(err: BaseException, host: "Host") -> str:
     target = f"{host.user + '@' if host.user else ''}{host.address}"
     port = f" -p {host.port}" if host.port else ""
     if isinstance(err, HostKeyError):
-        return (f"verify the host's fingerprint, then `ssh-keyscan{port} {host.address} >> ~/.ssh/known_hosts` "
+        kh = getattr(host, "known_hosts", None) or "~/.ssh/known_hosts"   # where the transport records keys
+        return (f"verify the host's fingerprint, then `ssh-keyscan{port} {host.address} >> {kh}` "
                 "(or rerun with --accept-new-host-keys)")
     if isinstance(err, AuthError):
         return f"check the key and user: `ssh{port} {target}` must work without a password (ansible_user, " \
