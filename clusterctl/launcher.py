@@ -181,6 +181,11 @@ class ClusterOps:
                 return Observation(host.name, "missing", progress=progress)
             inst = mine[0]
             if inst.state in ("running", "created", "restarting", "paused"):
+                if inst.state == "running" and rt.name != "bare" and not self._alive(host.name, rt, inst.name):
+                    # podman keeps saying "Up" when conmon and the container's init were SIGKILLed
+                    return Observation(host.name, "missing", progress=progress,
+                                       error_tail="the container's processes are gone (killed) although "
+                                                  f"{rt.name} still lists it as running")
                 return Observation(host.name, "running", progress=progress)
             if inst.state == "dead":
                 return Observation(host.name, "missing", progress=progress)
@@ -199,6 +204,13 @@ class ClusterOps:
         for r in fan_out([self.hosts[n] for n in nodes], probe, host_timeout=self.probe_timeout_s + 2):
             out.append(r.value if r.ok else Observation(r.host.name, "unreachable", error_tail=str(r.error)))
         return out
+
+    def _alive(self, node: str, rt, name: str) -> bool:
+        """Is the init process of a container the runtime lists as running still there? (one command)"""
+        script = ('p=$("$0" inspect --format "{{.State.Pid}}" "$1" 2>/dev/null) || exit 0; '   # gone: ps decides
+                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; [ -d "/proc/$p" ] || exit 3')
+        r = self._run(node, ["sh", "-c", script, rt.program, name], timeout=self.probe_timeout_s)
+        return r.exit_code != 3
 
     def _tail(self, node: str, lines: int = 20) -> str:
         """The last lines this node printed (from the controller's copy)."""

@@ -50,6 +50,7 @@ class Decision:
     message: str = ""
     error_tail: str = ""
     rank: int | None = None
+    unreachable: tuple[str, ...] = ()   # the lost nodes that were lost by not answering (cannot be cleaned up now)
 
 
 @dataclass
@@ -59,11 +60,18 @@ class Health:
     started: float
     last_progress: float
     failures: dict[str, int] = field(default_factory=dict)
+    failed_since: float | None = None   # when a rank's non-zero exit was first seen (user error not yet confirmed)
 
 
 def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, probe_failures: int,
-             hang_timeout_s: float, now: float) -> Decision:
-    """Pure: what the latest round of observations means for the attempt."""
+             hang_timeout_s: float, now: float, settle_s: float = 0.0) -> Decision:
+    """Pure: what the latest round of observations means for the attempt.
+
+    A lost node wins over a non-zero exit: when a node dies, the survivors' ranks fail too (gloo "connection
+    closed", c10d ``RendezvousConnectionError``), often before the dead node is seen. So a non-zero exit is a
+    user error only once it has been seen for ``settle_s`` with every other node answering and none lost (or at
+    once when no node is left running).
+    """
     for o in obs:
         health.failures[o.node] = health.failures.get(o.node, 0) + 1 if o.state == "unreachable" else 0
         if o.progress:
@@ -76,12 +84,17 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
         verdict = Verdict.RDZV_LOST if rdzv_host in names else Verdict.NODE_LOST
         why = {"missing": "its container/process is gone", "unreachable":
                f"unreachable for {probe_failures} consecutive probes"}.get(first.state, f"killed by {first.signal}")
+        unreachable = tuple(o.node for o in lost if o.state == "unreachable")
         return Decision(verdict, names, first.node, first.exit_code, first.signal,
-                        f"node {first.node} lost: {why}", first.error_tail)
+                        f"node {first.node} lost: {why}", first.error_tail, first.rank, unreachable)
+    failed = [o for o in obs if o.state == "exited" and o.exit_code not in (0, None)]
+    if failed and health.failed_since is None:
+        health.failed_since = now
     if any(o.state == "unreachable" for o in obs):
         return Decision(Verdict.CONTINUE)  # one failed probe is not a lost node (SkyPilot's lesson)
-    failed = [o for o in obs if o.state == "exited" and o.exit_code not in (0, None)]
     if failed:
+        if any(o.state == "running" for o in obs) and now - health.failed_since < settle_s:
+            return Decision(Verdict.CONTINUE)   # is a peer about to be found dead? (then it is not a user error)
         f = failed[0]
         where = f"node {f.node}" + (f" rank {f.rank}" if f.rank is not None else "")
         return Decision(Verdict.USER_ERROR, (), f.node, f.exit_code, f.signal,
@@ -124,6 +137,7 @@ class Policy:
     hang_timeout_s: float = 300.0
     wait_for_nodes_s: float = 300.0
     checkpoint_every_probes: int = 5     # look for a new latest valid checkpoint every N probe rounds
+    settle_s: float = 3.0                # a non-zero exit waits this long for a dead peer before it is a user error
 
 
 class Supervisor:
@@ -135,6 +149,7 @@ class Supervisor:
         self.clock, self.sleep = clock, sleep
         self.on_event = on_event or (lambda msg: None)
         self._last_checkpoint_step: int | None = None
+        self._unclean: set[str] = set()   # lost nodes that could not be cleaned up (unreachable)
 
     def event(self, kind: str, message: str, **fields) -> None:
         self.store.add_event(self.job_id, kind, message, **fields)
@@ -237,7 +252,7 @@ class Supervisor:
                 obs = [Observation(o.node, o.state, o.exit_code, o.signal, True, o.error_tail, o.rank) for o in obs]
             now = self.clock()
             d = classify(obs, health, rdzv_host=rdzv, probe_failures=self.policy.probe_failures,
-                         hang_timeout_s=self.policy.hang_timeout_s, now=now)
+                         hang_timeout_s=self.policy.hang_timeout_s, now=now, settle_s=self.policy.settle_s)
             for o in obs:
                 self.store.set_node(self.job_id, attempt, o.node, state=o.state, exit_code=o.exit_code,
                                     signal=o.signal, error_tail=o.error_tail or None, rank=o.rank)
@@ -272,10 +287,14 @@ class Supervisor:
             return self._finish(JobState.STOPPED, d.message)
         self.store.set_state(self.job_id, JobState.RECOVERING, d.message)
         self.store.end_attempt(self.job_id, attempt, d.verdict.value)
-        survivors = [n for n in nodes if n not in d.lost]
-        self.event("gang_stop", f"attempt {attempt}: stopping {', '.join(survivors) or 'nothing'}",
-                   attempt=attempt)
-        self._cleanup(attempt, survivors)
+        # every node that answers is stopped, the lost ones too when they answer (their processes died but the
+        # runtime may still list the container); nodes lost by not answering are cleaned up when they answer again
+        reachable = [n for n in nodes if n not in d.unreachable]
+        self.event("gang_stop", f"attempt {attempt}: stopping {', '.join(reachable) or 'nothing'}"
+                   + (f"; {', '.join(d.unreachable)} unreachable (cleaned up when it answers again)"
+                      if d.unreachable else ""), attempt=attempt)
+        self._cleanup(attempt, reachable)
+        self._unclean.update(d.unreachable)
         excluded.update(d.lost)
         if not self._spend(d.verdict, d.message):
             self._cleanup(None, self.all_nodes)
@@ -295,11 +314,28 @@ class Supervisor:
             self._finish(JobState.FAILED, f"{message}; {kind} restart budget exhausted ({budget} "
                                           f"{'restarts.max_node_failures' if verdict in INFRA else 'restarts.max_failures'})")
             return False
-        delay = min(p.backoff_max_s, p.backoff_s * 2 ** (used - 1))
+        # an infrastructure failure is relaunched at once the first time (the lost node is already excluded, and
+        # every second is training time lost); repeated ones, and user errors, back off exponentially
+        exp = used - 2 if verdict in INFRA else used - 1
+        delay = 0.0 if exp < 0 else min(p.backoff_max_s, p.backoff_s * 2 ** exp)
         if delay:
             self.event("backoff", f"waiting {delay:g}s before the next attempt")
             self.sleep(delay)
         return True
+
+    def _cleanup_unclean(self) -> None:
+        """Remove what is left of the job on nodes that were lost unreachable and answer again."""
+        if not self._unclean:
+            return
+        back = self.ops.reachable(sorted(self._unclean))
+        if back:
+            self._cleanup(None, back)
+            self.store.add_event(self.job_id, "cleanup", f"removed the job's leftovers on {', '.join(back)} "
+                                                         "(reachable again)")
+        for node in sorted(self._unclean - set(back)):
+            self.event("cleanup_pending", f"{node} is still unreachable: its containers of this job may still run "
+                                          "(run `clusterctl stop` once it is reachable again)", node=node)
+        self._unclean.clear()
 
     def _cleanup(self, attempt: int | None, nodes: Sequence[str]) -> None:
         errors = self.ops.stop(attempt, nodes) if nodes else {}
@@ -308,6 +344,7 @@ class Supervisor:
                                           "reachable again)", node=node)
 
     def _finish(self, state: JobState, reason: str) -> JobState:
+        self._cleanup_unclean()
         self.store.set_state(self.job_id, state, reason)
         self.event("end", f"job {state.value}: {reason}")
         return state

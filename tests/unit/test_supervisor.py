@@ -101,7 +101,7 @@ def test_node_lost_relaunches_without_it_with_new_rendezvous_host(store):
     assert state == JobState.SUCCEEDED
     assert [s[:3] for s in ops.started] == [(1, ("a", "b", "c"), "a"), (2, ("b", "c"), "b")]
     assert ops.started[1][3] == ("/ck/step-000000010", 10)
-    assert ops.stopped[0] == (1, ("b", "c"))                    # gang-stop of the survivors
+    assert ops.stopped[0] == (1, ("a", "b", "c"))    # gang-stop: survivors + the lost node's dead container
     job = store.get_job(job_id)
     assert (job.node_failures_used, job.failures_used) == (1, 0)
     kinds = [e.klass for e in store.events(job_id) if e.kind == "verdict"]
@@ -131,3 +131,63 @@ def test_below_min_nodes_waits_then_fails(store):
     job_id, state, _ = run(store, ops, wait_for_nodes_s=5, probe_interval_s=1)
     assert state == JobState.FAILED
     assert "fewer than 2 healthy nodes" in store.get_job(job_id).reason
+
+
+def test_a_failed_rank_waits_for_a_dying_peer_before_calling_it_a_user_error():
+    """Killing a node makes the survivors' ranks exit 1 (gloo/c10d errors), often before the dead node is seen."""
+    h = Health(0, 0)
+    kw = dict(rdzv_host="a", probe_failures=2, hang_timeout_s=100, settle_s=3)
+    assert classify(obs(a=(E, 1), b=R, c=R), h, now=1, **kw).verdict == Verdict.CONTINUE
+    d = classify(obs(a=(E, 1), b=M, c=R), h, now=2, **kw)
+    assert (d.verdict, d.lost, d.unreachable) == (Verdict.NODE_LOST, ("b",), ())
+
+
+def test_a_failed_rank_with_an_unreachable_peer_waits_for_k_probes():
+    h = Health(0, 0)
+    kw = dict(rdzv_host="a", probe_failures=2, hang_timeout_s=100, settle_s=1)
+    assert classify(obs(a=U, b=(E, 1), c=(E, 1)), h, now=1, **kw).verdict == Verdict.CONTINUE
+    d = classify(obs(a=U, b=(E, 1), c=(E, 1)), h, now=9, **kw)
+    assert (d.verdict, d.lost, d.unreachable) == (Verdict.RDZV_LOST, ("a",), ("a",))
+
+
+def test_a_failed_rank_is_a_user_error_after_settling_or_when_nothing_runs():
+    kw = dict(rdzv_host="a", probe_failures=2, hang_timeout_s=100, settle_s=3)
+    h = Health(0, 0)
+    assert classify(obs(a=(E, 1), b=R), h, now=1, **kw).verdict == Verdict.CONTINUE
+    assert classify(obs(a=(E, 1), b=R), h, now=3, **kw).verdict == Verdict.CONTINUE
+    assert classify(obs(a=(E, 1), b=R), h, now=4, **kw).verdict == Verdict.USER_ERROR
+    assert classify(obs(a=(E, 1), b=(E, 1)), Health(0, 0), now=1, **kw).verdict == Verdict.USER_ERROR
+
+
+def test_unreachable_lost_node_is_not_stopped_now_but_cleaned_up_at_the_end_when_back(store):
+    ops = FakeOps([obs(a=R, b=R, c=R), obs(a=R, b=R, c=U), obs(a=R, b=R, c=U), obs(a=(E, 0), b=(E, 0))],
+                  checkpoint=("/ck/step-000000020", 20))
+    job_id, state, sleeps = run(store, ops, probe_failures=2, backoff_s=5)
+    assert state == JobState.SUCCEEDED
+    assert ops.stopped[0] == (1, ("a", "b"))                     # c does not answer: not waited for
+    assert [s[:3] for s in ops.started] == [(1, ("a", "b", "c"), "a"), (2, ("a", "b"), "a")]
+    assert 5 not in sleeps                                       # first infrastructure failure: no backoff
+    assert (None, ("c",)) in ops.stopped                         # c answers again at the end: leftovers removed
+    ev = [(e.kind, e.klass, e.node) for e in store.events(job_id)]
+    assert ("verdict", "node_lost", "c") in ev and ("cleanup", None, None) in ev
+
+
+def test_unreachable_lost_node_still_down_at_the_end_is_reported(store):
+    ops = FakeOps([obs(a=R, b=R, c=U), obs(a=R, b=R, c=U), obs(a=(E, 0), b=(E, 0))])
+    orig = ops.reachable
+    ops.reachable = lambda nodes: [n for n in orig(nodes) if n != "c" or len(ops.started) == 0]
+    job_id, state, _ = run(store, ops, probe_failures=2)
+    assert state == JobState.SUCCEEDED
+    assert all("c" not in nodes for _, nodes in ops.stopped)
+    pending = [e for e in store.events(job_id) if e.kind == "cleanup_pending"]
+    assert pending and pending[0].node == "c" and "clusterctl stop" in pending[0].message
+
+
+def test_repeated_infrastructure_failures_back_off(store):
+    rounds = [obs(a=R, b=R, c=M), obs(a=R, b=M), obs(a=M, b=R)]
+    ops = FakeOps(rounds, reachable=None)
+    ops.reachable = lambda nodes: list(nodes)
+    job_id, state, sleeps = run(store, ops, max_node_failures=1, backoff_s=2)
+    assert state == JobState.FAILED
+    assert "restarts.max_node_failures" in store.get_job(job_id).reason
+    assert 2 not in sleeps                                       # the first one was relaunched at once
