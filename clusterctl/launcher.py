@@ -137,6 +137,10 @@ class ClusterOps:
     def _runtime(self, node: str):
         return runtimes.get(self.hosts[node].runtime)
 
+    @staticmethod
+    def _jobs_root(node: str) -> str:
+        return runtimes.jobs_root_for(runtimes.DEFAULT_JOBS_ROOT, node)   # as in the plan (per node)
+
     # ------------------------------------------------------------------------------------------ NodeOps
     def make_plan(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> LaunchPlan:
         return build_plan(self.spec, [self.hosts[n] for n in nodes], job_id=self.job_id, attempt=attempt,
@@ -149,7 +153,8 @@ class ClusterOps:
         def start_one(host: Host) -> None:
             node = plan.node(host.name)
             rt = self._runtime(host.name)
-            self._run(host.name, rt.remove_job_argv(self.job_id), timeout=30)   # the previous attempt's leftovers
+            self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
+                      timeout=30)   # the previous attempt's leftovers
             r = self._run(host.name, node.runtime_argv, timeout=60,
                           stdin=node.env_script(self.secrets, CHECKPOINT_INSTALLER))
             if not r.ok:
@@ -169,7 +174,8 @@ class ClusterOps:
     def observe(self, attempt: int, nodes: Sequence[str]) -> list[Observation]:
         def probe(host: Host) -> Observation:
             rt = self._runtime(host.name)
-            r = self._run(host.name, rt.list_argv(self.job_id), timeout=self.probe_timeout_s)
+            r = self._run(host.name, rt.list_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
+                          timeout=self.probe_timeout_s)
             if not r.ok:
                 raise TransportError(host.name, f"status probe failed: {r.stderr.strip()[-200:]}")
             mine = [i for i in rt.parse_list(r.stdout) if i.attempt == attempt]
@@ -231,11 +237,13 @@ class ClusterOps:
                 self._run(host.name, rt.stop_argv(self.plan.node(host.name), "TERM"), timeout=15)
                 deadline = time.monotonic() + grace_s
                 while time.monotonic() < deadline:
-                    r = self._run(host.name, rt.list_argv(self.job_id), timeout=self.probe_timeout_s)
+                    r = self._run(host.name, rt.list_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
+                                  timeout=self.probe_timeout_s)
                     if not any(i.state == "running" for i in rt.parse_list(r.stdout)):
                         break
                     time.sleep(0.5)
-            r = self._run(host.name, rt.remove_job_argv(self.job_id), timeout=60)
+            r = self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
+                          timeout=60)
             if not r.ok:
                 raise RuntimeError(r.stderr.strip()[-300:] or f"exit code {r.exit_code}")
 

@@ -29,7 +29,7 @@ class NodePlan:
     torchrun_argv: tuple[str, ...]
     env: Mapping[str, str]                # job environment; secrets as ***
     secret_names: tuple[str, ...]
-    node_dir: str                         # ~/.clusterctl/jobs/<job_id>/<attempt> (bare: node.log, pid, exit, name)
+    node_dir: str                         # ~/.clusterctl/nodes/<node>/jobs/<job_id>/<attempt> (bare: node.log, pid, exit, name)
     log_path: str | None                  # bare: node_dir/node.log; containers: None (use runtime logs)
     nproc: int
     is_rdzv_host: bool
@@ -216,10 +216,10 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
     infiniband = infiniband or {}
     endpoint = _endpoint(rdzv_host.address, spec.rendezvous.port)
     rdzv_id = f"{job_id}-{attempt}"
-    ndir = runtimes.node_dir(jobs_root, job_id, attempt)
 
     nodes = []
     for h in hosts:
+        ndir = runtimes.node_dir(runtimes.jobs_root_for(jobs_root, h.name), job_id, attempt)
         try:
             rt = runtimes.get(h.runtime)
         except ValueError as e:

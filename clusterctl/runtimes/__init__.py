@@ -22,7 +22,9 @@ LABEL_JOB_ID = "clusterctl.job_id"
 LABEL_ATTEMPT = "clusterctl.attempt"
 LABEL_NODE = "clusterctl.node"
 ENV_SCRIPT_VAR = "CLUSTERCTL_ENV_SCRIPT"
-DEFAULT_JOBS_ROOT = "~/.clusterctl/jobs"
+# Per node: home directories are often shared (NFS) between the nodes of a cluster, and the bare runtime keeps
+# pid/exit/log files per attempt, so every node needs its own tree. ``{node}`` is the inventory name.
+DEFAULT_JOBS_ROOT = "~/.clusterctl/nodes/{node}/jobs"
 
 # Outer wrapper (container runtimes): stdin -> CLUSTERCTL_ENV_SCRIPT, then exec the docker/podman argv.
 READ_ENV_AND_EXEC = f'{ENV_SCRIPT_VAR}=$(cat) || exit 125; export {ENV_SCRIPT_VAR}; exec "$@"'
@@ -32,6 +34,11 @@ APPLY_ENV_AND_EXEC = f'eval "${ENV_SCRIPT_VAR}" || exit 126; unset {ENV_SCRIPT_V
 
 def container_name(job: str, node: str) -> str:
     return f"clusterctl-{job}-{node}"
+
+
+def jobs_root_for(jobs_root: str, node: str) -> str:
+    """``jobs_root`` of one node: its ``{node}`` placeholder (if any) replaced by the inventory name."""
+    return jobs_root.replace("{node}", node)
 
 
 def node_dir(jobs_root: str, job_id: str, attempt: int) -> str:

@@ -1,6 +1,6 @@
 """bare: torchrun on the host itself, detached from the SSH session (pure argv builders + status parser).
 
-Process model, per node and attempt, in ``NODE_DIR`` (``~/.clusterctl/jobs/<job_id>/<attempt>``; a leading ``~/``
+Process model, per node and attempt, in ``NODE_DIR`` (``~/.clusterctl/nodes/<node>/jobs/<job_id>/<attempt>``; a leading ``~/``
 is expanded to ``$HOME`` on the node):
 
 * the start wrapper (``sh -c START``) reads the env script from stdin, creates ``NODE_DIR`` (mode 0700), ``cd``s to
