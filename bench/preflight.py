@@ -86,6 +86,9 @@ def run_clusterctl(hosts, opts, job) -> dict:
     report = run_preflight(hosts, connect=c, job=job, options=PreflightOptions())
     wall, cpu = time.perf_counter() - t0, cpu_s(resource.RUSAGE_SELF) - c0
     ssh_ok = sum(1 for h in report.hosts if h.get("ssh").status == "pass")
+    for h in report.hosts:
+        if h.get("ssh").status != "pass":
+            print(f"  {h.host}: ssh {h.get('ssh').status}: {h.get('ssh').detail}", file=sys.stderr)
     cl = {x.id: x.status for x in report.cluster}
     return {"wall": wall, "cpu": cpu, "ok": ssh_ok, "conns": max(c.conns.values()),
             "cmds": max(c.cmds.values()), "cluster": cl}
