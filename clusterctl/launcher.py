@@ -196,14 +196,17 @@ class ClusterOps:
             if inst.state == "dead":
                 return Observation(host.name, "missing", progress=progress)
             code = inst.exit_code
-            tail, rank = "", None
+            tail, rank, cause = "", None, None
             if code:
                 tail = self._tail(host.name, 80)
                 cause = root_cause(tail)
                 rank = cause[0] if cause else None
                 mine = [ln for ln in tail.splitlines() if rank is not None and ln.startswith(f"[{host.name}/{rank}]")]
                 tail = "\n".join((mine or tail.splitlines())[-20:])
-            return Observation(host.name, "exited", exit_code=code, signal=signal_of(code), progress=progress,
+            sig = signal_of(code)
+            if cause and cause[1] < 0:   # torchrun reports a rank killed by signal N as exit code -N
+                sig = SIGNALS.get(128 - cause[1], f"signal {-cause[1]}")
+            return Observation(host.name, "exited", exit_code=code, signal=sig, progress=progress,
                                error_tail=tail, rank=rank)
 
         out = []

@@ -76,7 +76,7 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
         health.failures[o.node] = health.failures.get(o.node, 0) + 1 if o.state == "unreachable" else 0
         if o.progress:
             health.last_progress = now
-    lost = [o for o in obs if o.state == "missing" or o.signal in ("SIGKILL",)
+    lost = [o for o in obs if o.state == "missing" or (o.exit_code == 137 and o.rank is None)
             or health.failures.get(o.node, 0) >= probe_failures]
     if lost:
         names = tuple(o.node for o in lost)
@@ -95,7 +95,8 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
     if failed:
         if any(o.state == "running" for o in obs) and now - health.failed_since < settle_s:
             return Decision(Verdict.CONTINUE)   # is a peer about to be found dead? (then it is not a user error)
-        f = failed[0]
+        # the culprit: a node whose rank was killed by a signal (the others failed because of it), else the first
+        f = next((o for o in failed if o.signal), failed[0])
         where = f"node {f.node}" + (f" rank {f.rank}" if f.rank is not None else "")
         return Decision(Verdict.USER_ERROR, (), f.node, f.exit_code, f.signal,
                         f"{where} exited with code {f.exit_code}", f.error_tail, f.rank)

@@ -1,0 +1,188 @@
+"""Shared by tests/integration/test_recovery.py and bench/recovery.py: a quickstart job on a testbed, run
+through the real `clusterctl` CLI (subprocesses, own state dir), plus the checks every fault run ends with."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "quickstart" / "train.py"
+CLUSTERCTL = [sys.executable, "-m", "clusterctl.cli"]
+JOB_PATTERN = r"torchrun|train\.py|catatonit|conmon"   # the job's processes in a host's netns (not sshd)
+
+
+def job_yaml(path: Path, shared: Path, *, name: str, steps: int = 150, every: int = 10, step_time: float = 0.1,
+             extra_args: list[str] | None = None, restarts: dict | None = None, supervisor: dict | None = None,
+             nodes: str = "2:3") -> Path:
+    spec = {
+        "name": name, "nodes": nodes, "nproc_per_node": 2, "script": str(TRAIN),
+        "args": ["--steps", str(steps), "--checkpoint-every", str(every), "--step-time", str(step_time),
+                 "--record", str(shared / "steps.jsonl"), "--log-every", "5", *(extra_args or [])],
+        "checkpoint": {"dir": str(shared / "ckpt")},
+        "rendezvous": {"port": 29400, "join_timeout": 60, "last_call_timeout": 2},
+        "restarts": {"max_restarts": 0, **(restarts or {})},
+        "supervisor": {"probe_interval_s": 1, **(supervisor or {})},
+        "container": {"ulimits": {}},
+    }
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+@dataclass
+class Run:
+    """One job launched with the CLI on a testbed."""
+    tb: object
+    state_dir: Path
+    inventory: Path
+    job: Path
+    name: str
+    steps: int
+    record: Path
+    log: list[str] = field(default_factory=list)
+
+    def cli(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+        env = dict(os.environ, CLUSTERCTL_STATE_DIR=str(self.state_dir))
+        p = subprocess.run([*CLUSTERCTL, "--state-dir", str(self.state_dir), *args], capture_output=True,
+                           text=True, timeout=timeout, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL)
+        self.log.append(f"$ clusterctl {' '.join(args)} -> {p.returncode}\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
+        if check and p.returncode != 0:
+            raise AssertionError(f"clusterctl {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+        return p
+
+    def launch(self) -> None:
+        self.cli("launch", str(self.job), "-i", str(self.inventory), "--detach", "--skip-preflight", timeout=60)
+
+    def status(self) -> dict:
+        return json.loads(self.cli("status", self.name, "-o", "json", timeout=30).stdout)
+
+    def events(self) -> list[dict]:
+        return json.loads(self.cli("events", self.name, "-o", "json", timeout=30).stdout)
+
+    def events_text(self) -> str:
+        return self.cli("events", self.name, timeout=30, check=False).stdout
+
+    def steps_log(self) -> list[dict]:
+        if not self.record.exists():
+            return []
+        out = []
+        for line in self.record.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass    # a line cut by a SIGKILL mid-write
+        return out
+
+    def max_step(self) -> int:
+        return max((r["step"] for r in self.steps_log()), default=0)
+
+    def wait_step(self, step: int, timeout: float = 120) -> float:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.max_step() >= step:
+                return time.time()
+            st = self.status()
+            if st["state"].lower() in ("failed", "stopped", "succeeded"):
+                raise AssertionError(f"job ended ({st['state']}: {st['reason']}) before step {step}\n"
+                                     + self.events_text())
+            time.sleep(0.3)
+        raise AssertionError(f"step {step} not reached in {timeout}s (at {self.max_step()})\n" + self.events_text())
+
+    def wait_attempt(self, attempt: int, timeout: float = 60) -> dict:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            st = self.status()
+            if st["attempt"] >= attempt and st["state"].lower() == "running":
+                return st
+            time.sleep(0.5)
+        raise AssertionError(f"attempt {attempt} not running after {timeout}s\n" + self.events_text())
+
+    def wait_end(self, timeout: float = 240) -> dict:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            st = self.status()
+            if st["state"].lower() in ("failed", "stopped", "succeeded") and not _alive(st.get("supervisor_pid")):
+                return st
+            time.sleep(1)
+        raise AssertionError(f"job not finished after {timeout}s: {self.status()}\n" + self.events_text())
+
+    def supervisor_pid(self) -> int:
+        return int(self.status()["supervisor_pid"])
+
+
+def _alive(pid) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:   # a zombie (our own child) is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def new_run(tb, tmp: Path, name: str, **job_kw) -> Run:
+    tmp.mkdir(parents=True, exist_ok=True)
+    shared = Path(tb.shared) / name
+    shared.mkdir(parents=True, exist_ok=True)
+    inv = tb.inventory(tmp / "inventory.yaml", runtime="podman")
+    job = job_yaml(tmp / "job.yaml", shared, name=name, **job_kw)
+    steps = job_kw.get("steps", 150)
+    return Run(tb, tmp / "state", inv, job, name, steps, shared / "steps.jsonl")
+
+
+def check_steps(run: Run, resumed_steps: list[int] | None = None) -> dict:
+    """Final step reached, every step trained at least once, no step after a resume point skipped: each attempt
+    starts right after the checkpoint it resumed from and trains consecutive steps."""
+    recs = run.steps_log()
+    steps = [r["step"] for r in recs]
+    assert steps, "no step recorded"
+    assert max(steps) == run.steps, f"final step {run.steps} not reached (max {max(steps)})"
+    missing = set(range(1, run.steps + 1)) - set(steps)
+    assert not missing, f"steps never trained: {sorted(missing)[:20]}"
+    # within each attempt (record's "attempt" field), steps are consecutive: nothing skipped after the resume
+    by_attempt: dict[str, list[int]] = {}
+    for r in recs:
+        by_attempt.setdefault(r["attempt"], []).append(r["step"])
+    for a, ss in by_attempt.items():
+        assert ss == list(range(ss[0], ss[0] + len(ss))), f"attempt {a}: steps not consecutive: {ss}"
+    starts = {a: ss[0] - 1 for a, ss in by_attempt.items()}     # the step each attempt resumed from
+    if resumed_steps is not None:
+        assert sorted(starts.values()) == sorted(resumed_steps), f"resume points {starts} != {resumed_steps}"
+    return {"attempts": starts, "trained_twice": len(steps) - len(set(steps))}
+
+
+def check_clean(run: Run, timeout: float = 30) -> None:
+    """No container and no process of the job left on any host."""
+    end = time.monotonic() + timeout
+    left: dict = {}
+    while time.monotonic() < end:
+        left = {}
+        for h in run.tb.hosts:
+            ps = run.tb.exec(h, ["podman", "ps", "-a", "--format", "{{.Names}}",
+                                 f"--filter=label=clusterctl.job_id"], timeout=30)
+            names = [n for n in ps.stdout.split() if run.name in n]
+            procs = [c for _, c in run.tb.processes(h) if str(TRAIN) in c and run.name in c]
+            if names or procs:
+                left[h.name] = (names, procs)
+        if not left:
+            return
+        time.sleep(1)
+    raise AssertionError(f"left behind: {left}")
+
+
+def rdzv_host(run: Run) -> str:
+    return run.status()["rendezvous_host"]
+
+
+def other_host(run: Run) -> str:
+    st = run.status()
+    return next(n["node"] for n in st["nodes"] if n["node"] != st["rendezvous_host"])
