@@ -158,6 +158,7 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
     from clusterctl import controller
     from clusterctl.checks.report import render_table
     from clusterctl.plan import read_secrets
+    from clusterctl.state import JobActive
 
     jc = controller.load_context(job, inventory)
     read_secrets(jc.spec.secret_env, os.environ)        # fail early (exit 2) when a secret is missing
@@ -168,6 +169,10 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
         else:
             out.print(plan.render(), markup=False)
         return 0
+    root, store = controller.open_store(ctx.obj.state_dir)
+    active = store.find_job(jc.spec.name)
+    if active is not None and not active.terminal:
+        raise JobActive(active)   # before the preflight, whose port check would trip over the running job
     interfaces: dict = {}
     if skip_preflight:   # the supervisor would see a bad host key only as an unreachable node
         controller.verify_host_keys(jc.hosts, connect_options(ctx, accept_new))
@@ -179,7 +184,6 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
             err.print("launch stopped: preflight failed (fix the above, or --skip-preflight)", markup=False)
             return 1
         interfaces = report.interfaces()
-    root, store = controller.open_store(ctx.obj.state_dir)
     job_id = controller.record_job(store, jc, job, inventory, interfaces)
     pid = controller.spawn_supervisor(root, job_id, accept_new=accept_new or ctx.obj.accept_new_host_keys)
     if output == "json" and detach:
