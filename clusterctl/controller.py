@@ -101,7 +101,7 @@ def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions) ->
     sink = LogSink(paths.job_dir(root, job_id) / "output.log")
     ops = ClusterOps(spec=spec, hosts=hosts, job_id=job_id, store=store, sink=sink, options=options,
                      secrets=secrets, interfaces=payload.get("interfaces") or {},
-                     probe_timeout_s=max(2.0, spec.supervisor.probe_interval_s * 2),
+                     probe_timeout_s=max(3.0, spec.supervisor.probe_interval_s * 2),
                      checkpoint_override=payload.get("checkpoint_override"))
     s, r = spec.supervisor, spec.restarts
     policy = Policy(min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, max_failures=r.max_failures,

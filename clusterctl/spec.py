@@ -191,8 +191,8 @@ class Restarts(_Model):
 
 
 class Supervisor(_Model):
-    probe_interval_s: float = Field(2, gt=0)
-    probe_failures: int = Field(3, ge=1)     # consecutive failed probes before a node is declared lost
+    probe_interval_s: float = Field(1, gt=0)
+    probe_failures: int = Field(2, ge=2)     # consecutive failed probes before a node is declared lost (one is noise)
     hang_timeout_s: float = Field(300, gt=0)  # no progress for this long -> the attempt is hung
     collective_timeout_s: int = Field(120, ge=1)  # -> CLUSTERCTL_COLLECTIVE_TIMEOUT_S (process-group timeout)
 

@@ -134,7 +134,7 @@ class Policy:
     backoff_s: float = 1.0
     backoff_max_s: float = 30.0
     probe_interval_s: float = 1.0
-    probe_failures: int = 3
+    probe_failures: int = 2
     hang_timeout_s: float = 300.0
     wait_for_nodes_s: float = 300.0
     checkpoint_every_probes: int = 5     # look for a new latest valid checkpoint every N probe rounds

@@ -58,7 +58,7 @@ def test_defaults():
     r = s.restarts
     assert (r.max_restarts, r.max_failures, r.max_node_failures, r.backoff_s, r.backoff_max_s) == (3, 3, 10, 1, 30)
     sv = s.supervisor
-    assert (sv.probe_interval_s, sv.probe_failures, sv.hang_timeout_s) == (2, 3, 300)
+    assert (sv.probe_interval_s, sv.probe_failures, sv.hang_timeout_s) == (1, 2, 300)
     c = s.container
     assert (c.ipc, c.shm_size, c.ulimits, c.extra_args) == ("host", None, {"memlock": "-1", "stack": "67108864"}, [])
     assert s.hosts is None
