@@ -369,8 +369,10 @@ def test_hostile_values_reach_training_verbatim_on_testbed(tb, tmp_path, home, r
         assert dump["env"]["SECTEST_EXTRA"] == odd
         assert dump["ls"] == ["seen.txt"]
     assert not canary.exists(), "an injected command ran"
-    for d in (Path("/tmp"), tb.shared, tb.home, home, REPO):
-        assert not any(p.name == canary.name for p in d.rglob("PWNED-*")), d
+    for d in (tb.shared, home):       # the canary is relative: look wherever a command could have run
+        assert not list(d.rglob(canary.name)), d
+    for d in (Path("/tmp"), REPO, tb.home, workdir, Path("/")):
+        assert not (d / canary.name).exists(), d
 
 
 @pytest.mark.parametrize("where,yaml_text,needle", [
