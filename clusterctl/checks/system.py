@@ -42,6 +42,9 @@ def ssh_hint(err: BaseException, host: "Host") -> str:
     port = f" -p {host.port}" if host.port else ""
     if isinstance(err, HostKeyError):
         kh = getattr(host, "known_hosts", None) or "~/.ssh/known_hosts"   # where the transport records keys
+        if "HOST KEY CHANGED" in str(err):   # appending the new key would leave the stale one; the flag never helps
+            return ("verify the new key out of band; then remove the old entry (`ssh-keygen -R` as shown above) "
+                    "and rerun with --accept-new-host-keys")
         return (f"verify the host's fingerprint, then `ssh-keyscan{port} {host.address} >> {kh}` "
                 "(or rerun with --accept-new-host-keys)")
     if isinstance(err, AuthError):

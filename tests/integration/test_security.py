@@ -143,6 +143,7 @@ def assert_changed_key_message(text: str, tb, kh: Path) -> None:
     assert offered in text and recorded in text, text          # both fingerprints
     assert f"{kh}:2" in text, text                             # the known_hosts file and line
     assert f"ssh-keygen -R '{h2.address}' -f {kh}" in text, text   # how to fix it
+    assert "ssh-keyscan" not in text, text   # appending the new key would leave the stale one next to it
 
 
 def test_changed_host_key_refused_by_every_connecting_command(tb, tmp_path, home):
