@@ -215,9 +215,14 @@ class ClusterOps:
         return out
 
     def _alive(self, node: str, rt, name: str) -> bool:
-        """Is the init process of a container the runtime lists as running still there? (one command)"""
+        """Is the init process of a container the runtime lists as running still there? (one command)
+
+        Its pid gone is a normal exit unless the runtime still says "running" a second later (conmon, which
+        records the exit, was killed too)."""
         script = ('p=$("$0" inspect --format "{{.State.Pid}}" "$1" 2>/dev/null) || exit 0; '   # gone: ps decides
-                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; [ -d "/proc/$p" ] || exit 3')
+                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; [ -d "/proc/$p" ] && exit 0; sleep 1; '
+                  's=$("$0" inspect --format "{{.State.Status}}" "$1" 2>/dev/null) || exit 0; '
+                  '[ "$s" = running ] && exit 3; exit 0')
         r = self._run(node, ["sh", "-c", script, rt.program, name], timeout=self.probe_timeout_s)
         return r.exit_code != 3
 

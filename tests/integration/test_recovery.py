@@ -41,7 +41,7 @@ def job(rtb, tmp_path, request):
     runs: list[rh.Run] = []
 
     def make(**kw) -> rh.Run:
-        name = "rec" + request.node.name.split("[")[0].replace("test_", "")[:20].replace("_", "")
+        name = "rec" + "".join(c for c in request.node.name.replace("test_", "") if c.isalnum())[-28:]
         run = rh.new_run(rtb, tmp_path, name, **kw)
         runs.append(run)
         return run
