@@ -82,7 +82,7 @@ class Run:
     def max_step(self) -> int:
         return max((r["step"] for r in self.steps_log()), default=0)
 
-    def wait_step(self, step: int, timeout: float = 120) -> float:
+    def wait_step(self, step: int, timeout: float = 360) -> float:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.max_step() >= step:
@@ -103,7 +103,7 @@ class Run:
             time.sleep(0.5)
         raise AssertionError(f"attempt {attempt} not running after {timeout}s\n" + self.events_text())
 
-    def wait_end(self, timeout: float = 240) -> dict:
+    def wait_end(self, timeout: float = 480) -> dict:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             st = self.status()

@@ -78,7 +78,7 @@ def timeline(run: rh.Run) -> list[str]:
     return kinds
 
 
-def finish(run: rh.Run, *, timeout=300) -> dict:
+def finish(run: rh.Run, *, timeout=480) -> dict:
     st = run.wait_end(timeout)
     assert st["state"] == "SUCCEEDED", f"{st['state']}: {st['reason']}\n{run.events_text()}"
     return st
@@ -238,7 +238,7 @@ def test_supervisor_and_job_killed_then_resume_relaunches(job, rtb):
 def test_script_that_always_fails_stops_after_max_failures(job, rtb):
     run = job(steps=80, extra_args=["--fail-always"], restarts={"max_failures": 2, "backoff_s": 0.2})
     run.launch()
-    st = run.wait_end(240)
+    st = run.wait_end(480)
     assert st["state"] == "FAILED", st
     assert "restarts.max_failures" in st["reason"] and "exited with code 1" in st["reason"], st["reason"]
     assert st["restarts"]["failures_used"] == 3 and st["attempt"] == 3
