@@ -87,7 +87,9 @@ def spawn_supervisor(root: Path, job_id: str, *, accept_new: bool, adopt: bool =
     return p.pid
 
 
-def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions) -> tuple[ClusterOps, Policy, list[str]]:
+def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions,
+              *, starts: bool = True) -> tuple[ClusterOps, Policy, list[str]]:
+    """The job's ClusterOps. ``starts``: it may start attempts, so the secret_env values must be present."""
     job = store.get_job(job_id)
     payload = json.loads(job.spec_json)
     spec = parse_job(payload["spec"], payload["source"])
@@ -96,7 +98,7 @@ def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions) ->
     missing = [n for n in payload["hosts"] if n not in hosts]
     if missing:
         raise UserError(f"hosts {', '.join(missing)} are no longer in the inventory {inv.source}")
-    secrets = read_secrets(spec.secret_env, os.environ)
+    secrets = read_secrets(spec.secret_env, os.environ) if starts else {}
     store.add_secrets(secrets.values())
     sink = LogSink(paths.job_dir(root, job_id) / "output.log")
     ops = ClusterOps(spec=spec, hosts=hosts, job_id=job_id, store=store, sink=sink, options=options,
@@ -166,7 +168,7 @@ def stop_job(root: Path, store: Store, job_id: str, options: ConnectOptions, gra
     if not job.terminal:
         store.set_state(job_id, JobState.STOPPED, "stopped by user")
         store.add_event(job_id, "stop", "stop requested by user")
-    ops, _, nodes = build_ops(root, store, job_id, options)
+    ops, _, nodes = build_ops(root, store, job_id, options, starts=False)   # stopping needs no secrets
     try:
         attempts = store.attempts(job_id)
         if attempts:
