@@ -33,6 +33,13 @@ if TYPE_CHECKING:
     from clusterctl.inventory import Host
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+# stream(): the remote command ends with the stream. sshd does not signal a command when its channel closes, so a
+# command that waits without writing (`podman logs --follow` of a removed container, `tail -F` of a finished bare
+# job) would run on forever. The channel's stdin stays open while we stream; its EOF (channel closed, connection
+# lost) kills the command. fd 3 carries stdin past the /dev/null that sh gives background jobs.
+STREAM_WRAPPER = ('exec 3<&0; "$@" 3<&- </dev/null & p=$!; '
+                  '{ cat <&3 >/dev/null 2>&1; kill "$p" 2>/dev/null; } & w=$!; '
+                  'exec 3<&-; wait "$p"; rc=$?; kill "$w" 2>/dev/null; exit "$rc"')
 _known_hosts_lock = threading.Lock()
 
 
@@ -301,8 +308,7 @@ class SSHTransport:
         try:
             chan = self._t.open_session(timeout=self.options.connect_timeout)
             chan.set_combine_stderr(True)
-            chan.exec_command(quote(argv))
-            chan.shutdown_write()
+            chan.exec_command(quote(["sh", "-c", STREAM_WRAPPER, "clusterctl-stream", *argv]))
             fd = chan.fileno()
             while not stop.is_set():
                 select.select([fd], [], [], 0.5)

@@ -27,7 +27,7 @@ QUICKSTART_JOB = REPO / "examples" / "quickstart" / "job.yaml"
 VENV_BIN = Path(sys.prefix) / "bin"
 RUNTIMES = ["podman", "bare"]
 JOB_TIMEOUT = 420          # one attached launch of a short job, on a loaded 2-core machine
-LEFTOVER_RE = re.compile(r"torchrun|train\.py|clusterctl-runner|conmon|podman")
+LEFTOVER_RE = re.compile(r"clusterctl|torchrun|train\.py|conmon|podman")   # clusterctl: runner, stream wrapper, node.log tail
 
 
 # ------------------------------------------------------------------------------------------------ helpers
