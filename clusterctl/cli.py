@@ -198,7 +198,7 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
     return _attach(root, store, job_id, jc.spec.name, output)
 
 
-def _attach(root, store, job_id, name, output) -> int:
+def _attach(root, store, job_id, name, output, extra=None) -> int:
     from clusterctl import controller, status
     from clusterctl.state import JobState
 
@@ -210,7 +210,7 @@ def _attach(root, store, job_id, name, output) -> int:
         return 0
     view = status.job_view(store, store.get_job(job_id))
     if output == "json":
-        print_json(view)
+        print_json({**(extra or {}), **view})
     else:
         err.print(f"job {name}: {state.value}" + (f" ({view['reason']})" if view["reason"] else ""), markup=False)
     return 0 if state == JobState.SUCCEEDED else 1
@@ -383,7 +383,7 @@ def resume_cmd(ctx, job, exclude, checkpoint, detach, output, accept_new) -> int
         if output == "json":
             print_json({"job_id": j.job_id, "outcome": outcome, "supervisor_pid": pid})
         return 0
-    return _attach(root, store, j.job_id, j.name, output)
+    return _attach(root, store, j.job_id, j.name, output, extra={"outcome": outcome})
 
 
 # ---------------------------------------------------------------------------------------------- entry point
