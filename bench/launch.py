@@ -98,7 +98,9 @@ def run_clusterctl(state: Path, job: Path, inv: Path, node1: str) -> dict:
         rc = p.wait()
     th.join(10)
     te.join(10)
-    if rc != 0 or not stamp:
+    if rc != 0 and stamp:   # failed after training started (e.g. a worker aborting in teardown): still timed
+        print(f"clusterctl: launch exited {rc} after the first step (not counted)", file=sys.stderr)
+    if not stamp:
         raise RuntimeError(f"clusterctl launch failed (rc {rc}):\n{''.join(err)[-3000:]}\n{''.join(out)[-3000:]}")
     name = job.stem
     evs = json.loads(cli(state, "events", name, "--output", "json").stdout)
@@ -142,8 +144,10 @@ def run_by_hand(plan: dict, runtime: str, rdzv_id: str, tb: Testbed) -> dict:
             rcs.append(p.wait())
     for t in threads:
         t.join(10)
-    if any(rcs) or not stamp:
+    if rcs[0] or not stamp:
         raise RuntimeError(f"by-hand run failed (rcs {rcs}):\n" + "".join(outs[0])[-3000:])
+    if any(rcs):   # after training: plain torchrun's exit barrier fails when the store host leaves first
+        print(f"by-hand: exit codes {rcs} after the first step (not counted)", file=sys.stderr)
     return {"first_step": stamp[0] - t0}
 
 
