@@ -6,9 +6,11 @@ shell snippets are constants that take every value as a positional parameter.
 
 Environment (plain *and* secret) never appears on a command line. The launcher passes ``NodePlan.env_script(secrets)``
 as the **stdin** of ``runtime_argv``: a POSIX-shell text of ``export NAME='value'`` lines (``shlex.quote``d, so quotes,
-``$()`` and newlines survive). The start wrapper reads it into one variable, ``CLUSTERCTL_ENV_SCRIPT``; the shell that
-finally ``exec``s torchrun (inside the container, or the bare runner) ``eval``s it and unsets it. So the job's
-``PATH``/``LD_LIBRARY_PATH`` never change how docker/podman themselves run, and nothing is written to the node's disk.
+``$()`` and newlines survive). Containers: the start wrapper writes it to a 0600 file that only the container's
+first shell reads (and deletes) before it ``exec``s torchrun, so it is neither on a command line nor in the
+container's config (see ``CONTAINER_START``). Bare: the wrapper keeps it in one variable, ``CLUSTERCTL_ENV_SCRIPT``,
+which the runner's shell ``eval``s and unsets. Either way the job's ``PATH``/``LD_LIBRARY_PATH`` never change how
+docker/podman themselves run.
 Transport.run must close stdin after writing it (EOF), as ``subprocess.run(input=...)`` does.
 """
 from __future__ import annotations
@@ -26,10 +28,26 @@ ENV_SCRIPT_VAR = "CLUSTERCTL_ENV_SCRIPT"
 # pid/exit/log files per attempt, so every node needs its own tree. ``{node}`` is the inventory name.
 DEFAULT_JOBS_ROOT = "~/.clusterctl/nodes/{node}/jobs"
 
-# Outer wrapper (container runtimes): stdin -> CLUSTERCTL_ENV_SCRIPT, then exec the docker/podman argv.
-READ_ENV_AND_EXEC = f'{ENV_SCRIPT_VAR}=$(cat) || exit 125; export {ENV_SCRIPT_VAR}; exec "$@"'
-# Inner shell (inside the container, or the bare runner): apply the environment, then exec torchrun.
+# Inner shell of the bare runner: apply the environment (CLUSTERCTL_ENV_SCRIPT), then exec torchrun.
 APPLY_ENV_AND_EXEC = f'eval "${ENV_SCRIPT_VAR}" || exit 126; unset {ENV_SCRIPT_VAR}; exec "$@"'
+
+# Containers: the env script must not end up in the container's config (``inspect`` would show secrets), so the
+# start wrapper on the node writes stdin to a 0600 file in a fresh 0700 directory, mounts that directory into the
+# container, and the container's first shell reads the file, deletes it, applies it and execs torchrun. The
+# wrapper waits (bounded) for the file to be gone, then removes the directory. $1 $2: the runtime and "run".
+ENV_MOUNT = "/run/clusterctl-env"
+CONTAINER_START = f'''umask 077
+d=$(mktemp -d) || exit 125
+cat >"$d/env" || {{ rm -rf -- "$d"; exit 125; }}
+p=$1 r=$2; shift 2
+"$p" "$r" "--volume=$d:{ENV_MOUNT}" "$@"; rc=$?
+i=0
+while [ "$rc" -eq 0 ] && [ -e "$d/env" ] && [ "$i" -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+rm -rf -- "$d"
+exit "$rc"
+'''
+CONTAINER_APPLY = (f'f={ENV_MOUNT}/env; S=$(cat "$f") && rm -f "$f" || exit 126; '
+                   'eval "$S" || exit 126; unset S; exec "$@"')
 
 
 def container_name(job: str, node: str) -> str:

@@ -5,8 +5,8 @@ import json
 import re
 from typing import Any
 
-from clusterctl.runtimes import (APPLY_ENV_AND_EXEC, DEFAULT_JOBS_ROOT, ENV_SCRIPT_VAR, LABEL_JOB_ID,
-                                 READ_ENV_AND_EXEC, Instance, NodeRef, RunRequest)
+from clusterctl.runtimes import (CONTAINER_APPLY, CONTAINER_START, DEFAULT_JOBS_ROOT, LABEL_JOB_ID, Instance,
+                                 NodeRef, RunRequest)
 
 _EXITED_RE = re.compile(r"^Exited \((-?[0-9]+)\)")
 _STATES = {"running", "exited", "created", "paused", "restarting", "removing", "dead"}
@@ -30,7 +30,7 @@ class ContainerRuntime:
 
     # ------------------------------------------------------------------ start
     def run_argv(self, req: RunRequest) -> list[str]:
-        argv = ["sh", "-c", READ_ENV_AND_EXEC, "clusterctl-start",
+        argv = ["sh", "-c", CONTAINER_START, "clusterctl-start",
                 self.program, "run", "-d", f"--name={req.name}"]
         argv += [f"--label={k}={v}" for k, v in req.labels.items()]
         argv += ["--network=host", f"--ipc={req.ipc}", "--init", "--restart=no"]
@@ -44,10 +44,9 @@ class ContainerRuntime:
         argv += [f"--volume={m}" for m in req.mounts]
         if req.workdir:
             argv.append(f"--workdir={req.workdir}")
-        argv.append(f"--env={ENV_SCRIPT_VAR}")          # value taken from the CLI's environment, not argv
         argv += list(req.extra_args)
         argv.append(req.image)
-        argv += ["sh", "-c", APPLY_ENV_AND_EXEC, "clusterctl-env", *req.command]
+        argv += ["sh", "-c", CONTAINER_APPLY, "clusterctl-env", *req.command]
         return argv
 
     # ------------------------------------------------------------------ control

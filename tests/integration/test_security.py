@@ -263,8 +263,13 @@ with open(os.environ["SECTEST_OUT"], "w") as f:
     json.dump({"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd()}, f)
 '''
 FAKE_PODMAN = '''import json, os, sys
+# what the container's first shell does: read the mounted env file and delete it
+mount = [a for a in sys.argv if a.startswith("--volume=") and a.endswith(":/run/clusterctl-env")][0]
+env_file = os.path.join(mount[len("--volume="):-len(":/run/clusterctl-env")], "env")
+script = open(env_file, "rb").read().decode("utf-8", "surrogateescape")
+os.unlink(env_file)
 with open(os.environ["SECTEST_PODMAN_OUT"], "w") as f:
-    json.dump({"argv": sys.argv[1:], "script": os.environ.get("CLUSTERCTL_ENV_SCRIPT")}, f)
+    json.dump({"argv": sys.argv[1:], "script": script, "env_has_script": "CLUSTERCTL_ENV_SCRIPT" in os.environ}, f)
 '''
 
 
@@ -310,14 +315,20 @@ def test_plan_and_start_scripts_pass_values_verbatim(tmp_path_factory, local_bin
         assert r.returncode == 0, r.stderr
         if rt == "podman":
             got = json.loads((tmp / "podman.json").read_text())
-            assert got["argv"] == list(node.runtime_argv[5:]), "podman got different argv elements"
-            inner = ["sh", "-c", runtimes.APPLY_ENV_AND_EXEC, "clusterctl-env", *node.torchrun_argv]
+            assert got["argv"][0] == "run" and got["argv"][1].startswith("--volume=")
+            assert got["argv"][2:] == list(node.runtime_argv[6:]), "podman got different argv elements"
+            assert not got["env_has_script"], "the env script must not reach the container config"
+            inner = ["sh", "-c", runtimes.CONTAINER_APPLY, "clusterctl-env", *node.torchrun_argv]
             assert got["argv"][-len(inner):] == inner and got["argv"][-len(inner) - 1] == spec.image
             assert f"--workdir={workdir}" in got["argv"]
-            # what the container's init runs: the same inner shell, with the env script podman was given
-            r = subprocess.run(inner, env={"PATH": os.environ["PATH"], "CLUSTERCTL_ENV_SCRIPT": got["script"]},
-                               cwd=workdir, capture_output=True, timeout=30)
+            # what the container's init runs: the same inner shell, reading the env file from its mount
+            mnt = tmp / "mnt"
+            mnt.mkdir(exist_ok=True)
+            (mnt / "env").write_bytes(got["script"].encode("utf-8", "surrogateescape"))
+            inner[2] = runtimes.CONTAINER_APPLY.replace(runtimes.ENV_MOUNT, str(mnt))
+            r = subprocess.run(inner, env={"PATH": os.environ["PATH"]}, cwd=workdir, capture_output=True, timeout=30)
             assert r.returncode == 0, r.stderr
+            assert not (mnt / "env").exists(), "the container's shell deletes the env file once read"
         else:
             end = time.monotonic() + 20
             exit_file = tmp / "jobs" / "inj-1" / "1" / "exit"
