@@ -91,6 +91,13 @@ def inventory_cmd(inventory: Optional[str], output: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- preflight
+def check_key_files(hosts) -> None:
+    """Unusable ansible_ssh_private_key_file -> exit 2 at its inventory line, before anything connects."""
+    from clusterctl.transport.ssh import check_key_files as check
+
+    check(hosts)
+
+
 def _preflight(ctx, hosts, job, *, only=None, accept_new=False, pull=False, show_progress=True):
     from contextlib import nullcontext
 
@@ -130,6 +137,7 @@ def preflight_cmd(ctx, inventory, job, limit, output, strict, pull, accept_new) 
     if limit:  # filters, keeping the job's (or inventory's) order: the first host stays the rendezvous host
         chosen = inv.select([p.strip() for p in limit.split(",") if p.strip()])
         hosts = [h for h in hosts if h in chosen]
+    check_key_files(hosts)
     report = _preflight(ctx, hosts, spec, accept_new=accept_new, pull=pull, show_progress=output != "json")
     if output == "json":
         sys.stdout.write(report.to_json() + "\n")
@@ -174,6 +182,7 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
     if active is not None and not active.terminal:
         raise JobActive(active)   # before the preflight, whose port check would trip over the running job
     interfaces: dict = {}
+    check_key_files(jc.hosts)
     if skip_preflight:   # the supervisor would see a bad host key only as an unreachable node
         controller.verify_host_keys(jc.hosts, connect_options(ctx, accept_new))
     else:

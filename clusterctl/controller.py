@@ -25,6 +25,7 @@ from clusterctl.spec import JobSpec, load_job, parse_job
 from clusterctl.state import JobState, Store, pid_alive
 from clusterctl.supervisor import Policy, Supervisor
 from clusterctl.transport import ConnectOptions
+from clusterctl.transport.ssh import check_key_files
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions,
     missing = [n for n in payload["hosts"] if n not in hosts]
     if missing:
         raise UserError(f"hosts {', '.join(missing)} are no longer in the inventory {inv.source}")
+    check_key_files(list(hosts.values()))
     secrets = read_secrets(spec.secret_env, os.environ) if starts else {}
     store.add_secrets(secrets.values())
     sink = LogSink(paths.job_dir(root, job_id) / "output.log")

@@ -326,3 +326,27 @@ class SSHTransport:
             if t is not None:
                 t.close()
         self._t = self._jump = None
+
+
+def check_key_files(hosts: Sequence["Host"]) -> None:
+    """Input validation before any connection: every ``ansible_ssh_private_key_file`` of an SSH host must be a
+    readable private key. Raises ``InputError`` at the inventory line that set it (exit 2)."""
+    from clusterctl.errors import InputError
+
+    seen: dict[str, str | None] = {}
+    for h in hosts:
+        if h.connection != "ssh" or not h.key_file:
+            continue
+        path = os.path.expanduser(h.key_file)
+        if path not in seen:
+            try:
+                paramiko.PKey.from_path(path)
+                seen[path] = None
+            except paramiko.PasswordRequiredException:
+                seen[path] = None      # encrypted keys are for the agent; authentication will say more
+            except (OSError, paramiko.SSHException, ValueError) as e:
+                seen[path] = getattr(e, "strerror", None) or str(e) or e.__class__.__name__
+        if seen[path]:
+            file, line = h.origin.get("ansible_ssh_private_key_file", ("<inventory>", None))
+            raise InputError(file, line, f"cannot use private key {h.key_file} (host {h.name}): {seen[path]}",
+                             key="ansible_ssh_private_key_file")
