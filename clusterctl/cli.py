@@ -124,16 +124,18 @@ def _preflight(ctx, hosts, job, *, only=None, accept_new=False, pull=False, show
 @click.pass_context
 def preflight_cmd(ctx, inventory, job, limit, output, strict, pull, accept_new) -> int:
     """Check every host before a launch; every failure says how to fix it."""
+    from clusterctl import controller
     from clusterctl import inventory as inv_mod
     from clusterctl.checks.report import render_table
     from clusterctl.checks.results import exit_code
-    from clusterctl.spec import load_job
 
-    spec = load_job(job) if job else None
-    inv = inv_mod.load(inventory)
-    hosts = list(inv.hosts)
-    if spec is not None and spec.hosts:
-        hosts = inv.select(spec.hosts)
+    if job:   # checked against the job (nodes, nproc_per_node: exit 2 at the job file's line); its hosts, or all
+        jc = controller.load_context(job, inventory)
+        spec, inv = jc.spec, jc.inventory
+        hosts = list(jc.hosts) if spec.hosts else list(inv.hosts)
+    else:
+        spec, inv = None, inv_mod.load(inventory)
+        hosts = list(inv.hosts)
     if limit:  # filters, keeping the job's (or inventory's) order: the first host stays the rendezvous host
         chosen = inv.select([p.strip() for p in limit.split(",") if p.strip()])
         hosts = [h for h in hosts if h in chosen]

@@ -17,7 +17,9 @@ from typing import Callable, Sequence
 
 from clusterctl import inventory as inventory_mod
 from clusterctl import paths
-from clusterctl.errors import UserError
+from clusterctl import yamlfile
+from clusterctl.errors import InputError, UserError
+from clusterctl.yamlfile import line_of
 from clusterctl.inventory import Host, Inventory
 from clusterctl.launcher import ClusterOps, LogSink
 from clusterctl.plan import build_plan, read_secrets
@@ -36,17 +38,22 @@ class JobContext:
 
 
 def load_context(job_path: str, inventory_path: str | None) -> JobContext:
+    """The job and the hosts it will use, checked against each other (errors at the job file's line)."""
     spec = load_job(job_path)
     inv = inventory_mod.load(inventory_path)
+
+    def bad(key: str, message: str) -> InputError:
+        return InputError(job_path, line_of(yamlfile.load_yaml_with_lines(job_path), key), message, key=key)
+
     hosts = inv.select(spec.hosts) if spec.hosts else list(inv.hosts)
     if len(hosts) < spec.min_nodes:
-        raise UserError(f"{job_path}: nodes: the job needs at least {spec.min_nodes} node(s) but the inventory "
-                        f"{inv.source} offers {len(hosts)}: {', '.join(h.name for h in hosts)}")
+        raise bad("nodes", f"the job needs at least {spec.min_nodes} node(s) but the inventory {inv.source} "
+                           f"offers {len(hosts)}: {', '.join(h.name for h in hosts)}")
     for h in hosts:
         if spec.nproc_per_node == "gpu" and not h.gpus:
-            raise UserError(f"{job_path}: nproc_per_node: \"gpu\" but {h.name} has no GPUs (clusterctl_gpus)")
+            raise bad("nproc_per_node", f"\"gpu\" but {h.name} has no GPUs (clusterctl_gpus)")
         if isinstance(spec.nproc_per_node, int) and h.gpus and spec.nproc_per_node > h.gpus:
-            raise UserError(f"{job_path}: nproc_per_node: {spec.nproc_per_node} > {h.gpus} GPUs on {h.name}")
+            raise bad("nproc_per_node", f"{spec.nproc_per_node} > {h.gpus} GPUs on {h.name}")
     return JobContext(spec, inv, hosts[: spec.max_nodes] if spec.hosts is None else hosts)
 
 
