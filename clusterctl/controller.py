@@ -251,8 +251,15 @@ def resume(root: Path, store: Store, job_id: str, options: ConnectOptions, *, ac
     try:
         if attempts and not job.terminal and not exclude and not checkpoint:
             a = attempts[-1]
-            obs = ops.observe(a.attempt, list(a.nodes))
-            if obs and all(o.state == "running" for o in obs):
+            # two looks, a moment apart: a container whose processes were just killed can still be listed as
+            # running by the runtime for a second, and re-attaching to a dead attempt would wait for nothing
+            still_running = True
+            for look in range(2):
+                obs = ops.observe(a.attempt, list(a.nodes))
+                still_running = still_running and bool(obs) and all(o.state == "running" for o in obs)
+                if look == 0 and still_running:
+                    time.sleep(2.0)
+            if still_running:
                 return "re-attached to the running attempt", spawn_supervisor(root, job_id, accept_new=accept_new,
                                                                                 adopt=True)
         errors = ops.stop(None, nodes)

@@ -157,7 +157,7 @@ def test_stop_sshd_and_kill_the_job_on_a_node(job, rtb):
     victim = rh.other_host(run)
     rtb.stop_sshd(victim)
     try:
-        rtb.kill(victim, pattern="sshd")          # the open sessions too: the node is unreachable
+        rtb.kill(victim, pattern=r"^sshd: ")     # the open sessions too (not the job: its paths say "sshd")
         assert rtb.kill(victim, pattern=rh.JOB_PATTERN)
         st = finish(run)
         f = failure_of(run, "node_lost")
