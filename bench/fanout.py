@@ -38,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from clusterctl import inventory  # noqa: E402
 from clusterctl.transport import ConnectOptions, connect, fan_out  # noqa: E402
@@ -45,6 +46,8 @@ from tests.testbed import Testbed, profile  # noqa: E402
 
 PROBE = "nproc; uname -r; df -P -B1 /; ss -Hltn; ip -o addr show"
 COMMANDS = {"true": ["true"], "probe": ["sh", "-c", PROBE]}
+from docsection import write_section  # noqa: E402
+
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## fan-out"
 GOAL_CPU_MS = 15.0
@@ -172,20 +175,7 @@ def verdict(rows, sizes) -> list[str]:
 
 
 def write_doc(section: str) -> None:
-    text = DOC.read_text() if DOC.exists() else (
-        "# Benchmarks\n\nOne `##` section per benchmark script in `bench/` (see bench/README.md). Each section "
-        "says when and where it was measured and how to rerun it; rerunning a script replaces only its "
-        "section.\n")
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == SECTION), None)
-    new = section.rstrip("\n") + "\n"
-    if start is None:
-        text = text.rstrip("\n") + "\n\n" + new
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        tail = "".join(lines[end:])
-        text = "".join(lines[:start]) + new + ("\n" + tail if tail else "")
-    DOC.write_text(text)
+    write_section(SECTION, section, DOC)
 
 
 def main(argv=None) -> int:

@@ -38,12 +38,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from clusterctl import inventory  # noqa: E402
 from clusterctl.checks import PreflightJob, PreflightOptions, run_preflight  # noqa: E402
 from clusterctl.checks.probe import build_probe_script  # noqa: E402
 from clusterctl.transport import ConnectOptions, connect, fan_out  # noqa: E402
 from tests.testbed import Testbed, profile  # noqa: E402
+
+from docsection import write_section  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## preflight"
@@ -147,20 +150,7 @@ def machine() -> str:
 
 
 def write_doc(section: str) -> None:
-    text = DOC.read_text() if DOC.exists() else (
-        "# Benchmarks\n\nOne `##` section per benchmark script in `bench/` (see bench/README.md). Each section "
-        "says when and where it was measured and how to rerun it; rerunning a script replaces only its "
-        "section.\n")
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == SECTION), None)
-    new = section.rstrip("\n") + "\n"
-    if start is None:
-        text = text.rstrip("\n") + "\n\n" + new
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        tail = "".join(lines[end:])
-        text = "".join(lines[:start]) + new + ("\n" + tail if tail else "")
-    DOC.write_text(text)
+    write_section(SECTION, section, DOC)
 
 
 def main(argv=None) -> int:

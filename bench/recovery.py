@@ -36,9 +36,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from tests.integration import recovery_harness as rh  # noqa: E402
 from tests.testbed import Testbed, profile  # noqa: E402
+
+from docsection import write_section as replace_section  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## recovery"
@@ -211,17 +214,6 @@ def section(results: list[dict], args) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    doc = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    start = doc.find(SECTION + "\n")
-    if start < 0:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    else:
-        nxt = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + text.rstrip("\n") + "\n" + (doc[nxt:] if nxt >= 0 else "")
-    DOC.write_text(doc)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--faults", default=",".join(FAULTS))
@@ -250,7 +242,7 @@ def main(argv=None) -> int:
     text = section(results, args)
     print(text)
     if not args.no_write:
-        write_section(text)
+        replace_section(SECTION, text, DOC)
     return 0
 
 
