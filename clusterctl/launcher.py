@@ -93,7 +93,6 @@ class ClusterOps:
     options: ConnectOptions = field(default_factory=ConnectOptions)
     secrets: Mapping[str, str] = field(default_factory=dict)
     interfaces: Mapping[str, str] = field(default_factory=dict)
-    pkg_path: str | None = None
     connect: Callable[[Host, ConnectOptions], Transport] = connect
     probe_timeout_s: float = 5.0
     stop_grace_s: float = 10.0
@@ -145,7 +144,7 @@ class ClusterOps:
     def make_plan(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> LaunchPlan:
         return build_plan(self.spec, [self.hosts[n] for n in nodes], job_id=self.job_id, attempt=attempt,
                           rdzv_host=self.hosts[rdzv_host], interfaces=self.interfaces, resume_from=resume[0],
-                          resume_step=resume[1], pkg_path=self.pkg_path)
+                          resume_step=resume[1])
 
     def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> dict[str, str]:
         plan = self.plan = self.make_plan(attempt, nodes, rdzv_host, resume)
