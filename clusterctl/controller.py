@@ -113,6 +113,7 @@ def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions,
     ops = ClusterOps(spec=spec, hosts=hosts, job_id=job_id, store=store, sink=sink, options=options,
                      secrets=secrets, interfaces=payload.get("interfaces") or {},
                      probe_timeout_s=max(3.0, spec.supervisor.probe_interval_s * 2),
+                     heartbeat_timeout_s=max(2.0, spec.supervisor.probe_interval_s * 2),
                      checkpoint_override=payload.get("checkpoint_override"))
     s, r = spec.supervisor, spec.restarts
     policy = Policy(min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, max_failures=r.max_failures,

@@ -26,6 +26,7 @@ from clusterctl.transport import ConnectOptions, Transport, connect, fan_out
 # `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
 CHECKPOINT_INSTALLER = checkpoint_installer(Path(checkpoint_mod.__file__).read_text())
 RANK_PREFIX = re.compile(rb"^\[(\d+)\]:")
+HEARTBEAT = ["sh", "-c", "while echo; do sleep 0.5; done"]   # a line every 0.5 s over the node's SSH connection
 SIGNALS = {129: "SIGHUP", 130: "SIGINT", 134: "SIGABRT", 137: "SIGKILL", 139: "SIGSEGV", 143: "SIGTERM"}
 
 
@@ -95,6 +96,7 @@ class ClusterOps:
     interfaces: Mapping[str, str] = field(default_factory=dict)
     connect: Callable[[Host, ConnectOptions], Transport] = connect
     probe_timeout_s: float = 5.0
+    heartbeat_timeout_s: float = 2.0       # a node whose heartbeat is older counts as one failed probe
     stop_grace_s: float = 10.0
     checkpoint_override: str | None = None   # `resume --checkpoint PATH`: used by the first attempt only
 
@@ -102,6 +104,8 @@ class ClusterOps:
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
         self._followers: dict[str, _Follower] = {}
+        self._beats: dict[str, float | None] = {}      # node -> monotonic time of its last heartbeat line
+        self._beat_stop = threading.Event()
         self.plan: LaunchPlan | None = None
 
     # ------------------------------------------------------------------------------------------ plumbing
@@ -130,6 +134,7 @@ class ClusterOps:
 
     def close(self) -> None:
         self.stop_followers()
+        self._beat_stop.set()
         for node in list(self._transports):
             self.drop(node)
 
@@ -168,9 +173,19 @@ class ClusterOps:
             return errors
         for n in nodes:
             self._follow(attempt, n)
+            self._heartbeat(n)
         return {}
 
     def observe(self, attempt: int, nodes: Sequence[str]) -> list[Observation]:
+        """One probe round. A node whose heartbeat stopped is unreachable at once (its probe would only hang
+        until the timeout); the others are asked for their container/process state."""
+        silent: dict[str, float] = {}
+        for n in nodes:
+            self._heartbeat(n)
+            age = self.heartbeat_age(n)
+            if age is not None and age > self.heartbeat_timeout_s:
+                silent[n] = age
+
         def probe(host: Host) -> Observation:
             rt = self._runtime(host.name)
             r = self._run(host.name, rt.list_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
@@ -208,18 +223,47 @@ class ClusterOps:
             return Observation(host.name, "exited", exit_code=code, signal=sig, progress=progress,
                                error_tail=tail, rank=rank)
 
-        out = []
-        for r in fan_out([self.hosts[n] for n in nodes], probe, host_timeout=self.probe_timeout_s + 2):
-            out.append(r.value if r.ok else Observation(r.host.name, "unreachable", error_tail=str(r.error)))
-        return out
+        out = {n: Observation(n, "unreachable", error_tail=f"no heartbeat for {age:.1f}s")
+               for n, age in silent.items()}
+        for r in fan_out([self.hosts[n] for n in nodes if n not in silent], probe,
+                         host_timeout=self.probe_timeout_s + 2):
+            out[r.host.name] = r.value if r.ok else Observation(r.host.name, "unreachable", error_tail=str(r.error))
+        return [out[n] for n in nodes]
+
+    # ------------------------------------------------------------------------------------------ heartbeat
+    def heartbeat_age(self, node: str) -> float | None:
+        """Seconds since the node's last heartbeat line; None before the first one (then only probes decide)."""
+        t = self._beats.get(node)
+        return None if t is None else time.monotonic() - t
+
+    def _heartbeat(self, node: str) -> None:
+        """Keep one long-running command per node that prints a line every 0.5 s over its persistent connection
+        (like torch.distributed.elastic's rendezvous keep-alives). A partitioned node goes silent: it is
+        declared unreachable after ``heartbeat_timeout_s`` instead of after a probe timeout plus a reconnect."""
+        if node in self._beats:
+            return
+        self._beats[node] = None
+
+        def beat(_data: bytes) -> None:
+            self._beats[node] = time.monotonic()
+
+        def run() -> None:
+            while not self._beat_stop.is_set():
+                try:
+                    self.transport(node).stream(HEARTBEAT, beat, self._beat_stop)
+                except TransportError:
+                    self.drop(node)
+                self._beat_stop.wait(0.5)
+
+        threading.Thread(target=run, daemon=True, name=f"heartbeat-{node}").start()
 
     def _alive(self, node: str, rt, name: str) -> bool:
         """Is the init process of a container the runtime lists as running still there? (one command)
 
-        Its pid gone is a normal exit unless the runtime still says "running" a second later (conmon, which
+        Its pid gone is a normal exit unless the runtime still says "running" half a second later (conmon, which
         records the exit, was killed too)."""
         script = ('p=$("$0" inspect --format "{{.State.Pid}}" "$1" 2>/dev/null) || exit 0; '   # gone: ps decides
-                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; [ -d "/proc/$p" ] && exit 0; sleep 1; '
+                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; [ -d "/proc/$p" ] && exit 0; sleep 0.5; '
                   's=$("$0" inspect --format "{{.State.Status}}" "$1" 2>/dev/null) || exit 0; '
                   '[ "$s" = running ] && exit 3; exit 0')
         r = self._run(node, ["sh", "-c", script, rt.program, name], timeout=self.probe_timeout_s)

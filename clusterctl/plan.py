@@ -133,15 +133,26 @@ def _nproc(spec: JobSpec, host: Host) -> int:
     return host.gpus
 
 
+def nnodes(spec: JobSpec, attempt: int, n_hosts: int) -> str:
+    """torchrun's ``--nnodes``: ``MIN:MAX``, but ``MIN:K`` for a relaunch on K < MAX nodes.
+
+    The supervisor, not torchrun, decides which nodes an attempt runs on. A relaunch without a lost node that
+    still said ``MIN:MAX`` would make the rendezvous wait ``last_call_timeout`` for nodes that are gone; with
+    ``MIN:K`` it closes as soon as the K nodes started have joined.
+    """
+    top = n_hosts if attempt > 1 and n_hosts < spec.max_nodes else spec.max_nodes
+    return f"{spec.min_nodes}:{top}"
+
+
 def torchrun_argv(spec: JobSpec, *, rdzv_endpoint: str, rdzv_id: str, is_host: bool, local_addr: str,
-                  nproc: int) -> list[str]:
+                  nproc: int, nnodes_arg: str | None = None) -> list[str]:
     """The torchrun command line of one node (FACTS §2: c10d, is_host on one node, --local-addr everywhere)."""
     r = spec.rendezvous
     conf = (f"is_host={1 if is_host else 0},join_timeout={r.join_timeout},last_call_timeout={r.last_call_timeout},"
             f"close_timeout={r.close_timeout},keep_alive_interval={r.keep_alive_interval},"
             f"keep_alive_max_attempt={r.keep_alive_max_attempt},read_timeout={r.read_timeout}")
     argv = [*spec.torchrun,
-            f"--nnodes={spec.min_nodes}:{spec.max_nodes}", f"--nproc-per-node={nproc}",
+            f"--nnodes={nnodes_arg or f'{spec.min_nodes}:{spec.max_nodes}'}", f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
             f"--rdzv-conf={conf}", f"--local-addr={local_addr}", f"--max-restarts={spec.restarts.max_restarts}",
             "--tee=3"]  # with TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE every line carries its global rank
@@ -216,6 +227,7 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
     infiniband = infiniband or {}
     endpoint = _endpoint(rdzv_host.address, spec.rendezvous.port)
     rdzv_id = f"{job_id}-{attempt}"
+    nnodes_arg = nnodes(spec, attempt, len(hosts))
 
     nodes = []
     for h in hosts:
@@ -227,7 +239,7 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
         nproc = _nproc(spec, h)
         is_host = h.name == rdzv_host.name
         targv = torchrun_argv(spec, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, is_host=is_host,
-                              local_addr=h.address, nproc=nproc)
+                              local_addr=h.address, nproc=nproc, nnodes_arg=nnodes_arg)
         env = node_env(spec, h, job_id=job_id, attempt=attempt, interface=interfaces.get(h.name) or h.interface,
                        resume_from=resume_from, resume_step=resume_step, pkg_path=pkg_path,
                        secret_names=secret_names)
@@ -244,4 +256,4 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
             runtime_argv=tuple(rt.run_argv(req)), torchrun_argv=tuple(targv), env=env, secret_names=secret_names,
             node_dir=ndir, log_path=f"{ndir}/node.log" if bare else None, nproc=nproc, is_rdzv_host=is_host))
     return LaunchPlan(job=spec.name, job_id=job_id, attempt=attempt, rdzv_endpoint=endpoint, nodes=tuple(nodes),
-                      nnodes=f"{spec.min_nodes}:{spec.max_nodes}", image=spec.image)
+                      nnodes=nnodes_arg, image=spec.image)

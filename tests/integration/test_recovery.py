@@ -174,14 +174,31 @@ def test_stop_sshd_and_kill_the_job_on_a_node(job, rtb):
     rh.check_clean(run)
 
 
+def freeze_between_checkpoints(rtb, ckdir: Path, tries: int = 20) -> None:
+    """SIGSTOP every training process at a moment when no checkpoint is being written.
+
+    A save caught half-way (a ``.tmp-step-*`` directory) would be renamed into place after SIGCONT and become
+    the newest valid checkpoint, so the damaged one would no longer be the newest: thaw and try again.
+    """
+    for _ in range(tries):
+        for h in rtb.hosts:
+            rtb.kill(h.name, pattern=r"train\.py", signal=signal.SIGSTOP)
+        time.sleep(0.3)
+        if not any(p.name.startswith(".tmp-") for p in ckdir.iterdir()):
+            return
+        for h in rtb.hosts:
+            rtb.kill(h.name, pattern=r"train\.py", signal=signal.SIGCONT)
+        time.sleep(0.2)
+    raise AssertionError(f"could not freeze the job between two checkpoints in {ckdir}")
+
+
 def test_truncated_newest_checkpoint_resumes_from_the_previous_one(job, rtb):
     run = job(steps=80)
     run.launch()
     run.wait_step(33)
     ckdir = Path(run.job.read_text().split("dir: ")[1].split()[0])
     # stop progress first so no newer checkpoint replaces the one we damage: freeze the job's processes
-    for h in rtb.hosts:
-        rtb.kill(h.name, pattern=r"train\.py", signal=signal.SIGSTOP)
+    freeze_between_checkpoints(rtb, ckdir)
     ckpts = sorted(p for p in ckdir.iterdir() if p.name.startswith("step-") and p.is_dir())
     newest, previous = ckpts[-1], ckpts[-2]
     biggest = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)

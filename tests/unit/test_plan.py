@@ -98,7 +98,18 @@ def test_golden_podman_elastic():
     _golden("podman-elastic.json", _snapshot(plan))
     assert plan.rdzv_endpoint == "10.1.0.12:29500"
     assert [n.is_rdzv_host for n in plan.nodes] == [False, True]
-    assert "--nnodes=2:3" in plan.nodes[0].torchrun_argv
+    assert "--nnodes=2:2" in plan.nodes[0].torchrun_argv   # a relaunch on 2 of 3 nodes: no last-call wait
+    assert plan.nnodes == "2:2"
+
+
+def test_nnodes_is_min_max_on_the_first_attempt_and_min_k_on_a_smaller_relaunch():
+    spec = loads_job(PODMAN_ELASTIC_JOB, "job.yaml")
+    first = build_plan(spec, _hosts("podman", 2, gpus=0), job_id="e-1", attempt=1)
+    assert all("--nnodes=2:3" in n.torchrun_argv for n in first.nodes)     # the job's MIN:MAX, as written
+    full = build_plan(spec, _hosts("podman", 3, gpus=0), job_id="e-1", attempt=2)
+    assert all("--nnodes=2:3" in n.torchrun_argv for n in full.nodes)      # all MAX nodes back: MIN:MAX
+    small = build_plan(spec, _hosts("podman", 2, gpus=0), job_id="e-1", attempt=2)
+    assert all("--nnodes=2:2" in n.torchrun_argv for n in small.nodes)
 
 
 def test_golden_bare_env_quoting():
