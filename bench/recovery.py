@@ -80,8 +80,8 @@ def run_clusterctl(tb, base: Path, kind: str) -> dict:
         run.wait_step(FAULT_AT, timeout=300)
         before = run.steps_log()[-1]["attempt"]
         st = run.status()
-        t0 = time.time()
         victim = fault(tb, kind, st["rendezvous_host"], rh.other_host(run))
+        t0 = time.time()   # the fault took effect when fault() returned (finding the pids to kill takes ~1 s)
         end = run.wait_end(300)
         recs = run.steps_log()
         first = first_new_step(recs, t0, "attempt", before)
@@ -145,8 +145,8 @@ def run_torchrun(tb, base: Path, kind: str, wait_s: float) -> dict:
                         "mttr": None, "lost": None}
             time.sleep(0.3)
         before = recs()[-1]["restart"]
-        t0 = time.time()
         victim = fault(tb, kind, rdzv.name, other.name)
+        t0 = time.time()
         survivors = [n for n in procs if n != victim]
         deadline = t0 + wait_s
         first = None

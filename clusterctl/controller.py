@@ -131,7 +131,8 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
         raise UserError(f"job {job_id} already has a live supervisor (pid {store.get_job(job_id).supervisor_pid})")
     ops, policy, nodes = build_ops(root, store, job_id, options)
     try:
-        sup = Supervisor(job_id, store, ops, policy, nodes, on_event=lambda m: echo(f"clusterctl: {m}"))
+        sup = Supervisor(job_id, store, ops, policy, nodes, wait=ops.wait_for_change,
+                         on_event=lambda m: echo(f"clusterctl: {m}"))
         job = store.get_job(job_id)
         attempt = job.attempt if adopt and job.attempt else None
         if adopt and attempt:

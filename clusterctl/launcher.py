@@ -26,7 +26,6 @@ from clusterctl.transport import ConnectOptions, Transport, connect, fan_out
 # `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
 CHECKPOINT_INSTALLER = checkpoint_installer(Path(checkpoint_mod.__file__).read_text())
 RANK_PREFIX = re.compile(rb"^\[(\d+)\]:")
-HEARTBEAT = ["sh", "-c", "while echo; do sleep 0.5; done"]   # a line every 0.5 s over the node's SSH connection
 SIGNALS = {129: "SIGHUP", 130: "SIGINT", 134: "SIGABRT", 137: "SIGKILL", 139: "SIGSEGV", 143: "SIGTERM"}
 
 
@@ -83,6 +82,14 @@ class _Follower:
 
 
 @dataclass
+class _Watch:
+    attempt: int
+    stop: threading.Event = field(default_factory=threading.Event)
+    last: float | None = None       # monotonic time of the last line; None before the first
+    alive: bool = False             # the attempt's main process (container init / bare runner) is alive
+
+
+@dataclass
 class ClusterOps:
     """``supervisor.NodeOps`` over real transports."""
 
@@ -96,7 +103,7 @@ class ClusterOps:
     interfaces: Mapping[str, str] = field(default_factory=dict)
     connect: Callable[[Host, ConnectOptions], Transport] = connect
     probe_timeout_s: float = 5.0
-    heartbeat_timeout_s: float = 2.0       # a node whose heartbeat is older counts as one failed probe
+    heartbeat_timeout_s: float = 2.0       # a node silent for longer counts as one failed probe
     stop_grace_s: float = 10.0
     checkpoint_override: str | None = None   # `resume --checkpoint PATH`: used by the first attempt only
 
@@ -104,8 +111,8 @@ class ClusterOps:
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
         self._followers: dict[str, _Follower] = {}
-        self._beats: dict[str, float | None] = {}      # node -> monotonic time of its last heartbeat line
-        self._beat_stop = threading.Event()
+        self._watches: dict[str, _Watch] = {}
+        self.changed = threading.Event()      # set when a watched process ends: probe now, not after the interval
         self.plan: LaunchPlan | None = None
 
     # ------------------------------------------------------------------------------------------ plumbing
@@ -134,7 +141,8 @@ class ClusterOps:
 
     def close(self) -> None:
         self.stop_followers()
-        self._beat_stop.set()
+        for w in self._watches.values():
+            w.stop.set()
         for node in list(self._transports):
             self.drop(node)
 
@@ -166,6 +174,8 @@ class ClusterOps:
             self.store.set_node(self.job_id, attempt, host.name, address=host.address,
                                 container=node.container_name, state="running")
 
+        for n in [n for n in self._watches if n not in nodes]:   # nodes left out of this attempt
+            self._watches.pop(n).stop.set()
         results = fan_out([self.hosts[n] for n in nodes], start_one, host_timeout=90)
         errors = {r.host.name: str(r.error) for r in results if r.error is not None}
         if errors:
@@ -173,18 +183,28 @@ class ClusterOps:
             return errors
         for n in nodes:
             self._follow(attempt, n)
-            self._heartbeat(n)
+            self._watch(attempt, n)
         return {}
 
     def observe(self, attempt: int, nodes: Sequence[str]) -> list[Observation]:
-        """One probe round. A node whose heartbeat stopped is unreachable at once (its probe would only hang
-        until the timeout); the others are asked for their container/process state."""
-        silent: dict[str, float] = {}
+        """One probe round. Each node's watch (a line every 0.5 s over its persistent connection) answers for
+        the common cases without a remote command: silent for ``heartbeat_timeout_s`` -> unreachable (a probe
+        would only hang until its timeout); fresh and alive -> running. Otherwise (the process ended, no watch
+        line yet) the node is probed: the runtime's listing gives the state and exit code."""
+        known: dict[str, Observation] = {}
         for n in nodes:
-            self._heartbeat(n)
-            age = self.heartbeat_age(n)
-            if age is not None and age > self.heartbeat_timeout_s:
-                silent[n] = age
+            w = self._watch(attempt, n)
+            if w.last is None:
+                continue
+            age = time.monotonic() - w.last
+            f = self._followers.get(n)
+            if age > self.heartbeat_timeout_s:
+                known[n] = Observation(n, "unreachable", error_tail=f"no heartbeat for {age:.1f}s")
+            elif w.alive:
+                progress = bool(f and f.bytes_seen != f.last_seen)
+                if f:
+                    f.last_seen = f.bytes_seen
+                known[n] = Observation(n, "running", progress=progress)
 
         def probe(host: Host) -> Observation:
             rt = self._runtime(host.name)
@@ -223,39 +243,47 @@ class ClusterOps:
             return Observation(host.name, "exited", exit_code=code, signal=sig, progress=progress,
                                error_tail=tail, rank=rank)
 
-        out = {n: Observation(n, "unreachable", error_tail=f"no heartbeat for {age:.1f}s")
-               for n, age in silent.items()}
-        for r in fan_out([self.hosts[n] for n in nodes if n not in silent], probe,
+        out = dict(known)
+        for r in fan_out([self.hosts[n] for n in nodes if n not in known], probe,
                          host_timeout=self.probe_timeout_s + 2):
             out[r.host.name] = r.value if r.ok else Observation(r.host.name, "unreachable", error_tail=str(r.error))
         return [out[n] for n in nodes]
 
-    # ------------------------------------------------------------------------------------------ heartbeat
-    def heartbeat_age(self, node: str) -> float | None:
-        """Seconds since the node's last heartbeat line; None before the first one (then only probes decide)."""
-        t = self._beats.get(node)
-        return None if t is None else time.monotonic() - t
+    # ------------------------------------------------------------------------------------------ watch
+    def _watch(self, attempt: int, node: str) -> "_Watch":
+        """The node's watch for ``attempt`` (started on first use; a new attempt replaces the old one)."""
+        w = self._watches.get(node)
+        if w is not None and w.attempt == attempt:
+            return w
+        if w is not None:
+            w.stop.set()
+        w = self._watches[node] = _Watch(attempt)
+        argv = runtimes.watch_argv(self._runtime(node), self.plan.node(node)) if self.plan else None
 
-    def _heartbeat(self, node: str) -> None:
-        """Keep one long-running command per node that prints a line every 0.5 s over its persistent connection
-        (like torch.distributed.elastic's rendezvous keep-alives). A partitioned node goes silent: it is
-        declared unreachable after ``heartbeat_timeout_s`` instead of after a probe timeout plus a reconnect."""
-        if node in self._beats:
-            return
-        self._beats[node] = None
-
-        def beat(_data: bytes) -> None:
-            self._beats[node] = time.monotonic()
+        def on_data(data: bytes) -> None:
+            line = data.rstrip().rsplit(b"\n", 1)[-1]
+            alive = line == b"1"
+            if w.alive and not alive:
+                self.changed.set()
+            w.alive, w.last = alive, time.monotonic()
 
         def run() -> None:
-            while not self._beat_stop.is_set():
+            while argv and not w.stop.is_set():
                 try:
-                    self.transport(node).stream(HEARTBEAT, beat, self._beat_stop)
+                    self.transport(node).stream(argv, on_data, w.stop)
                 except TransportError:
                     self.drop(node)
-                self._beat_stop.wait(0.5)
+                except Exception:  # noqa: BLE001 - a dead watch would read as a silent node: keep it going
+                    self.drop(node)
+                w.stop.wait(0.5)
 
-        threading.Thread(target=run, daemon=True, name=f"heartbeat-{node}").start()
+        threading.Thread(target=run, daemon=True, name=f"watch-{node}").start()
+        return w
+
+    def wait_for_change(self, seconds: float) -> None:
+        """Sleep between probe rounds; wake early when a watched process ends."""
+        self.changed.wait(seconds)
+        self.changed.clear()
 
     def _alive(self, node: str, rt, name: str) -> bool:
         """Is the init process of a container the runtime lists as running still there? (one command)
@@ -281,6 +309,10 @@ class ClusterOps:
     def stop(self, attempt: int | None, nodes: Sequence[str], grace_s: float = 0.0) -> dict[str, str]:
         """Stop this job on ``nodes``: TERM + grace when ``grace_s``, then kill and remove by label/job id."""
         self.stop_followers(nodes)
+        for n in nodes:
+            w = self._watches.pop(n, None)
+            if w:
+                w.stop.set()
 
         def stop_one(host: Host) -> None:
             rt = self._runtime(host.name)

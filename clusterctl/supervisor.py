@@ -144,10 +144,12 @@ class Policy:
 class Supervisor:
     def __init__(self, job_id: str, store: Store, ops: NodeOps, policy: Policy, nodes: Sequence[str], *,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 on_event: Callable[[str], None] | None = None):
+                 wait: Callable[[float], None] | None = None, on_event: Callable[[str], None] | None = None):
+        """``sleep``: backoff and waiting for nodes; ``wait``: between probe rounds (may return early when a
+        node's process ends, e.g. ``ClusterOps.wait_for_change``; default ``sleep``)."""
         self.job_id, self.store, self.ops, self.policy = job_id, store, ops, policy
         self.all_nodes = list(nodes)
-        self.clock, self.sleep = clock, sleep
+        self.clock, self.sleep, self.wait = clock, sleep, wait or sleep
         self.on_event = on_event or (lambda msg: None)
         self._last_checkpoint_step: int | None = None
         self._unclean: set[str] = set()   # lost nodes that could not be cleaned up (unreachable)
@@ -263,7 +265,7 @@ class Supervisor:
                 if d.verdict == Verdict.SUCCESS:
                     self._checkpoint_progress(attempt, nodes)
                 return d
-            self.sleep(self.policy.probe_interval_s)
+            self.wait(self.policy.probe_interval_s)
 
     def _checkpoint_progress(self, attempt: int, nodes: list[str]) -> bool:
         """Record a new latest valid checkpoint as an event; True when there is one (progress)."""

@@ -138,6 +138,20 @@ class Runtime(Protocol):
     def logs_argv(self, node: NodeRef, *, tail: int | None = None, follow: bool = False) -> list[str]:
         """Print (or follow) the node's output."""
 
+    def pid_argv(self, node: NodeRef) -> list[str]:
+        """Print the host pid of the node's main process (container init / bare runner); nothing when none."""
+
+
+# $1... a pid_argv: prints "1" every 0.5 s while that pid lives, "0" once it is gone (or never was)
+WATCH = ('p=$("$@" 2>/dev/null); while :; do '
+         'if [ "${p:-0}" -gt 0 ] 2>/dev/null && [ -d "/proc/$p" ]; then echo 1; else echo 0; fi; sleep 0.5; done')
+
+
+def watch_argv(runtime: "Runtime", node: NodeRef) -> list[str]:
+    """A long-running command for the node's persistent connection: its heartbeat and the liveness of the
+    attempt's main process in one line every 0.5 s (see ``launcher.ClusterOps.observe``)."""
+    return ["sh", "-c", WATCH, "clusterctl-watch", *runtime.pid_argv(node)]
+
 
 _MODULES = {"docker": "clusterctl.runtimes.docker", "podman": "clusterctl.runtimes.podman",
             "bare": "clusterctl.runtimes.bare"}

@@ -146,6 +146,11 @@ class BareRuntime:
             opts.append("-F")
         return ["sh", "-c", LOGS, "clusterctl-logs", node.log_path or f"{node.node_dir}/node.log", *opts]
 
+    def pid_argv(self, node: NodeRef) -> list[str]:
+        # the runner's pid, until it has written its exit status (its pid may be reused afterwards)
+        script = f'd=$1; {_EXPAND_D}; [ -f "$d/exit" ] || cat -- "$d/pid"'
+        return ["sh", "-c", script, "clusterctl-pid", node.node_dir]
+
     def parse_list(self, stdout: str) -> list[Instance]:
         return parse_list(stdout)
 

@@ -74,6 +74,9 @@ class ContainerRuntime:
             argv.append("--follow")
         return argv + [node.container_name]
 
+    def pid_argv(self, node: NodeRef) -> list[str]:
+        return [self.program, "inspect", "--format={{.State.Pid}}", node.container_name]
+
     # ------------------------------------------------------------------ status
     def parse_list(self, stdout: str) -> list[Instance]:
         return parse_ps(stdout)

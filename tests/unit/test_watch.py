@@ -1,0 +1,155 @@
+"""The per-node watch: its node-side script (real sh) and how ``ClusterOps.observe`` uses it."""
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+
+from clusterctl import runtimes
+from clusterctl.inventory import Host
+from clusterctl.launcher import ClusterOps, LogSink
+from clusterctl.plan import build_plan
+from clusterctl.spec import loads_job
+from clusterctl.transport.base import CommandResult
+
+
+class _PidOf:
+    """A runtime whose pid command prints a fixed pid."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def pid_argv(self, node) -> list[str]:
+        return ["echo", str(self.pid)]
+
+
+def _lines(proc: subprocess.Popen, n: int) -> list[str]:
+    return [proc.stdout.readline().strip() for _ in range(n)]
+
+
+def test_watch_prints_1_while_the_process_lives_and_0_once_it_is_gone():
+    target = subprocess.Popen(["sleep", "30"])
+    watch = subprocess.Popen(runtimes.watch_argv(_PidOf(target.pid), None), stdout=subprocess.PIPE, text=True)
+    try:
+        assert _lines(watch, 2) == ["1", "1"]
+        target.kill()
+        target.wait()
+        seen = _lines(watch, 3)
+        assert seen[-1] == "0" and set(seen) <= {"0", "1"}
+    finally:
+        watch.kill()
+        target.kill()
+
+
+def test_watch_prints_0_when_there_is_no_pid():
+    watch = subprocess.Popen(["sh", "-c", runtimes.WATCH, "w", "true"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert _lines(watch, 2) == ["0", "0"]
+    finally:
+        watch.kill()
+
+
+def test_bare_pid_argv_reads_the_runner_pid_until_it_has_exited(tmp_path):
+    class Node:
+        container_name, node_dir, log_path = "x", str(tmp_path), None
+
+    (tmp_path / "pid").write_text("4242\n")
+    argv = runtimes.get("bare").pid_argv(Node())
+    assert subprocess.run(argv, capture_output=True, text=True).stdout.strip() == "4242"
+    (tmp_path / "exit").write_text("0\n")
+    assert subprocess.run(argv, capture_output=True, text=True).stdout.strip() == ""
+
+
+def test_container_pid_argv():
+    class Node:
+        container_name, node_dir, log_path = "clusterctl-j-n1", "/x", None
+
+    assert runtimes.get("podman").pid_argv(Node()) == ["podman", "inspect", "--format={{.State.Pid}}",
+                                                       "clusterctl-j-n1"]
+
+
+# ------------------------------------------------------------------------------------------- observe
+JOB = """
+name: j
+nodes: 3
+nproc_per_node: 1
+script: train.py
+container: {ulimits: {}}
+"""
+
+
+class FakeTransport:
+    """``stream`` plays the node's watch: "alive" (1 every 20 ms), "dead" (0s), "silent" (one 1, then nothing)."""
+
+    def __init__(self, host, mode: str, ps: list[dict]):
+        self.host, self.mode, self.ps, self.runs = host, mode, ps, []
+
+    def stream(self, argv, on_data, stop: threading.Event) -> None:
+        assert argv[:2] == ["sh", "-c"] and "clusterctl-watch" in argv
+        if self.mode == "silent":
+            on_data(b"1\n")
+            stop.wait()
+            return
+        while not stop.is_set():
+            on_data(b"1\n" if self.mode == "alive" else b"0\n")
+            stop.wait(0.02)
+
+    def run(self, argv, *, timeout, stdin=None) -> CommandResult:
+        self.runs.append(list(argv))
+        return CommandResult(tuple(argv), 0, json.dumps(self.ps), "", 0.01)
+
+    def close(self) -> None:
+        pass
+
+
+def _ps(job_id: str, attempt: int, state: str, code: int = 0) -> list[dict]:
+    labels = {runtimes.LABEL_JOB_ID: job_id, runtimes.LABEL_ATTEMPT: str(attempt)}
+    return [{"Names": ["c"], "State": state, "ExitCode": code, "Labels": labels}]
+
+
+def test_observe_answers_from_the_watch_and_probes_only_a_node_whose_process_ended(tmp_path):
+    spec = loads_job(JOB, "job.yaml")
+    hosts = {f"n{i}": Host(name=f"n{i}", address=f"10.0.0.{i}", runtime="podman", gpus=0) for i in (1, 2, 3)}
+    modes = {"n1": "alive", "n2": "dead", "n3": "silent"}
+    transports = {n: FakeTransport(h, modes[n], _ps("j-1", 1, "exited", 1) if n == "n2" else []) for n, h in hosts.items()}
+    ops = ClusterOps(spec=spec, hosts=hosts, job_id="j-1", store=None, sink=LogSink(tmp_path / "out.log"),
+                     connect=lambda host, options: transports[host.name], heartbeat_timeout_s=0.3)
+    ops.plan = build_plan(spec, list(hosts.values()), job_id="j-1", attempt=1)
+    try:
+        ops.observe(1, list(hosts))        # starts the watches
+        time.sleep(0.1)
+        for t in transports.values():
+            t.runs.clear()
+        obs = {o.node: o for o in ops.observe(1, list(hosts))}
+        assert obs["n1"].state == "running" and not transports["n1"].runs        # no remote command
+        assert obs["n2"].state == "exited" and obs["n2"].exit_code == 1 and transports["n2"].runs   # probed
+        assert obs["n3"].state == "running" and not transports["n3"].runs        # silent, but not for long yet
+        time.sleep(0.4)
+        obs = {o.node: o for o in ops.observe(1, list(hosts))}
+        assert obs["n3"].state == "unreachable" and "no heartbeat" in obs["n3"].error_tail
+        assert not transports["n3"].runs     # a silent node is not probed (the probe would hang)
+        assert obs["n1"].state == "running"
+    finally:
+        ops.close()
+
+
+def test_wait_for_change_wakes_when_a_watched_process_ends(tmp_path):
+    spec = loads_job(JOB, "job.yaml")
+    hosts = {f"n{i}": Host(name=f"n{i}", address=f"10.0.0.{i}", runtime="podman", gpus=0) for i in (1, 2, 3)}
+    transports = {n: FakeTransport(h, "alive", []) for n, h in hosts.items()}
+    ops = ClusterOps(spec=spec, hosts=hosts, job_id="j-1", store=None, sink=LogSink(tmp_path / "out.log"),
+                     connect=lambda host, options: transports[host.name])
+    ops.plan = build_plan(spec, list(hosts.values()), job_id="j-1", attempt=1)
+    try:
+        ops.observe(1, list(hosts))
+        time.sleep(0.1)
+        t = time.monotonic()
+        ops.wait_for_change(0.2)
+        assert time.monotonic() - t >= 0.19                     # nothing ended: the full interval
+        threading.Timer(0.1, lambda: setattr(transports["n2"], "mode", "dead")).start()
+        t = time.monotonic()
+        ops.wait_for_change(5)
+        assert time.monotonic() - t < 1                         # woken by n2's process ending
+    finally:
+        ops.close()
