@@ -29,6 +29,10 @@ RANK_PREFIX = re.compile(rb"^\[(\d+)\]:")
 SIGNALS = {129: "SIGHUP", 130: "SIGINT", 134: "SIGABRT", 137: "SIGKILL", 139: "SIGSEGV", 143: "SIGTERM"}
 
 
+# a container whose init the watch has seen gone this long while the runtime still lists it as running was killed
+# with its conmon (a normal exit is recorded by conmon within milliseconds)
+GONE_CONFIRM_S = 0.5
+
 ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 
 
@@ -87,6 +91,7 @@ class _Watch:
     stop: threading.Event = field(default_factory=threading.Event)
     last: float | None = None       # monotonic time of the last line; None before the first
     alive: bool = False             # the attempt's main process (container init / bare runner) is alive
+    gone_at: float | None = None    # monotonic time of the first "gone" line after it was seen alive
 
 
 @dataclass
@@ -221,7 +226,10 @@ class ClusterOps:
                 return Observation(host.name, "missing", progress=progress)
             inst = mine[0]
             if inst.state in ("running", "created", "restarting", "paused"):
-                if inst.state == "running" and rt.name != "bare" and not self._alive(host.name, rt, inst.name):
+                w = self._watches.get(host.name)
+                gone_s = time.monotonic() - w.gone_at if w and w.attempt == attempt and w.gone_at else 0.0
+                if inst.state == "running" and rt.name != "bare" and (
+                        gone_s >= GONE_CONFIRM_S or not self._alive(host.name, rt, inst.name)):
                     # podman keeps saying "Up" when conmon and the container's init were SIGKILLed
                     return Observation(host.name, "missing", progress=progress,
                                        error_tail="the container's processes are gone (killed) although "
@@ -262,10 +270,11 @@ class ClusterOps:
 
         def on_data(data: bytes) -> None:
             line = data.rstrip().rsplit(b"\n", 1)[-1]
-            alive = line == b"1"
+            alive, now = line == b"1", time.monotonic()
             if w.alive and not alive:
+                w.gone_at = now
                 self.changed.set()
-            w.alive, w.last = alive, time.monotonic()
+            w.alive, w.last = alive, now
 
         def run() -> None:
             while argv and not w.stop.is_set():
@@ -288,13 +297,13 @@ class ClusterOps:
     def _alive(self, node: str, rt, name: str) -> bool:
         """Is the init process of a container the runtime lists as running still there? (one command)
 
-        Its pid gone is a normal exit unless the runtime still says "running" half a second later (conmon, which
+        Its pid gone is a normal exit unless the runtime still says "running" ``GONE_CONFIRM_S`` later (conmon, which
         records the exit, was killed too)."""
         script = ('p=$("$0" inspect --format "{{.State.Pid}}" "$1" 2>/dev/null) || exit 0; '   # gone: ps decides
-                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; [ -d "/proc/$p" ] && exit 0; sleep 0.5; '
+                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; [ -d "/proc/$p" ] && exit 0; sleep "$2"; '
                   's=$("$0" inspect --format "{{.State.Status}}" "$1" 2>/dev/null) || exit 0; '
                   '[ "$s" = running ] && exit 3; exit 0')
-        r = self._run(node, ["sh", "-c", script, rt.program, name], timeout=self.probe_timeout_s)
+        r = self._run(node, ["sh", "-c", script, rt.program, name, str(GONE_CONFIRM_S)], timeout=self.probe_timeout_s)
         return r.exit_code != 3
 
     def _tail(self, node: str, lines: int = 20) -> str:

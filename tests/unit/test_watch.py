@@ -153,3 +153,29 @@ def test_wait_for_change_wakes_when_a_watched_process_ends(tmp_path):
         assert time.monotonic() - t < 1                         # woken by n2's process ending
     finally:
         ops.close()
+
+
+def test_a_container_listed_running_after_its_init_was_seen_gone_is_missing(tmp_path):
+    """podman keeps listing a container as running when its conmon was SIGKILLed with it; the watch saw the init
+    go, so after GONE_CONFIRM_S the listing is not believed (and no extra inspect is needed)."""
+    from clusterctl import launcher
+
+    spec = loads_job(JOB, "job.yaml")
+    hosts = {f"n{i}": Host(name=f"n{i}", address=f"10.0.0.{i}", runtime="podman", gpus=0) for i in (1, 2, 3)}
+    transports = {n: FakeTransport(h, "alive", _ps("j-1", 1, "running")) for n, h in hosts.items()}
+    ops = ClusterOps(spec=spec, hosts=hosts, job_id="j-1", store=None, sink=LogSink(tmp_path / "out.log"),
+                     connect=lambda host, options: transports[host.name])
+    ops.plan = build_plan(spec, list(hosts.values()), job_id="j-1", attempt=1)
+    try:
+        ops.observe(1, list(hosts))
+        time.sleep(0.1)
+        transports["n2"].mode = "dead"
+        ops.wait_for_change(5)
+        time.sleep(launcher.GONE_CONFIRM_S + 0.1)
+        transports["n2"].runs.clear()
+        obs = {o.node: o for o in ops.observe(1, list(hosts))}
+        assert obs["n2"].state == "missing" and "still lists it as running" in obs["n2"].error_tail
+        assert [a[:2] for a in transports["n2"].runs] == [["podman", "ps"]]      # the listing only
+        assert obs["n1"].state == obs["n3"].state == "running"
+    finally:
+        ops.close()
