@@ -226,7 +226,7 @@ def section(results: list[dict], args) -> str:
              f"- torchrun: plain `torchrun --nnodes=1:3 --max-restarts=3` per host, watched for "
              f"{args.torchrun_wait:g} s after the fault.", "",
              f"- clusterctl: {args.reps} runs per fault; MTTR, detect and relaunch are medians (MTTR min-max in "
-             "brackets), steps lost the worst run. torchrun: one run per fault (it never resumed).", "",
+             "brackets), steps lost the worst run. torchrun: one run per fault.", "",
              "| fault | method | MTTR s | detect s | relaunch s | steps lost | outcome |",
              "|---|---|---:|---:|---:|---:|---|"]
     for fault in dict.fromkeys(r["fault"] for r in results):

@@ -299,8 +299,8 @@ class ClusterOps:
 
         Its pid gone is a normal exit unless the runtime still says "running" ``GONE_CONFIRM_S`` later (conmon, which
         records the exit, was killed too)."""
-        script = ('p=$("$0" inspect --format "{{.State.Pid}}" "$1" 2>/dev/null) || exit 0; '   # gone: ps decides
-                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; [ -d "/proc/$p" ] && exit 0; sleep "$2"; '
+        script = (runtimes.PID_ALIVE + '; p=$("$0" inspect --format "{{.State.Pid}}" "$1" 2>/dev/null) || exit 0; '
+                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; alive "$p" && exit 0; sleep "$2"; '
                   's=$("$0" inspect --format "{{.State.Status}}" "$1" 2>/dev/null) || exit 0; '
                   '[ "$s" = running ] && exit 3; exit 0')
         r = self._run(node, ["sh", "-c", script, rt.program, name, str(GONE_CONFIRM_S)], timeout=self.probe_timeout_s)

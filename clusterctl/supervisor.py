@@ -327,21 +327,25 @@ class Supervisor:
         return True
 
     def _cleanup_unclean(self) -> None:
-        """Remove what is left of the job on nodes that were lost unreachable and answer again."""
+        """Remove what is left of the job on nodes that could not be cleaned up earlier (unreachable, or the
+        runtime refused) and answer now; record the others as ``cleanup_pending``."""
         if not self._unclean:
             return
-        back = self.ops.reachable(sorted(self._unclean))
-        if back:
-            self._cleanup(None, back)
-            self.store.add_event(self.job_id, "cleanup", f"removed the job's leftovers on {', '.join(back)} "
-                                                         "(reachable again)")
-        for node in sorted(self._unclean - set(back)):
-            self.event("cleanup_pending", f"{node} is still unreachable: its containers of this job may still run "
-                                          "(run `clusterctl stop` once it is reachable again)", node=node)
-        self._unclean.clear()
+        pending, self._unclean = sorted(self._unclean), set()
+        back = self.ops.reachable(pending)
+        errors = self.ops.stop(None, back) if back else {}
+        done = [n for n in back if n not in errors]
+        if done:
+            self.store.add_event(self.job_id, "cleanup", f"removed the job's leftovers on {', '.join(done)}")
+        for node in pending:
+            if node not in done:
+                why = f"cleanup failed: {errors[node]}" if node in errors else "it is still unreachable"
+                self.event("cleanup_pending", f"{node}: containers of this job may still be there ({why}); run "
+                                              "`clusterctl stop` once it is reachable again", node=node)
 
     def _cleanup(self, attempt: int | None, nodes: Sequence[str]) -> None:
         errors = self.ops.stop(attempt, nodes) if nodes else {}
+        self._unclean.update(errors)      # tried again when the job ends
         for node, msg in errors.items():
             self.event("cleanup_pending", f"could not clean up {node}: {msg} (run `clusterctl stop` when it is "
                                           "reachable again)", node=node)

@@ -142,9 +142,15 @@ class Runtime(Protocol):
         """Print the host pid of the node's main process (container init / bare runner); nothing when none."""
 
 
+# Shell function: is process $1 alive? A zombie is not: a container init whose conmon was killed with it stays a
+# zombie until its new parent reaps it, and /proc/PID exists until then. (builtins only: it runs every 0.5 s)
+PID_ALIVE = ('alive() { [ "${1:-0}" -gt 0 ] 2>/dev/null && [ -r "/proc/$1/status" ] || return 1; '
+             'while read -r k v _; do [ "$k" = State: ] && { [ "$v" != Z ] && [ "$v" != X ]; return; }; '
+             'done <"/proc/$1/status"; return 1; }')
+
 # $1... a pid_argv: prints "1" every 0.5 s while that pid lives, "0" once it is gone (or never was)
-WATCH = ('p=$("$@" 2>/dev/null); while :; do '
-         'if [ "${p:-0}" -gt 0 ] 2>/dev/null && [ -d "/proc/$p" ]; then echo 1; else echo 0; fi; sleep 0.5; done')
+WATCH = (PID_ALIVE + '; p=$("$@" 2>/dev/null); while :; do '
+         'if alive "$p"; then echo 1; else echo 0; fi; sleep 0.5; done')
 
 
 def watch_argv(runtime: "Runtime", node: NodeRef) -> list[str]:

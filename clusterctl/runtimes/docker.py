@@ -61,9 +61,11 @@ class ContainerRuntime:
                 f"--format={self.ps_format()}"]
 
     def remove_job_argv(self, job_id: str, *, jobs_root: str = DEFAULT_JOBS_ROOT) -> list[str]:
-        # ids are hex container ids printed by -q; nothing user-controlled is expanded
-        script = ('ids=$("$0" ps -aq --filter="label=$1=$2") || exit 1; '
-                  '[ -z "$ids" ] || exec "$0" rm ' + " ".join(self.rm_flags()) + " $ids")
+        # ids are hex container ids printed by -q; nothing user-controlled is expanded. Retried: a container
+        # whose conmon was killed can fail `rm -f` once ("container state improper") until podman syncs its state
+        script = ('i=0; while ids=$("$0" ps -aq --filter="label=$1=$2"); do [ -z "$ids" ] && exit 0; '
+                  '"$0" rm ' + " ".join(self.rm_flags()) + ' $ids && exit 0; i=$((i + 1)); [ "$i" -ge 3 ] && exit 1; '
+                  'sleep 0.5; done; exit 1')
         return ["sh", "-c", script, self.program, LABEL_JOB_ID, job_id]
 
     def logs_argv(self, node: NodeRef, *, tail: int | None = None, follow: bool = False) -> list[str]:

@@ -42,6 +42,23 @@ def test_watch_prints_1_while_the_process_lives_and_0_once_it_is_gone():
         target.kill()
 
 
+def test_watch_counts_a_zombie_as_gone():
+    """An exited process nobody has reaped yet still has /proc/PID (a container init whose conmon was killed)."""
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        with open(f"/proc/{child.pid}/status") as f:
+            if any(line.split()[:2] == ["State:", "Z"] for line in f):
+                break
+        time.sleep(0.02)
+    watch = subprocess.Popen(runtimes.watch_argv(_PidOf(child.pid), None), stdout=subprocess.PIPE, text=True)
+    try:
+        assert _lines(watch, 2) == ["0", "0"]
+    finally:
+        watch.kill()
+        child.wait()
+
+
 def test_watch_prints_0_when_there_is_no_pid():
     watch = subprocess.Popen(["sh", "-c", runtimes.WATCH, "w", "true"], stdout=subprocess.PIPE, text=True)
     try:

@@ -1,0 +1,52 @@
+"""Node-side runtime snippets run by a real sh against a fake container CLI."""
+from __future__ import annotations
+
+import subprocess
+
+from clusterctl import runtimes
+
+FAKE_PODMAN = """#!/bin/sh
+# ps -aq: the ids still present; rm: fails the first FAIL_RM times (podman's "container state improper")
+echo "$*" >>"$STATE/calls"
+case $1 in
+  ps) cat "$STATE/ids" ;;
+  rm) n=$(cat "$STATE/fails"); if [ "$n" -gt 0 ]; then echo $((n - 1)) >"$STATE/fails";
+        echo 'Error: cannot remove container abc as it could not be stopped: container state improper' >&2; exit 125; fi
+      : >"$STATE/ids" ;;
+esac
+"""
+
+
+def _fake(tmp_path, fails: int):
+    prog = tmp_path / "podman"
+    prog.write_text(FAKE_PODMAN)
+    prog.chmod(0o755)
+    (tmp_path / "ids").write_text("abc\n")
+    (tmp_path / "fails").write_text(f"{fails}\n")
+    argv = runtimes.get("podman").remove_job_argv("job-1")
+    argv[3] = str(prog)                                   # "$0" of the snippet: the runtime's program
+    return argv
+
+
+def test_remove_job_retries_a_refused_rm(tmp_path):
+    argv = _fake(tmp_path, fails=1)
+    r = subprocess.run(argv, capture_output=True, text=True, env={"STATE": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["ps", "rm", "ps", "rm"]
+    assert calls[0] == "ps -aq --filter=label=clusterctl.job_id=job-1"
+
+
+def test_remove_job_gives_up_after_three_refusals(tmp_path):
+    argv = _fake(tmp_path, fails=5)
+    r = subprocess.run(argv, capture_output=True, text=True, env={"STATE": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 1 and "state improper" in r.stderr
+    assert [c.split()[0] for c in (tmp_path / "calls").read_text().splitlines()].count("rm") == 3
+
+
+def test_remove_job_with_nothing_to_remove(tmp_path):
+    argv = _fake(tmp_path, fails=0)
+    (tmp_path / "ids").write_text("")
+    r = subprocess.run(argv, capture_output=True, text=True, env={"STATE": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0 and (tmp_path / "calls").read_text().split() == ["ps", "-aq",
+                                                                             "--filter=label=clusterctl.job_id=job-1"]
