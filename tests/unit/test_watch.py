@@ -125,25 +125,33 @@ def _ps(job_id: str, attempt: int, state: str, code: int = 0) -> list[dict]:
     return [{"Names": ["c"], "State": state, "ExitCode": code, "Labels": labels}]
 
 
-def test_observe_answers_from_the_watch_and_probes_only_a_node_whose_process_ended(tmp_path):
+HOSTS = {f"n{i}": Host(name=f"n{i}", address=f"10.0.0.{i}", runtime="podman", gpus=0) for i in (1, 2, 3)}
+
+
+def _ops(tmp_path, modes: dict[str, str], ps: dict[str, list[dict]], **kw) -> tuple[ClusterOps, dict]:
+    """ClusterOps over FakeTransports (watch mode and `podman ps` listing per node), planned for attempt 1."""
     spec = loads_job(JOB, "job.yaml")
-    hosts = {f"n{i}": Host(name=f"n{i}", address=f"10.0.0.{i}", runtime="podman", gpus=0) for i in (1, 2, 3)}
-    modes = {"n1": "alive", "n2": "dead", "n3": "silent"}
-    transports = {n: FakeTransport(h, modes[n], _ps("j-1", 1, "exited", 1) if n == "n2" else []) for n, h in hosts.items()}
-    ops = ClusterOps(spec=spec, hosts=hosts, job_id="j-1", store=None, sink=LogSink(tmp_path / "out.log"),
-                     connect=lambda host, options: transports[host.name], heartbeat_timeout_s=0.3)
-    ops.plan = build_plan(spec, list(hosts.values()), job_id="j-1", attempt=1)
+    transports = {n: FakeTransport(h, modes[n], ps.get(n, [])) for n, h in HOSTS.items()}
+    ops = ClusterOps(spec=spec, hosts=HOSTS, job_id="j-1", store=None, sink=LogSink(tmp_path / "out.log"),
+                     connect=lambda host, options: transports[host.name], **kw)
+    ops.plan = build_plan(spec, list(HOSTS.values()), job_id="j-1", attempt=1)
+    return ops, transports
+
+
+def test_observe_answers_from_the_watch_and_probes_only_a_node_whose_process_ended(tmp_path):
+    ops, transports = _ops(tmp_path, {"n1": "alive", "n2": "dead", "n3": "silent"},
+                           {"n2": _ps("j-1", 1, "exited", 1)}, heartbeat_timeout_s=0.3)
     try:
-        ops.observe(1, list(hosts))        # starts the watches
+        ops.observe(1, list(HOSTS))        # starts the watches
         time.sleep(0.1)
         for t in transports.values():
             t.runs.clear()
-        obs = {o.node: o for o in ops.observe(1, list(hosts))}
+        obs = {o.node: o for o in ops.observe(1, list(HOSTS))}
         assert obs["n1"].state == "running" and not transports["n1"].runs        # no remote command
         assert obs["n2"].state == "exited" and obs["n2"].exit_code == 1 and transports["n2"].runs   # probed
         assert obs["n3"].state == "running" and not transports["n3"].runs        # silent, but not for long yet
         time.sleep(0.4)
-        obs = {o.node: o for o in ops.observe(1, list(hosts))}
+        obs = {o.node: o for o in ops.observe(1, list(HOSTS))}
         assert obs["n3"].state == "unreachable" and "no heartbeat" in obs["n3"].error_tail
         assert not transports["n3"].runs     # a silent node is not probed (the probe would hang)
         assert obs["n1"].state == "running"
@@ -152,14 +160,9 @@ def test_observe_answers_from_the_watch_and_probes_only_a_node_whose_process_end
 
 
 def test_wait_for_change_wakes_when_a_watched_process_ends(tmp_path):
-    spec = loads_job(JOB, "job.yaml")
-    hosts = {f"n{i}": Host(name=f"n{i}", address=f"10.0.0.{i}", runtime="podman", gpus=0) for i in (1, 2, 3)}
-    transports = {n: FakeTransport(h, "alive", []) for n, h in hosts.items()}
-    ops = ClusterOps(spec=spec, hosts=hosts, job_id="j-1", store=None, sink=LogSink(tmp_path / "out.log"),
-                     connect=lambda host, options: transports[host.name])
-    ops.plan = build_plan(spec, list(hosts.values()), job_id="j-1", attempt=1)
+    ops, transports = _ops(tmp_path, dict.fromkeys(HOSTS, "alive"), {})
     try:
-        ops.observe(1, list(hosts))
+        ops.observe(1, list(HOSTS))
         time.sleep(0.1)
         t = time.monotonic()
         ops.wait_for_change(0.2)
@@ -177,20 +180,15 @@ def test_a_container_listed_running_after_its_init_was_seen_gone_is_missing(tmp_
     go, so after GONE_CONFIRM_S the listing is not believed (and no extra inspect is needed)."""
     from clusterctl import launcher
 
-    spec = loads_job(JOB, "job.yaml")
-    hosts = {f"n{i}": Host(name=f"n{i}", address=f"10.0.0.{i}", runtime="podman", gpus=0) for i in (1, 2, 3)}
-    transports = {n: FakeTransport(h, "alive", _ps("j-1", 1, "running")) for n, h in hosts.items()}
-    ops = ClusterOps(spec=spec, hosts=hosts, job_id="j-1", store=None, sink=LogSink(tmp_path / "out.log"),
-                     connect=lambda host, options: transports[host.name])
-    ops.plan = build_plan(spec, list(hosts.values()), job_id="j-1", attempt=1)
+    ops, transports = _ops(tmp_path, dict.fromkeys(HOSTS, "alive"), dict.fromkeys(HOSTS, _ps("j-1", 1, "running")))
     try:
-        ops.observe(1, list(hosts))
+        ops.observe(1, list(HOSTS))
         time.sleep(0.1)
         transports["n2"].mode = "dead"
         ops.wait_for_change(5)
         time.sleep(launcher.GONE_CONFIRM_S + 0.1)
         transports["n2"].runs.clear()
-        obs = {o.node: o for o in ops.observe(1, list(hosts))}
+        obs = {o.node: o for o in ops.observe(1, list(HOSTS))}
         assert obs["n2"].state == "missing" and "still lists it as running" in obs["n2"].error_tail
         assert [a[:2] for a in transports["n2"].runs] == [["podman", "ps"]]      # the listing only
         assert obs["n1"].state == obs["n3"].state == "running"
