@@ -208,7 +208,9 @@ def main(argv=None) -> int:
         if record_fd is not None:
             os.close(record_fd)
     if rank == 0:
-        print(f"done: step {step} loss {loss_val:.4f}", flush=True)
+        trained = loss_val == loss_val   # NaN: resumed at the final step, nothing left to train
+        print(f"done: step {step}" + (f" loss {loss_val:.4f}" if trained else " (resumed there: nothing left to train)"),
+              flush=True)
     dist.barrier()
     # Leave without tearing the process group down. Gloo's teardown races with peers closing their sockets and
     # now and then aborts a finished rank ("terminate called without an active exception": a joinable gloo thread
