@@ -146,8 +146,7 @@ class ClusterOps:
 
     def close(self) -> None:
         self.stop_followers()
-        for w in self._watches.values():
-            w.stop.set()
+        self._stop_watches(list(self._watches))
         for node in list(self._transports):
             self.drop(node)
 
@@ -179,8 +178,7 @@ class ClusterOps:
             self.store.set_node(self.job_id, attempt, host.name, address=host.address,
                                 container=node.container_name, state="running")
 
-        for n in [n for n in self._watches if n not in nodes]:   # nodes left out of this attempt
-            self._watches.pop(n).stop.set()
+        self._stop_watches([n for n in self._watches if n not in nodes])   # nodes left out of this attempt
         results = fan_out([self.hosts[n] for n in nodes], start_one, host_timeout=90)
         errors = {r.host.name: str(r.error) for r in results if r.error is not None}
         if errors:
@@ -202,14 +200,10 @@ class ClusterOps:
             if w.last is None:
                 continue
             age = time.monotonic() - w.last
-            f = self._followers.get(n)
             if age > self.heartbeat_timeout_s:
                 known[n] = Observation(n, "unreachable", error_tail=f"no heartbeat for {age:.1f}s")
             elif w.alive:
-                progress = bool(f and f.bytes_seen != f.last_seen)
-                if f:
-                    f.last_seen = f.bytes_seen
-                known[n] = Observation(n, "running", progress=progress)
+                known[n] = Observation(n, "running", progress=self._progress(n))
 
         def probe(host: Host) -> Observation:
             rt = self._runtime(host.name)
@@ -218,10 +212,7 @@ class ClusterOps:
             if not r.ok:
                 raise TransportError(host.name, f"status probe failed: {r.stderr.strip()[-200:]}")
             mine = [i for i in rt.parse_list(r.stdout) if i.attempt == attempt]
-            f = self._followers.get(host.name)
-            progress = bool(f and f.bytes_seen != f.last_seen)
-            if f:
-                f.last_seen = f.bytes_seen
+            progress = self._progress(host.name)
             if not mine:
                 return Observation(host.name, "missing", progress=progress)
             inst = mine[0]
@@ -257,6 +248,14 @@ class ClusterOps:
             out[r.host.name] = r.value if r.ok else Observation(r.host.name, "unreachable", error_tail=str(r.error))
         return [out[n] for n in nodes]
 
+    def _progress(self, node: str) -> bool:
+        """New log output from the node since the last time this was asked."""
+        f = self._followers.get(node)
+        if f is None:
+            return False
+        seen, f.last_seen = f.last_seen, f.bytes_seen
+        return f.bytes_seen != seen
+
     # ------------------------------------------------------------------------------------------ watch
     def _watch(self, attempt: int, node: str) -> "_Watch":
         """The node's watch for ``attempt`` (started on first use; a new attempt replaces the old one)."""
@@ -280,14 +279,18 @@ class ClusterOps:
             while argv and not w.stop.is_set():
                 try:
                     self.transport(node).stream(argv, on_data, w.stop)
-                except TransportError:
-                    self.drop(node)
-                except Exception:  # noqa: BLE001 - a dead watch would read as a silent node: keep it going
+                except Exception:  # noqa: BLE001 - a dead watch would read as a silent node: reconnect, go on
                     self.drop(node)
                 w.stop.wait(0.5)
 
         threading.Thread(target=run, daemon=True, name=f"watch-{node}").start()
         return w
+
+    def _stop_watches(self, nodes: Sequence[str]) -> None:
+        for n in nodes:
+            w = self._watches.pop(n, None)
+            if w is not None:
+                w.stop.set()
 
     def wait_for_change(self, seconds: float) -> None:
         """Sleep between probe rounds; wake early when a watched process ends."""
@@ -318,10 +321,7 @@ class ClusterOps:
     def stop(self, attempt: int | None, nodes: Sequence[str], grace_s: float = 0.0) -> dict[str, str]:
         """Stop this job on ``nodes``: TERM + grace when ``grace_s``, then kill and remove by label/job id."""
         self.stop_followers(nodes)
-        for n in nodes:
-            w = self._watches.pop(n, None)
-            if w:
-                w.stop.set()
+        self._stop_watches(nodes)
 
         def stop_one(host: Host) -> None:
             rt = self._runtime(host.name)

@@ -152,7 +152,7 @@ class Supervisor:
         self.clock, self.sleep, self.wait = clock, sleep, wait or sleep
         self.on_event = on_event or (lambda msg: None)
         self._last_checkpoint_step: int | None = None
-        self._unclean: set[str] = set()   # lost nodes that could not be cleaned up (unreachable)
+        self._unclean: set[str] = set()   # nodes not cleaned up yet (unreachable, or the runtime refused)
 
     def event(self, kind: str, message: str, **fields) -> None:
         self.store.add_event(self.job_id, kind, message, **fields)
