@@ -141,7 +141,9 @@ class Testbed:
         return self
 
     def down(self) -> None:
-        """Remove everything this testbed created (safe to call at any point, more than once)."""
+        """Remove everything this testbed created (safe to call at any point, more than once). Every clusterctl
+        supervisor whose job targets this testbed's addresses is stopped first."""
+        system.kill_pids(system.supervisors_using(f"10.{self.subnet_octet}.0."))
         for h in self.hosts:
             if (h.dir / "storage" / "libpod").exists() and (Path("/run/netns") / h.ns).exists():
                 # podman state first, while its processes still run, so no container mounts are left

@@ -87,6 +87,42 @@ def kill_pids(pids: list[int], sig: int = signals.SIGKILL) -> list[int]:
     return killed
 
 
+def supervisors_using(subnet_prefix: str) -> list[int]:
+    """Pids of clusterctl supervisors (``clusterctl ... _supervise JOB_ID``) whose job targets addresses starting
+    with ``subnet_prefix`` (e.g. ``10.77.0.``): their job record (or its inventory file) names such an address.
+    A testbed stops them before it goes down, so none keeps retrying addresses that then leave this machine."""
+    import sqlite3
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "_supervise" not in argv or "--state-dir" not in argv:
+            continue
+        state_dir = argv[argv.index("--state-dir") + 1]
+        job_id = argv[argv.index("_supervise") + 1] if argv.index("_supervise") + 1 < len(argv) else ""
+        texts = []
+        try:
+            db = sqlite3.connect(f"file:{state_dir}/state.db?mode=ro", uri=True, timeout=5)
+            try:
+                row = db.execute("SELECT spec_json, inventory_path FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            finally:
+                db.close()
+            if row:
+                texts.append(row[0] or "")
+                if row[1] and Path(row[1]).is_file():
+                    texts.append(Path(row[1]).read_text(errors="replace"))
+        except (sqlite3.Error, OSError):
+            continue
+        if any(subnet_prefix in t for t in texts):
+            found.append(int(entry.name))
+    return found
+
+
 def kill_netns(names: list[str], deadline_s: float = 10.0) -> None:
     """SIGKILL everything living in these netns until nothing is left (children may appear while we kill)."""
     end = time.monotonic() + deadline_s
