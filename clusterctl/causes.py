@@ -61,10 +61,10 @@ def node_lines(text: str, node: str) -> list[str]:
     """A node's raw log lines as ``[node/rank] text`` (``-`` for the agent's own lines), empty lines dropped."""
     out = []
     for line in text.splitlines():
-        if not line.strip():
-            continue
         m = RANK_PREFIX.match(line)
-        out.append(f"[{node}/{m.group(1)}] {line[m.end():].rstrip()}" if m else f"[{node}/-] {line.rstrip()}")
+        body = (line[m.end():] if m else line).rstrip()
+        if body.strip():
+            out.append(f"[{node}/{m.group(1) if m else '-'}] {body}")
     return out
 
 
@@ -77,8 +77,6 @@ def error_tail(lines: list[str], node: str, rank: int | None, n: int = 20) -> st
 # ------------------------------------------------------------------------------ failures a retry cannot fix
 CANT_OPEN = re.compile(r"can't open file '([^']+)': \[Errno 2\]")
 NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
-NOT_FOUND = re.compile(r"(?:^|\s)([\w./-]+): (?:\d+: )?(?:[\w./-]+: )?not found|command not found|"
-                       r"executable file not found|no such file or directory: OCI", re.M)
 
 
 @dataclass(frozen=True)

@@ -252,13 +252,14 @@ class ClusterOps:
         self.attach(attempt)
         return {}
 
-    def observe(self, attempt: int, nodes: Sequence[str], *, watch: bool = True) -> list[Observation]:
+    def observe(self, attempt: int, nodes: Sequence[str], *, watch: bool = True,
+                deadline_s: float | None = None) -> list[Observation]:
         """One probe round. Each node's watch (a line every 0.5 s over its persistent connection) answers for
         the common cases without a remote command: silent for ``heartbeat_timeout_s`` -> unreachable (a probe
         would only hang until its timeout); fresh and alive -> running. Otherwise (the process ended, no watch
         line yet) the node is probed: the runtime's listing gives the state and exit code, and for a failure the
         tail of the node's own log says why. ``watch=False``: probe only (``status``/``resume`` of a job whose
-        supervisor is gone)."""
+        supervisor is gone). ``deadline_s``: the whole round's bound (default: three probe timeouts)."""
         known: dict[str, Observation] = {}
         for n in nodes if watch else ():
             w = self._watch(attempt, n)
@@ -297,7 +298,7 @@ class ClusterOps:
 
         out = dict(known)
         for r in fan_out([self.hosts[n] for n in nodes if n not in known], probe,
-                         host_timeout=self.probe_timeout_s * 3 + 2):
+                         host_timeout=deadline_s or self.probe_timeout_s * 3 + 2):
             out[r.host.name] = r.value if r.ok else Observation(r.host.name, "unreachable", error_tail=str(r.error))
         for n in nodes:
             (self._unhealthy.add if out[n].state == "unreachable" else self._unhealthy.discard)(n)

@@ -67,6 +67,12 @@ class JobRecord:
                    checkpoint_override=data.get("checkpoint_override"))
 
 
+def spec_of(job) -> JobSpec:
+    """Only the spec of a stored job (any version; no inventory is read)."""
+    data = json.loads(job.spec_json)
+    return parse_job(data["spec"], data.get("source") or "<job record>")
+
+
 def load(store, job, *, upgrade: bool = True) -> JobRecord:
     """The record of ``job`` (a ``state.Job``); a version-1 row is rewritten as the current version."""
     rec = JobRecord.from_json(job.spec_json, inventory_path=job.inventory_path)

@@ -45,6 +45,16 @@ class Observation:
     oom: bool = False                # the OOM killer sent the signal
 
 
+def node_state(o: Observation) -> str:
+    """The state shown for a node: running | exited | killed (by a signal) | gone (no container/process) |
+    unreachable."""
+    if o.state == "missing":
+        return "gone"
+    if o.state == "exited" and o.signal:
+        return "killed"
+    return o.state
+
+
 @dataclass(frozen=True)
 class Decision:
     verdict: Verdict
@@ -297,7 +307,7 @@ class Supervisor:
             d = classify(obs, health, rdzv_host=rdzv, probe_failures=self.policy.probe_failures,
                          hang_timeout_s=self.policy.hang_timeout_s, now=now, settle_s=self.policy.settle_s)
             for o in obs:
-                self.store.set_node(self.job_id, attempt, o.node, state=o.state, exit_code=o.exit_code,
+                self.store.set_node(self.job_id, attempt, o.node, state=node_state(o), exit_code=o.exit_code,
                                     signal=o.signal, error_tail=o.error_tail or None, rank=o.rank)
             if d.verdict != Verdict.CONTINUE:
                 if self.ops.stop_requested():   # `clusterctl stop` killed the nodes: not a failure
