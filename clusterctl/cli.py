@@ -149,9 +149,6 @@ def preflight_cmd(ctx, inventory, job, limit, output, strict, pull, accept_new) 
 
 
 # ---------------------------------------------------------------------------------------------- jobs
-QUICK_CHECKS = {"ssh", "container_runtime", "nvidia_toolkit", "image", "ports", "interface"}
-
-
 @app.command("launch")
 @click.argument("job")
 @inventory_option
@@ -188,7 +185,9 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
     if skip_preflight:   # the supervisor would see a bad host key only as an unreachable node
         controller.verify_host_keys(jc.hosts, connect_options(ctx, accept_new))
     else:
-        report = _preflight(ctx, jc.hosts, jc.spec, only=QUICK_CHECKS, accept_new=accept_new,
+        from clusterctl.checks.job import LAUNCH_CHECKS
+
+        report = _preflight(ctx, jc.hosts, jc.spec, only=LAUNCH_CHECKS, accept_new=accept_new,
                             show_progress=output != "json")
         if not report.ok:
             render_table(report, err)
