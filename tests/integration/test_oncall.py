@@ -1,0 +1,260 @@
+"""On-call truth on a 3-host testbed: what `status`, `resume` and `logs` say when clusterctl's own supervisor is
+gone, failures no retry can fix, ranks killed by a signal, the partitioned rendezvous host, and the job's own
+restart budgets (issue: "On-call truth").
+
+The quickstart job of recovery_harness (podman, `nodes: "2:3"`, 2 ranks per node, a checkpoint every 10 steps)
+unless a test says otherwise; `chatter.py` prints numbered lines per rank so the log copy can be checked line by
+line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import string
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration import recovery_harness as rh
+from tests.testbed import Testbed as _Testbed, profile  # aliased so pytest does not try to collect it
+from tests.testbed.system import address_in_use
+
+CHATTER = Path(__file__).resolve().parent / "chatter.py"
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def otb(tmp_path_factory, testbed_slot):
+    letter = string.ascii_lowercase[testbed_slot]
+    octet = next(o for o in range(220, 240) if address_in_use(f"10.{o}.0.1") is None)
+    tb = _Testbed(3, tmp_path_factory.mktemp("oncall-tb"), [profile(gpus=0)] * 3, prefix=f"tbo{letter}",
+                  subnet_octet=octet)
+    try:
+        tb.up()
+    except Exception as e:  # noqa: BLE001 - a failure with the reason, never a skip
+        pytest.fail(f"testbed could not be built: {type(e).__name__}: {e}", pytrace=False)
+    yield tb
+    tb.down()
+
+
+@pytest.fixture
+def job(otb, tmp_path, request):
+    runs: list[rh.Run] = []
+
+    def make(**kw) -> rh.Run:
+        name = "oc" + "".join(c for c in request.node.name.replace("test_", "") if c.isalnum())[-28:].lower()
+        run = rh.new_run(otb, tmp_path, name, **kw)
+        runs.append(run)
+        return run
+
+    yield make
+    for h in otb.hosts:
+        if otb.partitioned(h.name):
+            otb.heal(h.name)
+    for run in runs:      # every supervisor this test started is gone before the testbed may go down
+        run.cli("stop", run.name, "--grace", "0", check=False, timeout=120)
+        for line in run.log[-6:]:
+            print(line)
+
+
+def kill_supervisor(run: rh.Run) -> int:
+    pid = run.supervisor_pid()
+    os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + 10
+    while rh._alive(pid) and time.monotonic() < end:
+        time.sleep(0.1)
+    return pid
+
+
+def rank_pids(tb, host: str) -> list[int]:
+    return [p for p, c in tb.processes(host) if "train.py" in c and "torchrun" not in c]
+
+
+def edit_job(run: rh.Run, **changes) -> None:
+    data = yaml.safe_load(run.job.read_text())
+    data.update(changes)
+    run.job.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+# ------------------------------------------------------------------------------------ (a) partitioned rdzv host
+def test_partitioned_rendezvous_host_whose_processes_died_recovers_within_15s(job, otb):
+    run = job(steps=110)
+    run.launch()
+    run.wait_step(60)
+    before = run.steps_log()[-1]["attempt"]
+    victim = rh.rdzv_host(run)
+    otb.partition(victim)
+    otb.kill(victim, pattern=rh.JOB_PATTERN)
+    t0 = time.time()
+    try:
+        st = run.wait_end(300)
+    finally:
+        otb.heal(victim)
+    assert st["state"] == "SUCCEEDED", run.events_text()
+    first = next(r for r in run.steps_log() if r["time"] > t0 and r["attempt"] != before)
+    mttr = first["time"] - t0
+    f = st["failures"][0]
+    assert f["class"] == "rendezvous_lost" and f["node"] == victim, st["failures"]
+    assert mttr <= 15, f"MTTR {mttr:.1f}s > 15s\n{run.events_text()}"
+    rh.check_steps(run)
+
+
+# ------------------------------------------------------------------------------------ (b) unsupervised rank kill
+def test_rank_killed_while_unsupervised_status_names_it_and_resume_relaunches(job, otb):
+    run = job(steps=100)
+    run.launch()
+    run.wait_step(35)
+    kill_supervisor(run)
+    victim = rh.other_host(run)
+    os.kill(rank_pids(otb, victim)[0], signal.SIGKILL)
+    t0 = time.monotonic()
+    while True:      # within 10 s: unsupervised, and the node, rank and signal
+        r = run.cli("status", run.name, timeout=30)
+        text = r.stdout + r.stderr
+        if "UNSUPERVISED" in text or ("FAILED" in text and "SIGKILL" in text):
+            break
+        assert time.monotonic() - t0 < 10, text
+        time.sleep(0.5)
+    st = run.status()
+    assert time.monotonic() - t0 <= 10 + 5
+    assert st["supervised"] is False and st["supervisor"]["alive"] is False and st["supervisor_pid"]
+    f = next(f for f in st["failures"] if f["found_by"] == "status")
+    assert (f["class"], f["node"], f["signal"]) == ("killed", victim, "SIGKILL"), st["failures"]
+    assert f["rank"] is not None and f["rank"] >= 0
+    assert st["state"] == "FAILED" and "clusterctl resume" in st["reason"]
+    text = run.cli("status", run.name, timeout=30).stdout
+    assert f"node {victim} rank {f['rank']}" in text and "SIGKILL" in text
+    last = max(int(p.name.split("-")[1]) for p in (run.record.parent / "ckpt").iterdir()
+               if p.name.startswith("step-"))
+    out = run.cli("resume", run.name, "--detach", "-o", "json", timeout=180)
+    assert json.loads(out.stdout)["outcome"] == "relaunched", out.stdout
+    st = run.wait_end(400)
+    assert st["state"] == "SUCCEEDED", run.events_text()
+    start2 = [e for e in run.events() if e["kind"] == "start" and e["attempt"] == 2]
+    assert start2 and start2[0]["checkpoint_step"] >= last, (last, run.events_text())
+    rh.check_steps(run)
+
+
+# ------------------------------------------------------------------------------------ (c) finished unsupervised
+def test_finished_while_unsupervised_is_succeeded_and_resume_relaunches_nothing(job, otb):
+    run = job(steps=40)
+    run.launch()
+    run.wait_step(10)
+    kill_supervisor(run)
+    end = time.monotonic() + 300
+    while run.max_step() < 40 or any("train.py" in c for h in otb.hosts for _, c in otb.processes(h.name)):
+        assert time.monotonic() < end, "training did not finish"
+        time.sleep(1)
+    st = run.status()
+    assert st["state"] == "SUCCEEDED", st
+    assert any(e["kind"] == "reconciled" and e["class"] == "success" for e in run.events())
+    out = run.cli("resume", run.name, "--detach", "-o", "json", timeout=120)
+    res = json.loads(out.stdout)
+    assert res["outcome"] == "succeeded" and res["supervisor_pid"] is None, res
+    assert [e["kind"] for e in run.events()].count("start") == 1          # nothing relaunched
+    r = run.cli("resume", run.name, timeout=60)                          # attached: says so, exit 0
+    assert "SUCCEEDED" in r.stderr and "nothing relaunched" in r.stderr
+    logs = run.cli("logs", run.name, "--rank", "0", timeout=60).stdout
+    assert "done: step 40" in logs          # the end that no supervisor copied is in the controller's log
+
+
+# ------------------------------------------------------------------------------------ (d) + (f): classes
+def test_misspelt_script_fails_after_one_attempt_as_config_error(job, otb):
+    run = job(steps=20, restarts={"max_failures": 3, "backoff_s": 0.2})
+    edit_job(run, script=str(rh.TRAIN).replace("train.py", "tran.py"))
+    run.launch()
+    st = run.wait_end(300)
+    assert st["state"] == "FAILED" and st["attempt"] == 1, st
+    assert [f["class"] for f in st["failures"]] == ["config_error"], st["failures"]
+    assert "tran.py" in st["reason"] and "script:" in st["reason"]
+    assert st["restarts"]["failures_used"] == 0
+
+
+def test_kill_9_of_a_rank_is_class_killed_with_sigkill(job, otb):
+    run = job(steps=80, restarts={"max_failures": 7})
+    run.launch()
+    run.wait_step(25)
+    assert run.status()["restarts"]["max_failures"] == 7            # (h) the job's own budget
+    victim = rh.other_host(run)
+    os.kill(rank_pids(otb, victim)[0], signal.SIGKILL)
+    st = run.wait_end(400)
+    assert st["state"] == "SUCCEEDED", run.events_text()
+    f = st["failures"][0]
+    assert (f["class"], f["node"], f["signal"]) == ("killed", victim, "SIGKILL"), st["failures"]
+    assert f["error_tail"] and all(line.strip() for line in f["error_tail"].splitlines())
+    assert st["restarts"] == {"failures_used": 1, "max_failures": 7, "node_failures_used": 0,
+                              "max_node_failures": 10}
+    text = run.cli("status", run.name, timeout=30).stdout
+    assert "user errors 1/7" in text
+
+
+# ------------------------------------------------------------------------------------ (e) torchrun missing
+def test_bare_runtime_without_torchrun_on_path_fails_preflight_check_torchrun(otb, tmp_path):
+    inv = otb.inventory(tmp_path / "inv.yaml", runtime="bare")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"name": "octorchrun", "nodes": 2, "nproc_per_node": 1,
+                                   "script": str(rh.TRAIN)}))
+    r = rh.Run(otb, tmp_path / "state", inv, job, "octorchrun", 1, tmp_path / "x").cli(
+        "preflight", "-i", str(inv), str(job), "-o", "json", check=False, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    for h in json.loads(r.stdout)["hosts"]:
+        c = next(c for c in h["checks"] if c["id"] == "torchrun")
+        assert c["status"] == "fail" and "torchrun" in c["detail"] and "`torchrun:`" in c["hint"], c
+        assert next(c for c in h["checks"] if c["id"] == "script")["status"] == "pass"
+    # the launch's quick preflight stops at the same check
+    r2 = rh.Run(otb, tmp_path / "state", inv, job, "octorchrun", 1, tmp_path / "x").cli(
+        "launch", str(job), "-i", str(inv), "--detach", check=False, timeout=120)
+    assert r2.returncode == 1 and "torchrun" in r2.stderr, r2.stderr
+
+
+# ------------------------------------------------------------------------------------ (g) logs exactly once
+@pytest.mark.parametrize("runtime", ["podman", "bare"])
+def test_logs_hold_every_line_once_in_order_after_a_supervisor_kill_and_resume(job, otb, tmp_path, runtime):
+    run = job(steps=1)
+    lines, period = 120, 0.1
+    inv = otb.inventory(tmp_path / f"inv-{runtime}.yaml", runtime=runtime)
+    run.inventory = inv
+    edit_job(run, script=str(CHATTER), args=[str(lines), str(period)], nodes=3,
+             **({"torchrun": str(VENV_BIN / "torchrun")} if runtime == "bare" else {}))
+    run.launch()
+    deadline = time.monotonic() + 120
+    while "tick 20" not in run.cli("logs", run.name, timeout=30).stdout:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    kill_supervisor(run)
+    time.sleep(3)                                     # lines the dead supervisor never copied
+    out = run.cli("resume", run.name, "--detach", "-o", "json", timeout=120)
+    assert json.loads(out.stdout)["outcome"] == "reattached", out.stdout
+    st = run.wait_end(300)
+    assert st["state"] == "SUCCEEDED", run.events_text()
+    text = run.cli("logs", run.name, timeout=60).stdout
+    assert text.count("=== attempt 1 ===") == 3, text[:2000]          # one section per node
+    ticks: dict[str, list[int]] = {}
+    for line in text.splitlines():
+        m = re.match(r"^\[(\w+)/(\d+)\] tick (\d+)$", line)
+        if m:
+            ticks.setdefault(f"{m.group(1)}/{m.group(2)}", []).append(int(m.group(3)))
+    assert len(ticks) == 6, sorted(ticks)
+    for who, seq in ticks.items():
+        assert seq == list(range(1, lines + 1)), (who, seq[:5], len(seq))
+
+
+def test_logs_selection_errors_are_usage_errors(job, otb):
+    run = job(steps=10)
+    run.launch()
+    st = run.wait_end(300)
+    assert st["state"] == "SUCCEEDED"
+    r = run.cli("logs", run.name, "--node", "nope", check=False)
+    assert r.returncode == 2 and "node1" in r.stderr
+    r = run.cli("logs", run.name, "--rank", "6", check=False)
+    assert r.returncode == 2 and "0-5" in r.stderr
+    assert run.cli("logs", run.name, "--tail", "-2", check=False).returncode == 2
+    assert run.cli("logs", run.name, "--tail", "0").stdout == ""
+    assert len(run.cli("logs", run.name, "--tail", "2").stdout.splitlines()) == 2
+    stopped = run.cli("status", run.name, "-o", "json")
+    assert all(n["state"] in ("exited", "stopped") for n in json.loads(stopped.stdout)["nodes"])
