@@ -289,7 +289,8 @@ def _print_status(v) -> None:
     p("checkpoint " + (f"{ck['path']} (step {ck['step']})" if ck else "none"))
     r = v["restarts"]
     p(f"restarts  user errors {r['failures_used']}/{r['max_failures']}, "
-      f"infrastructure {r['node_failures_used']}/{r['max_node_failures']}")
+      f"infrastructure {r['node_failures_used']}/{r['max_node_failures']}"
+      + (f" ({'within ' + r['window'] if r.get('window_s') else 'since the last progress'})" if 'window' in r else ""))
     for f in v["failures"]:
         p(f"failure   attempt {f['attempt']} [{f['class']}] node {f['node'] or '-'} rank {f['rank'] or '-'} "
           f"exit {f['exit_code'] if f['exit_code'] is not None else '-'} signal {f['signal'] or '-'}: {f['message']}")

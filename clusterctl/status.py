@@ -5,6 +5,7 @@ import json
 import time
 from typing import Any
 
+from clusterctl import budget
 from clusterctl.state import Job, Store
 
 FAILURE_KLASSES = ("user_error", "node_lost", "rendezvous_lost", "hang")
@@ -17,8 +18,8 @@ def job_view(store: Store, job: Job, now: float | None = None) -> dict[str, Any]
     nodes = store.nodes(job.job_id, job.attempt) if current else []
     events = store.events(job.job_id)
     failures = [e for e in events if e.kind in ("verdict", "start_failed") and e.klass in FAILURE_KLASSES]
-    spec = json.loads(job.spec_json or "{}")
-    restarts = spec.get("restarts") or {}
+    payload = json.loads(job.spec_json or "{}")
+    restarts = (payload.get("spec") or {}).get("restarts") or {}
     checkpoint = None
     ck_events = [e for e in events if e.checkpoint_step is not None]
     if current and current.checkpoint_path:
@@ -44,11 +45,22 @@ def job_view(store: Store, job: Job, now: float | None = None) -> dict[str, Any]
                       "exit_code": e.exit_code, "signal": e.signal, "message": e.message,
                       "error_tail": _tail(store, job.job_id, e)} for e in failures],
         "checkpoint": checkpoint,
-        "restarts": {"failures_used": job.failures_used, "max_failures": restarts.get("max_failures", 3),
-                     "node_failures_used": job.node_failures_used,
-                     "max_node_failures": restarts.get("max_node_failures", 10)},
+        "restarts": budget_view(events, restarts, now),
         "supervisor_pid": job.supervisor_pid,
     }
+
+
+def budget_view(events, restarts: dict[str, Any], now: float) -> dict[str, Any]:
+    """Budget use within the window at ``now``, from the job's ``budget``/``progress`` events after the last
+    ``resume`` (see ``clusterctl.budget``)."""
+    window = restarts.get("window", "24h")
+    window_s = budget.window_seconds(window)
+    charges = budget.history(events)
+    return {"failures_used": budget.used(charges, budget.USER, now=now, window_s=window_s),
+            "max_failures": restarts.get("max_failures", 3),
+            "node_failures_used": budget.used(charges, budget.INFRA, now=now, window_s=window_s),
+            "max_node_failures": restarts.get("max_node_failures", 10),
+            "window": window, "window_s": window_s}
 
 
 def _tail(store: Store, job_id: str, event) -> str | None:
