@@ -85,7 +85,8 @@ def store(tmp_path, clock):
 
 def supervise(store, clock, cluster, *, window="24h", **policy):
     from clusterctl.budget import window_seconds
-    payload = {"spec": {"restarts": {"max_failures": policy.get("max_failures", 3),
+    payload = {"spec": {"name": "longrun", "script": "train.py",
+                        "restarts": {"max_failures": policy.get("max_failures", 3),
                                      "max_node_failures": policy.get("max_node_failures", 10), "window": window}}}
     job_id = store.create_job("longrun", json.dumps(payload), None, None)
     pol = Policy(**{"min_nodes": 2, "max_nodes": 4, "backoff_s": 5, "backoff_max_s": 300,
