@@ -66,8 +66,6 @@ def test_five_faults_in_a_row_each_followed_by_training_within_15s(job):
     results = fs.run_series(run, fs.FIVE)
     st = run.wait_end(300)
     assert st["state"] == "SUCCEEDED", f"{st['state']}: {st['reason']}\n{run.events_text()}"
-    slow = [(r["n"], r["fault"], r["mttr"]) for r in results if r["mttr"] > MTTR_GOAL_S]
-    assert not slow, f"training resumed later than {MTTR_GOAL_S}s after: {slow}\n{results}"
     assert [r["klass"] for r in results] == ["node_lost", "node_lost", "rendezvous_lost", "node_lost",
                                              "node_lost"], results
     assert all(not r["backoff"] for r in results), results       # each attempt made progress: relaunch at once
@@ -78,6 +76,8 @@ def test_five_faults_in_a_row_each_followed_by_training_within_15s(job):
     assert st["restarts"]["window"] == "24h"
     rh.check_steps(run)
     rh.check_clean(run, timeout=60)
+    slow = [(r["n"], r["fault"], r["mttr"]) for r in results if r["mttr"] > MTTR_GOAL_S]
+    assert not slow, f"training resumed later than {MTTR_GOAL_S}s after: {slow}\n{results}"
 
 
 def test_a_healed_node_is_readmitted_at_the_next_relaunch(job, ltb):
