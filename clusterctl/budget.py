@@ -48,7 +48,7 @@ def describe(window_s: float | None) -> str:
     if window_s is None:
         return "since the last progress"
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if window_s >= size and window_s % size == 0:
+        if window_s >= (2 * size if unit == "d" else size) and window_s % size == 0:
             return f"within {window_s / size:g}{unit}"
     return f"within {window_s:g}s"
 

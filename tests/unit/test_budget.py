@@ -18,7 +18,8 @@ def test_window_seconds_refuses(bad):
 
 
 def test_describe():
-    assert budget.describe(86400) == "within 1d"
+    assert budget.describe(86400) == "within 24h"
+    assert budget.describe(7 * 86400) == "within 7d"
     assert budget.describe(3 * 3600) == "within 3h"
     assert budget.describe(90) == "within 90s"
     assert budget.describe(None) == "since the last progress"

@@ -150,7 +150,7 @@ def test_crash_loop_without_progress_fails_at_max_failures_with_exponential_back
     job_id, sup, sleeps = supervise(store, clock, cluster, max_failures=4)
     assert sup.run() == JobState.FAILED
     job = store.get_job(job_id)
-    assert "restarts.max_failures within 1d" in job.reason and "exited with code 1" in job.reason
+    assert "restarts.max_failures within 24h" in job.reason and "exited with code 1" in job.reason
     assert job.failures_used == 5 and len(cluster.started) == 5
     assert sleeps == [5, 10, 20, 40]
     assert backoffs(store, job_id) == [f"waiting {s}s before the next attempt" for s in (5, 10, 20, 40)]
