@@ -313,7 +313,7 @@ def _print_status(v) -> None:
     r = v["restarts"]
     p(f"restarts  user errors {r['failures_used']}/{r['max_failures']}, "
       f"infrastructure {r['node_failures_used']}/{r['max_node_failures']}"
-      + (f" ({'within ' + r['window'] if r.get('window_s') else 'since the last progress'})" if 'window' in r else ""))
+      + (f" ({'within ' + r['window'] if r['window_s'] else 'since the last progress'})" if "window" in r else ""))
     for f in v["failures"]:
         rank = f["rank"] if f["rank"] is not None else "-"
         p(f"failure   attempt {f['attempt']} [{f['class']}] node {f['node'] or '-'} rank {rank} "

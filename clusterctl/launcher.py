@@ -271,7 +271,8 @@ class ClusterOps:
             age = time.monotonic() - w.last
             limit = self._arrivals[n].limit() if n in self._arrivals else self.heartbeat_timeout_s
             if age > limit:
-                known[n] = Observation(n, "unreachable", error_tail=f"no heartbeat for {age:.1f}s (limit {limit:.1f}s)")
+                known[n] = Observation(n, "unreachable",
+                                       error_tail=f"no heartbeat for {age:.1f}s (limit {limit:.1f}s)")
             elif w.alive:
                 known[n] = Observation(n, "running", progress=self._progress(n))
 
