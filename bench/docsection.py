@@ -22,3 +22,47 @@ def write_section(heading: str, section: str, doc: Path = DOC) -> None:
         tail = "".join(lines[end:])
         text = "".join(lines[:start]) + new + ("\n" + tail if tail else "")
     doc.write_text(text)
+
+
+def _section_range(lines: list[str], heading: str) -> tuple[int, int] | None:
+    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == heading), None)
+    if start is None:
+        return None
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return start, end
+
+
+def read_subsection(heading: str, sub: str, doc: Path = DOC) -> str | None:
+    """The ``sub`` (``### ...``) part of section ``heading``, up to the next ``###``/``##``; None when absent."""
+    lines = doc.read_text().splitlines(keepends=True) if doc.exists() else []
+    rng = _section_range(lines, heading)
+    if rng is None:
+        return None
+    start = next((i for i in range(*rng) if lines[i].rstrip() == sub), None)
+    if start is None:
+        return None
+    end = next((i for i in range(start + 1, rng[1]) if lines[i].startswith("### ")), rng[1])
+    return "".join(lines[start:end]).rstrip("\n") + "\n"
+
+
+def write_subsection(heading: str, sub: str, text: str, doc: Path = DOC) -> None:
+    """``text`` (starting with ``sub``, a ``### ...`` line) replaces that part of section ``heading`` or is
+    appended to the section (which is created when missing)."""
+    whole = doc.read_text() if doc.exists() else HEADER
+    lines = whole.splitlines(keepends=True)
+    new = text.rstrip("\n") + "\n"
+    rng = _section_range(lines, heading)
+    if rng is None:
+        write_section(heading, f"{heading}\n\n{new}", doc)
+        return
+    start = next((i for i in range(*rng) if lines[i].rstrip() == sub), None)
+    if start is None:
+        at = rng[1]
+        while at > rng[0] + 1 and not lines[at - 1].strip():
+            at -= 1
+        lines[at:at] = ["\n", new]
+    else:
+        end = next((i for i in range(start + 1, rng[1]) if lines[i].startswith("### ")), rng[1])
+        tail = "\n" if end < len(lines) else ""
+        lines[start:end] = [new + tail]
+    doc.write_text("".join(lines))

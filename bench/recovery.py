@@ -2,6 +2,7 @@
 
     python bench/recovery.py [--faults kill_worker_node,kill_rdzv_host,partition] [--reps 3] [--no-write]
                              [--prefix brc --subnet 232] [--torchrun-wait 90]
+    python bench/recovery.py --series N [--no-write]      # N faults in one run (4 hosts): MTTR of each
 
 On a 3-host testbed (network namespaces, sshd, podman; ``profile(gpus=0)``) the quickstart script
 (``--step-time 0.1 --checkpoint-every 10``, 2 ranks per node, rank 0 records every trained step with its wall
@@ -18,7 +19,14 @@ time) runs once per fault and method:
 Faults: ``kill_worker_node`` = SIGKILL everything of the job on a non-rendezvous node; ``kill_rdzv_host`` = the
 same on the rendezvous host; ``partition`` = the non-rendezvous node's link down (healed at the end).
 MTTR = fault -> the first step recorded by a new attempt (clusterctl) / a new restart round (torchrun); steps lost
-= steps trained more than once. Results replace the ``## recovery`` section of docs/benchmarks.md.
+= steps trained more than once. Results replace the ``## recovery`` section of docs/benchmarks.md (its ``###``
+sub-sections, written by the series arm and bench/falseverdict.py, are kept).
+
+**Series arm** (``--series N``): one clusterctl job on a 4-host testbed (``nodes: "2:4"``, 1 rank per node) takes
+N faults in a row, cycling through issue 16's five (a node killed, a node partitioned and healed, the rendezvous
+host killed, a node partitioned with its job killed, a node killed); each fault waits until the previous
+attempt made progress (a new checkpoint seen by the supervisor). MTTR of each fault -> the ``### series``
+sub-section of ``## recovery``.
 """
 from __future__ import annotations
 
@@ -39,13 +47,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from tests.integration import fault_series as fs  # noqa: E402
 from tests.integration import recovery_harness as rh  # noqa: E402
 from tests.testbed import Testbed, profile  # noqa: E402
 
+from docsection import read_subsection, write_subsection  # noqa: E402
 from docsection import write_section as replace_section  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## recovery"
+SERIES = "### series: N faults in one run"
+SUBSECTIONS = (SERIES, "### false verdicts under load")     # kept when the main table is rewritten
 FAULTS = ("kill_worker_node", "kill_rdzv_host", "partition")
 STEPS, EVERY, STEP_TIME, FAULT_AT = 100, 10, 0.1, 25
 PORT = 29500
@@ -238,6 +250,44 @@ def section(results: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+def run_series(base: Path, n: int, args) -> list[dict]:
+    tb = Testbed(4, base / "tb4", [profile(gpus=0)] * 4, prefix=args.prefix, subnet_octet=args.subnet)
+    kinds = [fs.FIVE[i % len(fs.FIVE)] for i in range(n)]
+    try:
+        tb.up()
+        run = rh.new_run(tb, base / "series", "benchseries", steps=100000, every=EVERY, step_time=STEP_TIME,
+                         nodes="2:4", nproc=1)
+        try:
+            run.launch()
+            return fs.run_series(run, kinds, first_step=FAULT_AT, log=lambda m: print(m, flush=True))
+        finally:
+            run.cli("stop", run.name, "--grace", "0", check=False, timeout=120)
+    finally:
+        tb.down()
+
+
+def series_section(results: list[dict], args) -> str:
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    mttrs = [r["mttr"] for r in results]
+    lines = [SERIES, "",
+             f"Measured {when} on {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end. "
+             f"One job on a 4-host testbed (`nodes: '2:4'`, 1 rank per node, `--step-time {STEP_TIME} "
+             f"--checkpoint-every {EVERY}`), {len(results)} faults in one run, cycling through issue 16's five; "
+             "each fault once the previous attempt made progress (a new checkpoint seen by the supervisor). "
+             f"Rerun: `python bench/recovery.py --series {len(results)}` (own testbed, prefix `{args.prefix}`, "
+             f"10.{args.subnet}.0.0/24).", "",
+             "| # | fault | victim | class | MTTR s | detect s | relaunch s | backoff | nodes after |",
+             "|---:|---|---|---|---:|---:|---:|---|---|"]
+    for r in results:
+        sec = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        lines.append(f"| {r['n']} | {r['fault']} | {r['victim']} | {r['klass']} | {sec(r['mttr'])} | "
+                     f"{sec(r['detect'])} | {sec(r['relaunch'])} | {'; '.join(r['backoff']) or 'none'} | "
+                     f"{', '.join(r['nodes'])} |")
+    lines += ["", f"MTTR: first {mttrs[0]:.1f} s, last {mttrs[-1]:.1f} s, median {statistics.median(mttrs):.1f} s, "
+                  f"max {max(mttrs):.1f} s (goal: every one <= 15 s, none growing with the fault's rank).", ""]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--faults", default=",".join(FAULTS))
@@ -245,12 +295,20 @@ def main(argv=None) -> int:
     ap.add_argument("--torchrun-wait", type=float, default=90)
     ap.add_argument("--reps", type=int, default=3, help="clusterctl runs per fault (torchrun: one)")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--series", type=int, default=0, metavar="N",
+                    help="instead: N faults in one run on 4 hosts, MTTR of each (the ### series sub-table)")
     ap.add_argument("--prefix", default="brc")
     ap.add_argument("--subnet", type=int, default=232)
     args = ap.parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda s, f: sys.exit(128 + s))
     base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-recovery-"))
+    if args.series:
+        text = series_section(run_series(base, args.series, args), args)
+        print(text)
+        if not args.no_write:
+            write_subsection(SECTION, SERIES, text, DOC)
+        return 0
     tb = Testbed(3, base / "tb", [profile(gpus=0)] * 3, prefix=args.prefix, subnet_octet=args.subnet)
     results = []
     try:
@@ -267,6 +325,7 @@ def main(argv=None) -> int:
         tb.down()
     text = section(results, args)
     print(text)
+    text += "".join("\n" + sub for sub in (read_subsection(SECTION, s, DOC) for s in SUBSECTIONS) if sub)
     if not args.no_write:
         replace_section(SECTION, text, DOC)
     return 0

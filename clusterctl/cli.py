@@ -312,7 +312,8 @@ def _print_status(v) -> None:
     p("checkpoint " + (f"{ck['path']} (step {ck['step']})" if ck else "none"))
     r = v["restarts"]
     p(f"restarts  user errors {r['failures_used']}/{r['max_failures']}, "
-      f"infrastructure {r['node_failures_used']}/{r['max_node_failures']}")
+      f"infrastructure {r['node_failures_used']}/{r['max_node_failures']}"
+      + (f" ({'within ' + r['window'] if r['window_s'] else 'since the last progress'})" if "window" in r else ""))
     for f in v["failures"]:
         rank = f["rank"] if f["rank"] is not None else "-"
         p(f"failure   attempt {f['attempt']} [{f['class']}] node {f['node'] or '-'} rank {rank} "

@@ -19,6 +19,7 @@ from clusterctl import causes
 from clusterctl import checkpoint as checkpoint_mod
 from clusterctl import runtimes
 from clusterctl.errors import TransportError
+from clusterctl.heartbeat import Arrivals
 from clusterctl.inventory import Host
 from clusterctl.plan import LaunchPlan, build_plan, checkpoint_installer
 from clusterctl.spec import JobSpec
@@ -161,7 +162,8 @@ class ClusterOps:
     interfaces: Mapping[str, str] = field(default_factory=dict)
     connect: Callable[[Host, ConnectOptions], Transport] = connect
     probe_timeout_s: float = 5.0
-    heartbeat_timeout_s: float = 2.0       # a node silent for longer counts as one failed probe
+    heartbeat_timeout_s: float = 2.0       # a node silent for longer counts as one failed probe (raised per node by
+                                           # its own jitter: see clusterctl.heartbeat)
     stop_grace_s: float = 10.0
     checkpoint_override: str | None = None   # `resume --checkpoint PATH`: used by the first attempt only
 
@@ -170,6 +172,7 @@ class ClusterOps:
         self._lock = threading.Lock()
         self._followers: dict[str, _Follower] = {}
         self._watches: dict[str, _Watch] = {}
+        self._arrivals: dict[str, Arrivals] = {}   # per node, across attempts: the gaps between its watch lines
         self.changed = threading.Event()      # set when a watched process ends: probe now, not after the interval
         self.plan: LaunchPlan | None = None
         self._unhealthy: set[str] = set()     # nodes whose last probe failed (asked for nothing else meanwhile)
@@ -266,8 +269,10 @@ class ClusterOps:
             if w.last is None:
                 continue
             age = time.monotonic() - w.last
-            if age > self.heartbeat_timeout_s:
-                known[n] = Observation(n, "unreachable", error_tail=f"no heartbeat for {age:.1f}s")
+            limit = self._arrivals[n].limit() if n in self._arrivals else self.heartbeat_timeout_s
+            if age > limit:
+                known[n] = Observation(n, "unreachable",
+                                       error_tail=f"no heartbeat for {age:.1f}s (limit {limit:.1f}s)")
             elif w.alive:
                 known[n] = Observation(n, "running", progress=self._progress(n))
 
@@ -378,12 +383,15 @@ class ClusterOps:
         if w is not None:
             w.stop.set()
         w = self._watches[node] = _Watch(attempt)
+        arrivals = self._arrivals.setdefault(node, Arrivals(self.heartbeat_timeout_s))
+        arrivals.restart()
         argv = (runtimes.watch_argv(self._runtime(node), self.plan.node(node), self.spec.checkpoint.dir)
                 if self.plan else None)
 
         def on_data(data: bytes) -> None:
             fields = data.rstrip().rsplit(b"\n", 1)[-1].split()
             alive, now = bool(fields) and fields[0] == b"1", time.monotonic()
+            arrivals.arrived(now)
             if w.alive and not alive:
                 w.gone_at = now
                 self.changed.set()

@@ -16,6 +16,7 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
+from clusterctl import budget
 from clusterctl.errors import InputError
 from clusterctl import yamlfile
 from clusterctl.yamlfile import line_of
@@ -97,6 +98,12 @@ def _env_name(k: Any) -> str:
     return k
 
 
+def _window(v: Any) -> str:
+    """restarts.window: a duration (``24h``, ``90m``, ``7d``, a number of seconds) or ``progress``."""
+    budget.window_seconds(v)              # ValueError with the accepted forms
+    return f"{v:g}s" if isinstance(v, (int, float)) else v.strip()
+
+
 def _mount(m: Any) -> str:
     if not isinstance(m, str):
         raise ValueError(f"mount must be a string 'SRC:DST[:ro|rw]', got {_kind(m)}")
@@ -137,6 +144,7 @@ Mount = Annotated[str, BeforeValidator(_mount)]
 HostName = Annotated[str, BeforeValidator(_host_name)]
 UlimitName = Annotated[str, BeforeValidator(_ulimit_name)]
 UlimitValue = Annotated[str, BeforeValidator(_ulimit_value)]
+Window = Annotated[str, BeforeValidator(_window)]
 
 
 class _Model(BaseModel):
@@ -180,6 +188,14 @@ class Restarts(_Model):
     max_node_failures: int = Field(10, ge=0)  # job-level restarts after a lost node (infrastructure)
     backoff_s: float = Field(1, ge=0)
     backoff_max_s: float = Field(30, ge=0)
+    window: Window = "24h"                   # budgets count the failures within this window ("progress": since
+                                             # the last attempt that made progress)
+    progress_after_s: float = Field(600, gt=0)  # an attempt with output for this long made progress (as does a
+                                                # new valid checkpoint): the backoff starts over
+
+    @property
+    def window_s(self) -> float | None:
+        return budget.window_seconds(self.window)
 
     @field_validator("backoff_max_s")
     @classmethod

@@ -310,6 +310,10 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def now(self) -> float:
+        """The store's clock: the time it writes on jobs, attempts and events."""
+        return self._clock()
+
     def add_secrets(self, values: Iterable[str]) -> None:
         """Register more secret values to redact from free text (e.g. once the job's secret_env is read)."""
         self._secrets = tuple(dict.fromkeys(self._secrets + tuple(v for v in values if v)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from clusterctl import budget
 from clusterctl import record as record_mod
 from clusterctl.state import Job, Store
 
@@ -50,13 +51,22 @@ def job_view(store: Store, job: Job, now: float | None = None, supervision: dict
                       "found_by": "status" if e.kind == "reconciled" else "supervisor",
                       "error_tail": _tail(store, job.job_id, e)} for e in failures],
         "checkpoint": checkpoint,
-        "restarts": {"failures_used": job.failures_used, "max_failures": restarts.max_failures,
-                     "node_failures_used": job.node_failures_used,
-                     "max_node_failures": restarts.max_node_failures},
+        "restarts": budget_view(events, restarts, now),
         "supervised": sup["supervised"],
         "supervisor": {"pid": sup["pid"], "alive": sup["alive"], "last_seen": sup["last_seen"]},
         "supervisor_pid": job.supervisor_pid,
     }
+
+
+def budget_view(events, restarts, now: float) -> dict[str, Any]:
+    """Budget use within the window at ``now`` (``restarts``: the spec's ``Restarts``), from the job's
+    ``budget``/``progress`` events after the last ``resume`` (see ``clusterctl.budget``)."""
+    charges = budget.history(events)
+    return {"failures_used": budget.used(charges, budget.USER, now=now, window_s=restarts.window_s),
+            "max_failures": restarts.max_failures,
+            "node_failures_used": budget.used(charges, budget.INFRA, now=now, window_s=restarts.window_s),
+            "max_node_failures": restarts.max_node_failures,
+            "window": restarts.window, "window_s": restarts.window_s}
 
 
 def _restarts(job: Job):

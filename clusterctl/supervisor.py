@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Callable, Protocol, Sequence
 
+from clusterctl import budget
 from clusterctl.state import JobState, Store
 
 
@@ -169,6 +170,8 @@ class Policy:
     checkpoint_lookup_tries: int = 10    # a relaunch waits this many probe intervals for a node to read the storage
     checkpoint_dir: str | None = None    # for messages only
     settle_s: float = 3.0                # a non-zero exit waits this long for a dead peer before it is a user error
+    window_s: float | None = 86400.0     # budgets count failures within this window; None: since the last progress
+    progress_after_s: float = 600.0      # an attempt with output for this long made progress (resets the backoff)
 
 
 class Supervisor:
@@ -184,6 +187,8 @@ class Supervisor:
         self._last_checkpoint_step: int | None = None
         self._last_hint: int | None = None
         self._unclean: set[str] = set()   # nodes not cleaned up yet (unreachable, or the runtime refused)
+        self._charges: list[budget.Charge] = []   # failures charged to the budgets (self.clock times)
+        self._health: Health | None = None        # the monitor's memory of the attempt that just ended
 
     def event(self, kind: str, message: str, **fields) -> None:
         self.store.add_event(self.job_id, kind, message, **fields)
@@ -204,6 +209,7 @@ class Supervisor:
             nodes, rdzv = list(a.nodes), a.rdzv_host
             self.event("adopt", f"controller restarted: re-attached to attempt {attempt} on {', '.join(nodes)}",
                        attempt=attempt, klass="controller_restart")
+        self._charges = self._charged_before()
         while True:
             if not running:
                 attempt += 1
@@ -294,7 +300,7 @@ class Supervisor:
 
     def _monitor(self, attempt: int, nodes: list[str], rdzv: str) -> Decision:
         now = self.clock()
-        health = Health(started=now, last_progress=now)
+        health = self._health = Health(started=now, last_progress=now)
         rounds = 0
         while True:
             if self.ops.stop_requested():
@@ -374,26 +380,59 @@ class Supervisor:
         return None
 
     def _spend(self, verdict: Verdict, message: str) -> bool:
-        """Charge one failure to the matching budget; sleep the backoff. False when the budget is exhausted."""
+        """Charge one failure to the matching budget; sleep the backoff. False when the budget is exhausted.
+
+        A budget counts the failures within ``window_s`` (or since the last progress); an attempt that made
+        progress starts the backoff over (see ``budget``)."""
         job, p = self.store.get_job(self.job_id), self.policy
-        if verdict in INFRA:
-            used, budget, field_ = job.node_failures_used + 1, p.max_node_failures, "node_failures_used"
+        kind = budget.INFRA if verdict in INFRA else budget.USER
+        progress = self._attempt_progress(job.attempt)
+        if progress:
+            self.event("progress", f"attempt {job.attempt} made progress ({progress}): the backoff starts over",
+                       attempt=job.attempt)
+        now = self.clock()
+        self._charges.append(budget.Charge(now, kind, bool(progress)))
+        used = budget.used(self._charges, kind, now=now, window_s=p.window_s)
+        if kind == budget.INFRA:
+            limit, field_, key = p.max_node_failures, "node_failures_used", "restarts.max_node_failures"
         else:
-            used, budget, field_ = job.failures_used + 1, p.max_failures, "failures_used"
+            limit, field_, key = p.max_failures, "failures_used", "restarts.max_failures"
+        within = budget.describe(p.window_s)
         self.store.update_job(self.job_id, **{field_: used})
-        if used > budget:
-            kind = "infrastructure" if verdict in INFRA else "user-error"
-            self._finish(JobState.FAILED, f"{message}; {kind} restart budget exhausted ({budget} "
-                                          f"{'restarts.max_node_failures' if verdict in INFRA else 'restarts.max_failures'})")
+        self.event("budget", f"{kind} restart budget: {used} of {limit} used {within}", attempt=job.attempt,
+                   klass=kind)
+        if used > limit:
+            self._finish(JobState.FAILED, f"{message}; {kind if kind == budget.INFRA else 'user-error'} restart "
+                                          f"budget exhausted ({limit} {key} {within})")
             return False
-        # an infrastructure failure is relaunched at once the first time (the lost node is already excluded, and
-        # every second is training time lost); repeated ones, and user errors, back off exponentially
-        exp = used - 2 if verdict in INFRA else used - 1
-        delay = 0.0 if exp < 0 else min(p.backoff_max_s, p.backoff_s * 2 ** exp)
+        delay = budget.backoff(kind, budget.streak(self._charges, kind), first_s=p.backoff_s, max_s=p.backoff_max_s)
         if delay:
             self.event("backoff", f"waiting {delay:g}s before the next attempt")
             self.sleep(delay)
         return True
+
+    def _attempt_progress(self, attempt: int) -> str:
+        """Why the attempt that just ended made progress ("" when it did not, or never ran): a new valid
+        checkpoint beyond the one it resumed from, or output for ``progress_after_s``."""
+        health, self._health = self._health, None
+        if health is None:
+            return ""
+        mine = [a for a in self.store.attempts(self.job_id) if a.attempt == attempt]
+        base = (mine[0].checkpoint_step or 0) if mine and mine[0].checkpoint_path else -1
+        steps = [e.checkpoint_step for e in self.store.events(self.job_id) if e.kind == "checkpoint"
+                 and e.attempt == attempt and e.checkpoint_step is not None and e.checkpoint_step > base]
+        if steps:
+            return f"new valid checkpoint at step {max(steps)}"
+        ran = health.last_progress - health.started
+        if ran >= self.policy.progress_after_s:
+            return f"output for {ran:.0f}s"
+        return ""
+
+    def _charged_before(self) -> list[budget.Charge]:
+        """The failures already charged to this job's budgets (a re-attached supervisor), since the last
+        ``resume`` (which starts with fresh budgets), on this supervisor's clock."""
+        wall, now = self.store.now(), self.clock()
+        return [replace(c, time=now - (wall - c.time)) for c in budget.history(self.store.events(self.job_id))]
 
     def _cleanup_unclean(self) -> None:
         """Remove what is left of the job on nodes that could not be cleaned up earlier (unreachable, or the

@@ -131,7 +131,8 @@ class FakeTransport:
             stop.wait()
             return
         while not stop.is_set():
-            on_data(b"1\n" if self.mode == "alive" else b"0\n")
+            if self.mode != "silent-now":
+                on_data(b"1\n" if self.mode == "alive" else b"0\n")
             stop.wait(0.02)
 
     def run(self, argv, *, timeout, stdin=None) -> CommandResult:
@@ -214,5 +215,50 @@ def test_a_container_listed_running_after_its_init_was_seen_gone_is_missing(tmp_
         assert obs["n2"].state == "missing" and "still lists it as running" in obs["n2"].error_tail
         assert [a[:2] for a in transports["n2"].runs] == [["podman", "ps"]]      # the listing only
         assert obs["n1"].state == obs["n3"].state == "running"
+    finally:
+        ops.close()
+
+
+class StallingTransport(FakeTransport):
+    """A watch whose lines come every 20 ms but stall for ``stall`` s every 5 lines (a slowed sshd)."""
+
+    stall = 0.45
+
+    def stream(self, argv, on_data, stop: threading.Event) -> None:
+        n = 0
+        while not stop.is_set():
+            on_data(b"1\n")
+            n += 1
+            stop.wait(self.stall if n % 5 == 0 else 0.02)
+
+
+def test_a_node_whose_watch_stalls_often_gets_a_longer_silence_limit_a_steady_one_does_not(tmp_path):
+    """Silence limit 0.3 s: a node that keeps stalling 0.45 s and coming back is not a failed probe once its
+    jitter is known (heartbeat.Arrivals), while a steady node that goes silent still is after 0.3 s."""
+    from clusterctl import heartbeat
+
+    spec = loads_job(JOB, "job.yaml")
+    transports = {"n1": StallingTransport(HOSTS["n1"], "alive", []), "n2": FakeTransport(HOSTS["n2"], "alive", []),
+                  "n3": FakeTransport(HOSTS["n3"], "alive", [])}
+    ops = ClusterOps(spec=spec, hosts=HOSTS, job_id="j-1", store=None, sink=LogSink(tmp_path / "out.log"),
+                     connect=lambda host, options: transports[host.name], heartbeat_timeout_s=0.3)
+    ops.plan = build_plan(spec, list(HOSTS.values()), job_id="j-1", attempt=1)
+    try:
+        ops.observe(1, list(HOSTS))
+        deadline = time.monotonic() + 10
+        while len(ops._arrivals["n1"].gaps) < heartbeat.MIN_SAMPLES + 10:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert 0.45 * heartbeat.MARGIN <= ops._arrivals["n1"].limit() <= heartbeat.CAP * 0.3
+        assert ops._arrivals["n2"].limit() == 0.3
+        transports["n2"].mode = "silent-now"                      # n2 stops printing
+        end = time.monotonic() + 3
+        states = {"n1": set(), "n2": set()}
+        while time.monotonic() < end:
+            for o in ops.observe(1, ["n1", "n2"]):
+                states[o.node].add(o.state)
+            time.sleep(0.05)
+        assert states["n1"] == {"running"}                          # every stall of n1 was within its limit
+        assert "unreachable" in states["n2"]
     finally:
         ops.close()

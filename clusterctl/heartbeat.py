@@ -1,0 +1,50 @@
+"""How long a node's watch may stay silent before that counts as a failed probe.
+
+The watch prints a line every 0.5 s over the node's SSH connection. A fixed limit (``heartbeat_timeout_s``,
+max(2, 2 x probe_interval_s)) declares a healthy node silent when its lines come late: an sshd slowed down, a
+controller starved of CPU. So the limit follows each node's own record, in the spirit of phi-accrual failure
+detection (Hayashibara et al., 2004; Cassandra, Akka): the gaps between the node's recent lines are fitted with a
+normal distribution, and a silence counts only once it is less likely than ``10**-PHI`` under it — and longer than
+``MARGIN`` times the longest gap the node had recently and came back from. The result never goes below the
+configured limit (a steady node is judged exactly as before) nor above ``CAP`` times it (a partitioned node is
+still found in bounded time). A killed process does not depend on this at all: the watch reports it gone.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+SAMPLES = 240          # gaps kept per node: about 2 minutes of lines
+MIN_SAMPLES = 20       # fewer: the configured limit
+PHI = 8.0              # a silence this unlikely (probability 1e-8) under the node's own gaps is suspicious
+MIN_SIGMA = 0.1        # x the configured limit: a steady watch has almost no spread; do not read it as certainty
+MARGIN = 1.25          # and longer than 1.25 x the longest recent gap
+CAP = 4.0              # never more than 4 x the configured limit
+
+
+@dataclass
+class Arrivals:
+    """The arrival times of one node's watch lines (times from one monotonic clock)."""
+
+    floor_s: float                                     # the configured limit (heartbeat_timeout_s)
+    gaps: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    last: float | None = None
+
+    def arrived(self, now: float) -> None:
+        if self.last is not None:
+            self.gaps.append(max(0.0, now - self.last))
+        self.last = now
+
+    def restart(self) -> None:
+        """A new watch (a new attempt): the wait for its first line is not a gap of the node's heartbeat."""
+        self.last = None
+
+    def limit(self) -> float:
+        """Seconds of silence after which the node counts as one failed probe."""
+        gaps = tuple(self.gaps)       # one copy (the watch's thread appends meanwhile)
+        if len(gaps) < MIN_SAMPLES:
+            return self.floor_s
+        sigma = max(MIN_SIGMA * self.floor_s, statistics.pstdev(gaps))
+        unlikely = statistics.NormalDist(statistics.fmean(gaps), sigma).inv_cdf(1 - 10 ** -PHI)
+        return min(CAP * self.floor_s, max(self.floor_s, unlikely, MARGIN * max(gaps)))

@@ -1,0 +1,47 @@
+"""The silence limit of a node's watch adapts to the node's own jitter (phi-accrual spirit), within bounds."""
+import random
+
+from clusterctl.heartbeat import CAP, MIN_SAMPLES, Arrivals
+
+
+def feed(a: Arrivals, gaps, t=0.0) -> float:
+    for g in gaps:
+        t += g
+        a.arrived(t)
+    return t
+
+
+def test_a_steady_watch_keeps_the_configured_limit():
+    a = Arrivals(2.0)
+    rng = random.Random(1)
+    feed(a, [0.5 + rng.uniform(-0.03, 0.08) for _ in range(300)])
+    assert a.limit() == 2.0
+
+
+def test_too_few_samples_keep_the_configured_limit():
+    a = Arrivals(2.0)
+    feed(a, [0.5] * (MIN_SAMPLES - 1) + [3.0])
+    assert a.limit() == 2.0
+
+
+def test_a_stalling_watch_gets_a_limit_above_its_longest_stalls_but_capped():
+    """SIGSTOP/SIGCONT of the node's sshd: stalls of 0.5-3 s between 1-3 s of regular lines (and the burst of
+    buffered lines after each stall)."""
+    a = Arrivals(2.0)
+    rng = random.Random(16)
+    gaps = []
+    for _ in range(60):
+        gaps += [0.5] * rng.randint(2, 6) + [rng.uniform(0.5, 3.0), 0.001, 0.001]
+    feed(a, gaps)
+    assert 1.25 * max(a.gaps) <= a.limit() <= CAP * 2.0
+    b = Arrivals(2.0)
+    feed(b, [0.5, 30.0] * 100)                     # wild: capped, a partitioned node is still found
+    assert b.limit() == CAP * 2.0
+
+
+def test_a_new_watch_does_not_count_the_wait_for_its_first_line():
+    a = Arrivals(2.0)
+    t = feed(a, [0.5] * 50)
+    a.restart()
+    a.arrived(t + 60)
+    assert max(a.gaps) == 0.5 and a.limit() == 2.0
