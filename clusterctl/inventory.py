@@ -6,6 +6,7 @@ Errors are ``InputError`` with the YAML line of the offending key.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -30,11 +31,75 @@ KNOWN_VARS: dict[str, tuple[tuple[type, ...], str]] = {
     "clusterctl_gpus": ((int,), "expected GPU count; 0 = CPU host"),
     "clusterctl_interface": ((str,), "NIC for NCCL/Gloo traffic (default: the NIC carrying the address)"),
     "clusterctl_known_hosts": ((str,), "extra known_hosts file for this host"),
-    "clusterctl_proxy_jump": ((str,), "bastion, [user@]host[:port]"),
+    "clusterctl_proxy_jump": ((str,), "bastion(s): [user@]host[:port][,[user@]host[:port]...] (host: a name, "
+                                      "an IPv4 address or [IPv6])"),
 }
 
 HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})$")
+# ansible_host and proxy-jump hosts: a DNS name (labels of letters, digits, '_' and '-', not starting with '-')
+# or an IP literal. Never a known_hosts pattern (`*`, `?`, `!`, `,`) or shell text: the name is written into
+# known_hosts and shown in suggested commands.
+DNS_NAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_][A-Za-z0-9_-]{0,62}(\.[A-Za-z0-9_][A-Za-z0-9_-]{0,62})*\.?$")
+ZONE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+JUMP_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+MAX_JUMPS = 4
 RANGE_RE = re.compile(r"\[([0-9]+|[a-z]):([0-9]+|[a-z])(?::([0-9]+))?\]")
+
+
+def is_address(value: str) -> bool:
+    """A host name or an IP literal (IPv6 without brackets, an optional ``%zone`` of safe characters)."""
+    if DNS_NAME_RE.match(value):
+        return True
+    ip, _, zone = value.partition("%")
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    return not zone or (":" in ip and bool(ZONE_RE.match(zone)))
+
+
+@dataclass(frozen=True)
+class Jump:
+    user: str | None
+    host: str
+    port: int | None
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return (f"{self.user}@" if self.user else "") + host + (f":{self.port}" if self.port else "")
+
+
+def parse_proxy_jump(value: str) -> list[Jump]:
+    """``[user@]host[:port]``, comma-separated for several hops (the first is connected to first, as OpenSSH's
+    ProxyJump). ``host``: a name, an IPv4 address or ``[IPv6]``. ``ValueError`` with the reason otherwise."""
+    hops = value.split(",")
+    if len(hops) > MAX_JUMPS:
+        raise ValueError(f"at most {MAX_JUMPS} jump hosts, got {len(hops)}")
+    out = []
+    for hop in hops:
+        if "://" in hop:
+            raise ValueError(f"jump host {hop!r}: use [user@]host[:port], not a URI")
+        user, at, hostport = hop.rpartition("@")
+        if at and not JUMP_USER_RE.match(user):
+            raise ValueError(f"jump host {hop!r}: invalid user {user!r}")
+        if hostport.startswith("["):
+            host, sep, rest = hostport[1:].partition("]")
+            if not sep or (rest and not rest.startswith(":")) or ":" not in host:
+                raise ValueError(f"jump host {hop!r}: expected [IPv6 address] or [IPv6 address]:port")
+            port = rest[1:] if rest else None
+        elif hostport.count(":") > 1:
+            raise ValueError(f"jump host {hop!r}: write an IPv6 address in brackets, [address]:port")
+        else:
+            host, sep, port = hostport.partition(":")
+            if sep and not port:
+                raise ValueError(f"jump host {hop!r}: empty port")
+            port = port or None
+        if not host or not is_address(host):
+            raise ValueError(f"jump host {hop!r}: {host!r} is not a host name or IP address")
+        if port is not None and (not port.isdigit() or not 1 <= int(port) <= 65535):
+            raise ValueError(f"jump host {hop!r}: port {port!r} is not a number in 1..65535")
+        out.append(Jump(user or None, host, int(port) if port else None))
+    return out
 
 
 @dataclass(frozen=True)
@@ -247,6 +312,14 @@ class _Parser:
         if k in ("ansible_host", "ansible_user", "clusterctl_interface", "clusterctl_proxy_jump"):
             if not v or v.startswith("-") or any(c.isspace() for c in v):
                 self.err(vars_, k, f"invalid value {v!r} (empty, leading '-' or whitespace)", dotted=k)
+        if k == "ansible_host" and not is_address(v):
+            self.err(vars_, k, f"invalid value {v!r}: must be a host name (letters, digits, '-', '_', '.') or an "
+                               f"IP address", dotted=k)
+        if k == "clusterctl_proxy_jump":
+            try:
+                parse_proxy_jump(v)
+            except ValueError as e:
+                self.err(vars_, k, f"invalid value {v!r}: {e}", dotted=k)
 
     def resolve(self) -> Inventory:
         hosts = []
