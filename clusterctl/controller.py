@@ -83,8 +83,7 @@ def spawn_supervisor(root: Path, job_id: str, *, accept_new: bool, adopt: bool =
     paths.ensure_job_dir(root, job_id)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     argv = [sys.executable, "-m", "clusterctl.cli", "--state-dir", str(root)]
-    if accept_new:
-        argv.append("--accept-new-host-keys")
+    # never --accept-new-host-keys (issue 11): launch/resume recorded the keys before; a reconnect must not accept
     argv += ["_supervise", job_id] + (["--adopt"] if adopt else [])
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
                          close_fds=True)
