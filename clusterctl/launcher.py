@@ -302,11 +302,14 @@ class ClusterOps:
 
         Its pid gone is a normal exit unless the runtime still says "running" ``GONE_CONFIRM_S`` later (conmon, which
         records the exit, was killed too)."""
-        script = (runtimes.PID_ALIVE + '; p=$("$0" inspect --format "{{.State.Pid}}" "$1" 2>/dev/null) || exit 0; '
-                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; alive "$p" && exit 0; sleep "$2"; '
-                  's=$("$0" inspect --format "{{.State.Status}}" "$1" 2>/dev/null) || exit 0; '
+        # the container is selected by this job's id label and its exact name (runtimes.SELECT_CONTAINER)
+        script = (runtimes.PID_ALIVE + '; ' + runtimes.SELECT_CONTAINER.replace("exit 1", "exit 0") + '; '
+                  'p=$("$0" inspect --format "{{.State.Pid}}" "$cid" 2>/dev/null) || exit 0; '
+                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; alive "$p" && exit 0; sleep "$3"; '
+                  's=$("$0" inspect --format "{{.State.Status}}" "$cid" 2>/dev/null) || exit 0; '
                   '[ "$s" = running ] && exit 3; exit 0')
-        r = self._run(node, ["sh", "-c", script, rt.program, name, str(GONE_CONFIRM_S)], timeout=self.probe_timeout_s)
+        r = self._run(node, ["sh", "-c", script, rt.program, self.job_id, name, str(GONE_CONFIRM_S)],
+                      timeout=self.probe_timeout_s)
         return r.exit_code != 3
 
     def _tail(self, node: str, lines: int = 20) -> str:
