@@ -328,6 +328,7 @@ def events_cmd(ctx, job, output) -> int:
 def logs_cmd(ctx, job, node, rank, tail, follow) -> int:
     """Every rank's output, prefixed [node/rank] (the controller's copy; nodes keep the full logs)."""
     from clusterctl import controller, paths
+    from clusterctl.launcher import tail_lines
 
     root, store = controller.open_store(ctx.obj.state_dir)
     j = store.get_job(job)
@@ -338,9 +339,14 @@ def logs_cmd(ctx, job, node, rank, tail, follow) -> int:
         n, _, r = head.partition("/")
         return (node is None or n == node) and (rank is None or r == str(rank))
 
-    lines = [ln for ln in (path.read_text(errors="replace").splitlines() if path.exists() else []) if keep(ln)]
-    for line in lines[-tail:] if tail else lines:
-        out.print(line, markup=False)
+    if tail:   # read from the end: the log copy can be large
+        for line in tail_lines(path, tail, keep):
+            out.print(line, markup=False)
+    elif path.exists():
+        with open(path, errors="replace") as f:
+            for line in f:
+                if keep(line.rstrip("\n")):
+                    out.print(line.rstrip("\n"), markup=False)
     if follow:
         try:
             controller.follow(root, store, j.job_id,

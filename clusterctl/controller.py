@@ -81,14 +81,14 @@ def spawn_supervisor(root: Path, job_id: str, *, accept_new: bool, adopt: bool =
     """Start ``clusterctl _supervise`` detached: own session, stdin closed, output to its log file."""
     log = paths.supervisor_log_path(root, job_id)
     paths.ensure_job_dir(root, job_id)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = paths.open_private(log)
     argv = [sys.executable, "-m", "clusterctl.cli", "--state-dir", str(root)]
     # never --accept-new-host-keys (issue 11): launch/resume recorded the keys before; a reconnect must not accept
     argv += ["_supervise", job_id] + (["--adopt"] if adopt else [])
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
                          close_fds=True)
     os.close(fd)
-    pid_fd = os.open(paths.supervisor_pid_path(root, job_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    pid_fd = paths.open_private(paths.supervisor_pid_path(root, job_id), append=False)
     os.write(pid_fd, f"{p.pid}\n".encode())
     os.close(pid_fd)
     return p.pid

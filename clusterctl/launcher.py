@@ -6,6 +6,7 @@ per-node work fanned out in parallel. A start that fails on some nodes removes w
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from clusterctl import checkpoint as checkpoint_mod
-from clusterctl import runtimes
+from clusterctl import paths, runtimes
 from clusterctl.errors import TransportError
 from clusterctl.inventory import Host
 from clusterctl.plan import LaunchPlan, build_plan, checkpoint_installer
@@ -46,19 +47,26 @@ def signal_of(exit_code: int | None) -> str | None:
     return SIGNALS.get(exit_code) if exit_code is not None else None
 
 
+MAX_LINE = 64 << 10   # LogSink: output without a newline is written in pieces of this size, not buffered
+
+
 class LogSink:
-    """The controller's copy of every node's output: ``[node/rank] line`` in one file (0600)."""
+    """The controller's copy of every node's output: ``[node/rank] line`` in one file (0600, never through a
+    symlink). A line longer than ``MAX_LINE`` is cut into pieces (memory and copying stay bounded)."""
 
     def __init__(self, path: Path, echo: Callable[[str], None] | None = None):
         self.path, self.echo = path, echo
         self.lock = threading.Lock()
         self.partial: dict[str, bytes] = {}
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.touch(mode=0o600, exist_ok=True)
+        os.close(paths.open_private(path))
 
     def feed(self, node: str, data: bytes) -> None:
-        buf = self.partial.get(node, b"") + data
+        buf = self.partial.pop(node, b"") + data
         *lines, rest = buf.split(b"\n")
+        while len(rest) > MAX_LINE:
+            lines.append(rest[:MAX_LINE])
+            rest = rest[MAX_LINE:]
         self.partial[node] = rest
         self.write(node, lines)
 
@@ -70,11 +78,37 @@ class LogSink:
             text = line[m.end():] if m else line
             out.append(f"[{node}/{rank}] {text.decode(errors='replace').rstrip()}")
         if out:
-            with self.lock, open(self.path, "a") as f:
+            with self.lock, os.fdopen(paths.open_private(self.path), "a") as f:
                 f.write("\n".join(out) + "\n")
             if self.echo:
                 for line in out:
                     self.echo(line)
+
+
+def tail_lines(path: Path, n: int, keep: Callable[[str], bool] = bool, block: int = 65536) -> list[str]:
+    """The last ``n`` non-empty lines of ``path`` that ``keep`` accepts, read from the end in blocks (a long log
+    is not read whole)."""
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return []
+    found: list[str] = []
+    with f:
+        pos = f.seek(0, os.SEEK_END)
+        rest = b""                       # the (possibly partial) first line of what was read so far
+        while pos > 0 and len(found) < n:
+            step = min(block, pos)
+            pos -= step
+            f.seek(pos)
+            lines = (f.read(step) + rest).split(b"\n")
+            rest = lines.pop(0) if pos > 0 else b""
+            for raw in reversed(lines):
+                line = raw.decode(errors="replace")
+                if line and keep(line):
+                    found.append(line)
+                    if len(found) == n:
+                        break
+    return found[::-1]
 
 
 @dataclass
@@ -314,12 +348,7 @@ class ClusterOps:
 
     def _tail(self, node: str, lines: int = 20) -> str:
         """The last lines this node printed (from the controller's copy)."""
-        try:
-            text = self.sink.path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        mine = [line for line in text if line.startswith(f"[{node}/")]
-        return "\n".join(mine[-lines:])
+        return "\n".join(tail_lines(self.sink.path, lines, lambda line: line.startswith(f"[{node}/")))
 
     def stop(self, attempt: int | None, nodes: Sequence[str], grace_s: float = 0.0) -> dict[str, str]:
         """Stop this job on ``nodes``: TERM + grace when ``grace_s``, then kill and remove by label/job id."""
@@ -368,10 +397,12 @@ class ClusterOps:
             except TransportError:
                 continue
             if r.ok:
-                info = json.loads(r.stdout or "{}")
-                if info.get("path"):
-                    return info["path"], int(info.get("step") or 0)
-                return "", 0
+                try:   # a node's output is not trusted to be what we asked for (a broken python3, a login banner)
+                    info = json.loads(r.stdout or "{}")
+                    path, step = (info.get("path") or ""), int(info.get("step") or 0)
+                except (ValueError, TypeError, AttributeError):
+                    continue
+                return (str(path), step) if path else ("", 0)
         return "", 0
 
     def stop_requested(self) -> bool:
