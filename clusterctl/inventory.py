@@ -189,7 +189,15 @@ GROUP_KEYS = ("hosts", "children", "vars")
 
 
 def expand_range(pattern: str) -> list[str]:
-    """``gpu[01:16]`` -> gpu01..gpu16 (width kept); ``n[a:c]`` -> na, nb, nc; ``[0:10:2]`` strides."""
+    """``gpu[01:16]`` -> gpu01..gpu16 (width kept); ``n[a:c]`` -> na, nb, nc; ``[0:10:2]`` strides.
+    At most ``MAX_HOST_ENTRIES`` names (``n[0:9999][0:9999]`` is refused before it is built)."""
+    total = 1
+    for r in RANGE_RE.finditer(pattern):
+        lo, hi, step = r.group(1), r.group(2), int(r.group(3) or 1)
+        span = (int(hi) - int(lo)) if lo.isdigit() and hi.isdigit() else (ord(hi[0]) - ord(lo[0]))
+        total *= max(0, span // max(step, 1) + 1)
+        if total > MAX_HOST_ENTRIES:
+            raise ValueError(f"expands to more than {MAX_HOST_ENTRIES} hosts")
     m = RANGE_RE.search(pattern)
     if not m:
         return [pattern]
@@ -207,9 +215,17 @@ def expand_range(pattern: str) -> list[str]:
     return [x for item in items for x in expand_range(head + item + tail)]
 
 
+# YAML aliases let a few hundred bytes name a group DAG with 2^18 paths; the walk below visits a group once per
+# path (its ancestors differ), so the visits are capped: far above any real inventory, far below a slow load.
+MAX_GROUP_VISITS = 10_000
+MAX_HOST_ENTRIES = 500_000
+
+
 class _Parser:
     def __init__(self, file: str):
         self.file = file
+        self.visits = 0
+        self.host_entries = 0
         self.group_vars: dict[str, tuple[int, dict, dict]] = {}   # group -> (depth, vars, lines)
         self.host_vars: dict[str, list[tuple[dict, dict]]] = {}   # host -> [(vars, lines)] in order
         self.host_lines: dict[str, int | None] = {}
@@ -222,6 +238,10 @@ class _Parser:
     def group(self, name: str, node: Any, ancestors: tuple[str, ...], parent: Any, key_in_parent: Any) -> None:
         if name in ancestors:
             self.err(parent, key_in_parent, f"group {name!r} contains itself")
+        self.visits += 1
+        if self.visits > MAX_GROUP_VISITS:
+            self.err(parent, key_in_parent, f"the groups expand to more than {MAX_GROUP_VISITS} group entries "
+                                            f"(YAML aliases repeating groups?)")
         if node is None:
             node = {}
         if not isinstance(node, dict):
@@ -264,6 +284,10 @@ class _Parser:
             if not isinstance(hvars, dict):
                 self.err(hosts, pattern, f"host {pattern!r}: vars must be a mapping")
             self.check_vars(hvars)
+            self.host_entries += len(names)
+            if self.host_entries > MAX_HOST_ENTRIES:
+                self.err(hosts, pattern, f"the groups list more than {MAX_HOST_ENTRIES} host entries (YAML aliases "
+                                         f"repeating groups?)")
             for hn in names:
                 if not HOSTNAME_RE.match(hn):
                     self.err(hosts, pattern, f"invalid host name {hn!r} (letters, digits, '.', '-', '_')")
