@@ -24,7 +24,7 @@ from clusterctl.inventory import Host, Inventory
 from clusterctl.launcher import ClusterOps, LogSink
 from clusterctl.plan import build_plan, read_secrets
 from clusterctl.spec import JobSpec, load_job, parse_job
-from clusterctl.state import JobState, Store, pid_alive
+from clusterctl.state import JobState, Store, pid_alive, redact
 from clusterctl.supervisor import Policy, Supervisor
 from clusterctl.transport import ConnectOptions
 from clusterctl.transport.ssh import check_key_files
@@ -131,7 +131,7 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
     ops, policy, nodes = build_ops(root, store, job_id, options)
     try:
         sup = Supervisor(job_id, store, ops, policy, nodes, wait=ops.wait_for_change,
-                         on_event=lambda m: echo(f"clusterctl: {m}"))
+                         on_event=lambda m: echo(f"clusterctl: {redact(m, ops.secrets.values())}"))
         job = store.get_job(job_id)
         attempt = job.attempt if adopt and job.attempt else None
         if adopt and attempt:

@@ -19,3 +19,37 @@ def test_supervisor_never_gets_accept_new(tmp_path, monkeypatch):
     for argv in seen:
         assert "_supervise" in argv and "job-1" in argv
         assert not any("accept-new" in a for a in argv), argv
+
+
+def test_supervisor_log_lines_are_redacted(tmp_path, monkeypatch):
+    """What the supervisor echoes goes to supervisor.log: secret values are masked there as in the DB."""
+    from clusterctl import paths
+    from clusterctl.state import JobState, Store
+    from clusterctl.transport import ConnectOptions
+
+    root = paths.ensure_state_dir(tmp_path / "state")
+    store = Store(paths.db_path(root))
+    job_id = store.create_job("j", "{}", None, "/j.yaml")
+
+    class Ops:
+        secrets = {"TOKEN": "s3cr3t-value"}
+
+        def wait_for_change(self, timeout):
+            pass
+
+        def close(self):
+            pass
+
+    class Sup:
+        def __init__(self, job_id, store, ops, policy, nodes, wait, on_event):
+            self.on_event = on_event
+
+        def run(self, adopt_attempt=None):
+            self.on_event("node n1 failed: Traceback ... token=s3cr3t-value")
+            return JobState.SUCCEEDED
+
+    monkeypatch.setattr(controller, "build_ops", lambda root, store, job_id, options: (Ops(), None, ["n1"]))
+    monkeypatch.setattr(controller, "Supervisor", Sup)
+    lines = []
+    assert controller.supervise(root, job_id, ConnectOptions(), echo=lines.append) == JobState.SUCCEEDED
+    assert lines == ["clusterctl: node n1 failed: Traceback ... token=***"]
