@@ -110,12 +110,12 @@ def checkpoint_installer(source: str) -> str:
     Runs in the shell that execs torchrun, so it needs nothing on the node but ``sh`` and ``mktemp``."""
     if _EOF in source:
         raise ValueError("checkpoint source contains the heredoc delimiter")
-    return (f'_cc_lib=${{{LIB_DIR_VAR}:-}}; unset {LIB_DIR_VAR}; '
-            f'{{ [ -n "$_cc_lib" ] && mkdir -p -m 700 "$_cc_lib" || '
-            f'_cc_lib=$(mktemp -d "${{TMPDIR:-/tmp}}/clusterctl-lib.XXXXXX"); }} && mkdir -p "$_cc_lib/clusterctl" && '
-            f': >"$_cc_lib/clusterctl/__init__.py" && cat >"$_cc_lib/clusterctl/checkpoint.py" <<\'{_EOF}\' '
-            f'&& export PYTHONPATH="$_cc_lib${{PYTHONPATH:+:$PYTHONPATH}}"\n{source}'
-            + ("" if source.endswith("\n") else "\n") + f"{_EOF}\nunset _cc_lib\n")
+    v = LIB_DIR_VAR   # its only variable: a CLUSTERCTL_ name, which no job env var may have (any job name arrives)
+    return (f'{{ [ -n "${{{v}:-}}" ] && mkdir -p -m 700 "${v}" || '
+            f'{v}=$(mktemp -d "${{TMPDIR:-/tmp}}/clusterctl-lib.XXXXXX"); }} && mkdir -p "${v}/clusterctl" && '
+            f': >"${v}/clusterctl/__init__.py" && cat >"${v}/clusterctl/checkpoint.py" <<\'{_EOF}\' '
+            f'&& export PYTHONPATH="${v}${{PYTHONPATH:+:$PYTHONPATH}}"\n{source}'
+            + ("" if source.endswith("\n") else "\n") + f"{_EOF}\nunset {v}\n")
 
 
 def read_secrets(names: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:

@@ -14,16 +14,21 @@ from clusterctl.plan import NodePlan
 
 
 # ------------------------------------------------------------------------------------ item 12: any env name
-@pytest.mark.parametrize("name", ["S", "f", "d", "p", "r", "rc", "i", "cid", "IFS_X", "_"])
+@pytest.mark.parametrize("name", ["S", "f", "d", "p", "r", "rc", "i", "cid", "IFS_X", "v", "_cc_lib"])
 def test_container_apply_delivers_every_env_name(tmp_path, name):
-    """CONTAINER_APPLY used to keep the script in `S` and `unset S` after the eval: a job env var S vanished."""
-    mnt = tmp_path / "mnt"
+    """CONTAINER_APPLY used to keep the script in `S` and `unset S` after the eval, and the checkpoint installer
+    its directory in `_cc_lib` (unset at its end): job env vars with those names vanished."""
+    from clusterctl.plan import checkpoint_installer
+
+    mnt, tmp = tmp_path / "mnt", tmp_path / "tmp"
     mnt.mkdir()
-    (mnt / "env").write_text(f"export {name}='v a l'\nexport OTHER=1\n")
+    tmp.mkdir()
+    (mnt / "env").write_text(f"export {name}='v a l'\nexport OTHER=1\n" + checkpoint_installer("X = 1\n"))
     script = runtimes.CONTAINER_APPLY.replace(runtimes.ENV_MOUNT, str(mnt))
     r = subprocess.run(["sh", "-c", script, "clusterctl-env", sys.executable, "-c",
                         f"import os; print(repr(os.environ.get({name!r})))"],
-                       capture_output=True, text=True, env={"PATH": os.environ["PATH"]}, timeout=30)
+                       capture_output=True, text=True, env={"PATH": os.environ["PATH"], "TMPDIR": str(tmp)},
+                       timeout=30)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == repr("v a l"), r.stdout
     assert not (mnt / "env").exists()
