@@ -177,3 +177,12 @@ def test_latest_checkpoint_survives_garbage_from_a_node(tmp_path, out):
                      connect=lambda h, o: _Garbage(h, answers[h.name]))
     assert ops.latest_checkpoint(["n1", "n2"]) == ("/c/step-7", 7)    # the garbage node is skipped
     assert ops.latest_checkpoint(["n1"]) == ("", 0)
+
+
+@pytest.mark.parametrize("digests", ["5", '"sha256:x@y"', '{"a": 1}', "[1, null]", "not json"])
+def test_image_inspect_parser_survives_garbage_digests(digests):
+    from clusterctl.checks.runtime import parse_image_inspect
+
+    image_id = "sha256:" + "a" * 64
+    r = parse_image_inspect(f"{image_id} {digests}\n")
+    assert r == {"present": True, "id": image_id, "digest": image_id, "error": None}
