@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import stat
 import string
 import subprocess
@@ -199,17 +200,21 @@ def test_changed_host_key_refused_by_every_connecting_command(tb, tmp_path, home
 
 def test_unknown_host_key_refused_unless_accept_new(tb, tmp_path, home):
     state = tmp_path / "state"
+    # an inventory without clusterctl_known_hosts: the keys are in ~/.ssh/known_hosts at launch, then HOME is
+    # emptied (the job record keeps the hosts as resolved at launch: the known_hosts files must change, not the
+    # inventory): no key is known for any host
     with_kh = tb.inventory(tmp_path / "inv.yaml")
-    job = job_file(tmp_path / "job.yaml", tb, "hk-unknown", env={"SECTEST_SLEEP": "600"})
-    r = clusterctl("launch", job, "-i", with_kh, "-d", home=home, state=state)
-    assert r.returncode == 0, r.stderr
-    wait_dump(tb.shared / "hk-unknown" / "dump", ranks=N)
-
-    # the same inventory without clusterctl_known_hosts, and an empty HOME: no key is known for any host
     data = yaml.safe_load(with_kh.read_text())
     del data["all"]["vars"]["clusterctl_known_hosts"]
     with_kh.write_text(yaml.safe_dump(data))
     user_kh = home / ".ssh" / "known_hosts"
+    user_kh.parent.mkdir(mode=0o700)
+    user_kh.write_text(tb.known_hosts.read_text())
+    job = job_file(tmp_path / "job.yaml", tb, "hk-unknown", env={"SECTEST_SLEEP": "600"})
+    r = clusterctl("launch", job, "-i", with_kh, "-d", home=home, state=state)
+    assert r.returncode == 0, r.stderr
+    wait_dump(tb.shared / "hk-unknown" / "dump", ranks=N)
+    shutil.rmtree(user_kh.parent)
     job2 = job_file(tmp_path / "job2.yaml", tb, "hk-unknown2")
     for args in (["preflight", "-i", with_kh], ["launch", job2, "-i", with_kh],
                  ["launch", job2, "-i", with_kh, "--skip-preflight"],
