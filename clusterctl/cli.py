@@ -194,6 +194,9 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
             err.print("launch stopped: preflight failed (fix the above, or --skip-preflight)", markup=False)
             return 1
         interfaces = report.interfaces()
+        for c in report.cluster:
+            if c.id == "rendezvous_exposure" and c.status == "warn":
+                err.print(f"warning: {c.detail}" + (f"\n  {c.hint}" if c.hint else ""), markup=False)
     job_id = controller.record_job(store, jc, job, inventory, interfaces)
     pid = controller.spawn_supervisor(root, job_id, accept_new=accept_new or ctx.obj.accept_new_host_keys)
     if output == "json" and detach:

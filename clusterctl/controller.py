@@ -27,7 +27,7 @@ from clusterctl.plan import build_plan, read_secrets
 from clusterctl.reconcile import Reconciled, reconcile
 from clusterctl.record import JobRecord
 from clusterctl.spec import JobSpec, load_job
-from clusterctl.state import JobState, Store, pid_alive
+from clusterctl.state import JobState, Store, pid_alive, redact
 from clusterctl.supervisor import Policy, Supervisor
 from clusterctl.transport import ConnectOptions
 from clusterctl.transport.ssh import check_key_files
@@ -88,15 +88,14 @@ def spawn_supervisor(root: Path, job_id: str, *, accept_new: bool, adopt: bool =
     """Start ``clusterctl _supervise`` detached: own session, stdin closed, output to its log file."""
     log = paths.supervisor_log_path(root, job_id)
     paths.ensure_job_dir(root, job_id)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = paths.open_private(log)
     argv = [sys.executable, "-m", "clusterctl.cli", "--state-dir", str(root)]
-    if accept_new:
-        argv.append("--accept-new-host-keys")
+    # never --accept-new-host-keys (issue 11): launch/resume recorded the keys before; a reconnect must not accept
     argv += ["_supervise", job_id] + (["--adopt"] if adopt else [])
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
                          close_fds=True)
     os.close(fd)
-    pid_fd = os.open(paths.supervisor_pid_path(root, job_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    pid_fd = paths.open_private(paths.supervisor_pid_path(root, job_id), append=False)
     os.write(pid_fd, f"{p.pid}\n".encode())
     os.close(pid_fd)
     return p.pid
@@ -147,7 +146,7 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
     ops, policy, nodes = build_ops(root, store, job_id, options)
     try:
         sup = Supervisor(job_id, store, ops, policy, nodes, wait=ops.wait_for_change,
-                         on_event=lambda m: echo(f"clusterctl: {m}"))
+                         on_event=lambda m: echo(f"clusterctl: {redact(m, ops.secrets.values())}"))
         job = store.get_job(job_id)
         attempt = job.attempt if adopt and job.attempt else None
         if attempt:

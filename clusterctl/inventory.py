@@ -6,6 +6,7 @@ Errors are ``InputError`` with the YAML line of the offending key.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -30,11 +31,75 @@ KNOWN_VARS: dict[str, tuple[tuple[type, ...], str]] = {
     "clusterctl_gpus": ((int,), "expected GPU count; 0 = CPU host"),
     "clusterctl_interface": ((str,), "NIC for NCCL/Gloo traffic (default: the NIC carrying the address)"),
     "clusterctl_known_hosts": ((str,), "extra known_hosts file for this host"),
-    "clusterctl_proxy_jump": ((str,), "bastion, [user@]host[:port]"),
+    "clusterctl_proxy_jump": ((str,), "bastion(s): [user@]host[:port][,[user@]host[:port]...] (host: a name, "
+                                      "an IPv4 address or [IPv6])"),
 }
 
 HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})$")
+# ansible_host and proxy-jump hosts: a DNS name (labels of letters, digits, '_' and '-', not starting with '-')
+# or an IP literal. Never a known_hosts pattern (`*`, `?`, `!`, `,`) or shell text: the name is written into
+# known_hosts and shown in suggested commands.
+DNS_NAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_][A-Za-z0-9_-]{0,62}(\.[A-Za-z0-9_][A-Za-z0-9_-]{0,62})*\.?$")
+ZONE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+JUMP_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+MAX_JUMPS = 4
 RANGE_RE = re.compile(r"\[([0-9]+|[a-z]):([0-9]+|[a-z])(?::([0-9]+))?\]")
+
+
+def is_address(value: str) -> bool:
+    """A host name or an IP literal (IPv6 without brackets, an optional ``%zone`` of safe characters)."""
+    if DNS_NAME_RE.match(value):
+        return True
+    ip, _, zone = value.partition("%")
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    return not zone or (":" in ip and bool(ZONE_RE.match(zone)))
+
+
+@dataclass(frozen=True)
+class Jump:
+    user: str | None
+    host: str
+    port: int | None
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return (f"{self.user}@" if self.user else "") + host + (f":{self.port}" if self.port else "")
+
+
+def parse_proxy_jump(value: str) -> list[Jump]:
+    """``[user@]host[:port]``, comma-separated for several hops (the first is connected to first, as OpenSSH's
+    ProxyJump). ``host``: a name, an IPv4 address or ``[IPv6]``. ``ValueError`` with the reason otherwise."""
+    hops = value.split(",")
+    if len(hops) > MAX_JUMPS:
+        raise ValueError(f"at most {MAX_JUMPS} jump hosts, got {len(hops)}")
+    out = []
+    for hop in hops:
+        if "://" in hop:
+            raise ValueError(f"jump host {hop!r}: use [user@]host[:port], not a URI")
+        user, at, hostport = hop.rpartition("@")
+        if at and not JUMP_USER_RE.match(user):
+            raise ValueError(f"jump host {hop!r}: invalid user {user!r}")
+        if hostport.startswith("["):
+            host, sep, rest = hostport[1:].partition("]")
+            if not sep or (rest and not rest.startswith(":")) or ":" not in host:
+                raise ValueError(f"jump host {hop!r}: expected [IPv6 address] or [IPv6 address]:port")
+            port = rest[1:] if rest else None
+        elif hostport.count(":") > 1:
+            raise ValueError(f"jump host {hop!r}: write an IPv6 address in brackets, [address]:port")
+        else:
+            host, sep, port = hostport.partition(":")
+            if sep and not port:
+                raise ValueError(f"jump host {hop!r}: empty port")
+            port = port or None
+        if not host or not is_address(host):
+            raise ValueError(f"jump host {hop!r}: {host!r} is not a host name or IP address")
+        if port is not None and (not port.isdigit() or not 1 <= int(port) <= 65535):
+            raise ValueError(f"jump host {hop!r}: port {port!r} is not a number in 1..65535")
+        out.append(Jump(user or None, host, int(port) if port else None))
+    return out
 
 
 @dataclass(frozen=True)
@@ -124,7 +189,15 @@ GROUP_KEYS = ("hosts", "children", "vars")
 
 
 def expand_range(pattern: str) -> list[str]:
-    """``gpu[01:16]`` -> gpu01..gpu16 (width kept); ``n[a:c]`` -> na, nb, nc; ``[0:10:2]`` strides."""
+    """``gpu[01:16]`` -> gpu01..gpu16 (width kept); ``n[a:c]`` -> na, nb, nc; ``[0:10:2]`` strides.
+    At most ``MAX_HOST_ENTRIES`` names (``n[0:9999][0:9999]`` is refused before it is built)."""
+    total = 1
+    for r in RANGE_RE.finditer(pattern):
+        lo, hi, step = r.group(1), r.group(2), int(r.group(3) or 1)
+        span = (int(hi) - int(lo)) if lo.isdigit() and hi.isdigit() else (ord(hi[0]) - ord(lo[0]))
+        total *= max(0, span // max(step, 1) + 1)
+        if total > MAX_HOST_ENTRIES:
+            raise ValueError(f"expands to more than {MAX_HOST_ENTRIES} hosts")
     m = RANGE_RE.search(pattern)
     if not m:
         return [pattern]
@@ -142,9 +215,17 @@ def expand_range(pattern: str) -> list[str]:
     return [x for item in items for x in expand_range(head + item + tail)]
 
 
+# YAML aliases let a few hundred bytes name a group DAG with 2^18 paths; the walk below visits a group once per
+# path (its ancestors differ), so the visits are capped: far above any real inventory, far below a slow load.
+MAX_GROUP_VISITS = 10_000
+MAX_HOST_ENTRIES = 500_000
+
+
 class _Parser:
     def __init__(self, file: str):
         self.file = file
+        self.visits = 0
+        self.host_entries = 0
         self.group_vars: dict[str, tuple[int, dict, dict]] = {}   # group -> (depth, vars, lines)
         self.host_vars: dict[str, list[tuple[dict, dict]]] = {}   # host -> [(vars, lines)] in order
         self.host_lines: dict[str, int | None] = {}
@@ -157,6 +238,10 @@ class _Parser:
     def group(self, name: str, node: Any, ancestors: tuple[str, ...], parent: Any, key_in_parent: Any) -> None:
         if name in ancestors:
             self.err(parent, key_in_parent, f"group {name!r} contains itself")
+        self.visits += 1
+        if self.visits > MAX_GROUP_VISITS:
+            self.err(parent, key_in_parent, f"the groups expand to more than {MAX_GROUP_VISITS} group entries "
+                                            f"(YAML aliases repeating groups?)")
         if node is None:
             node = {}
         if not isinstance(node, dict):
@@ -199,6 +284,10 @@ class _Parser:
             if not isinstance(hvars, dict):
                 self.err(hosts, pattern, f"host {pattern!r}: vars must be a mapping")
             self.check_vars(hvars)
+            self.host_entries += len(names)
+            if self.host_entries > MAX_HOST_ENTRIES:
+                self.err(hosts, pattern, f"the groups list more than {MAX_HOST_ENTRIES} host entries (YAML aliases "
+                                         f"repeating groups?)")
             for hn in names:
                 if not HOSTNAME_RE.match(hn):
                     self.err(hosts, pattern, f"invalid host name {hn!r} (letters, digits, '.', '-', '_')")
@@ -247,6 +336,14 @@ class _Parser:
         if k in ("ansible_host", "ansible_user", "clusterctl_interface", "clusterctl_proxy_jump"):
             if not v or v.startswith("-") or any(c.isspace() for c in v):
                 self.err(vars_, k, f"invalid value {v!r} (empty, leading '-' or whitespace)", dotted=k)
+        if k == "ansible_host" and not is_address(v):
+            self.err(vars_, k, f"invalid value {v!r}: must be a host name (letters, digits, '-', '_', '.') or an "
+                               f"IP address", dotted=k)
+        if k == "clusterctl_proxy_jump":
+            try:
+                parse_proxy_jump(v)
+            except ValueError as e:
+                self.err(vars_, k, f"invalid value {v!r}: {e}", dotted=k)
 
     def resolve(self) -> Inventory:
         hosts = []

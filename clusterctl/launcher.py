@@ -6,6 +6,7 @@ per-node work fanned out in parallel. A start that fails on some nodes removes w
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 from clusterctl import causes
 from clusterctl import checkpoint as checkpoint_mod
-from clusterctl import runtimes
+from clusterctl import paths, runtimes
 from clusterctl.errors import TransportError
 from clusterctl.heartbeat import Arrivals
 from clusterctl.inventory import Host
@@ -46,10 +47,15 @@ class _Ref:
     container_name: str
     node_dir: str
     log_path: str | None
+    job_id: str = ""      # its containers are selected by this id's label (runtimes.SELECT_CONTAINER)
+
+
+MAX_LINE = 64 << 10   # LogSink: output without a newline is written in pieces of this size, not buffered
 
 
 class LogSink:
-    """The controller's copy of every node's output: ``[node/rank] line`` in one file (0600).
+    """The controller's copy of every node's output: ``[node/rank] line`` in one file (0600, never through a
+    symlink). A line longer than ``MAX_LINE`` is cut into pieces (memory and copying stay bounded).
 
     Each node's output of an attempt is a section that starts with ``[node/-] === attempt N ===``. A node's log is
     always streamed from its first line; ``begin``/``restart`` make the sink drop the lines it already holds, so a
@@ -64,7 +70,7 @@ class LogSink:
         self.copied: dict[str, int] = {}     # lines of the node's current section in the file
         self._skip: dict[str, int] = {}      # lines of the stream now starting that the file already holds
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.touch(mode=0o600, exist_ok=True)
+        os.close(paths.open_private(path))
 
     def begin(self, node: str, attempt: int) -> int:
         """Open (or continue) ``node``'s section of ``attempt``; returns the lines it already holds."""
@@ -103,8 +109,11 @@ class LogSink:
         return count
 
     def feed(self, node: str, data: bytes) -> None:
-        buf = self.partial.get(node, b"") + data
+        buf = self.partial.pop(node, b"") + data
         *lines, rest = buf.split(b"\n")
+        while len(rest) > MAX_LINE:
+            lines.append(rest[:MAX_LINE])
+            rest = rest[MAX_LINE:]
         self.partial[node] = rest
         skip = self._skip.get(node, 0)
         if skip:
@@ -122,7 +131,7 @@ class LogSink:
             out.append(f"[{node}/{rank}] {text.decode(errors='replace').rstrip()}")
         if out:
             with self.lock:
-                with open(self.path, "a") as f:
+                with os.fdopen(paths.open_private(self.path), "a") as f:
                     f.write("\n".join(out) + "\n")
                 if count:
                     self.copied[node] = self.copied.get(node, 0) + len(out)
@@ -332,10 +341,11 @@ class ClusterOps:
     def _ref(self, node: str, attempt: int, name: str | None = None) -> _Ref:
         if self.plan is not None and self.plan.attempt == attempt and node in [n.host for n in self.plan.nodes]:
             p = self.plan.node(node)
-            return _Ref(name or p.container_name, p.node_dir, p.log_path)
+            return _Ref(name or p.container_name, p.node_dir, p.log_path, self.job_id)
         ndir = runtimes.node_dir(self._jobs_root(node), self.job_id, attempt)
         bare = self.hosts[node].runtime == "bare"
-        return _Ref(name or runtimes.container_name(self.spec.name, node), ndir, f"{ndir}/node.log" if bare else None)
+        return _Ref(name or runtimes.container_name(self.job_id, node), ndir, f"{ndir}/node.log" if bare else None,
+                    self.job_id)
 
     def _node_log(self, node: str, ref: _Ref, lines: int = TAIL_LINES) -> list[str]:
         """The last ``lines`` lines of the node's own log (stdout and stderr), as ``[node/rank] text``."""
@@ -353,7 +363,7 @@ class ClusterOps:
         if rt.name == "bare":
             argv = ["sh", "-c", "dmesg 2>/dev/null | tail -n 500"]
         else:
-            argv = [rt.program, "inspect", "--format", "oomkilled={{.State.OOMKilled}}", name]
+            argv = rt.inspect_argv(_Ref(name, "", None, self.job_id), "oomkilled={{.State.OOMKilled}}")   # by label
         try:
             r = self._run(node, argv, timeout=self.probe_timeout_s)
         except TransportError:
@@ -428,11 +438,14 @@ class ClusterOps:
 
         Its pid gone is a normal exit unless the runtime still says "running" ``GONE_CONFIRM_S`` later (conmon, which
         records the exit, was killed too)."""
-        script = (runtimes.PID_ALIVE + '; p=$("$0" inspect --format "{{.State.Pid}}" "$1" 2>/dev/null) || exit 0; '
-                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; alive "$p" && exit 0; sleep "$2"; '
-                  's=$("$0" inspect --format "{{.State.Status}}" "$1" 2>/dev/null) || exit 0; '
+        # the container is selected by this job's id label and its exact name (runtimes.SELECT_CONTAINER)
+        script = (runtimes.PID_ALIVE + '; ' + runtimes.SELECT_CONTAINER.replace("exit 1", "exit 0") + '; '
+                  'p=$("$0" inspect --format "{{.State.Pid}}" "$cid" 2>/dev/null) || exit 0; '
+                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; alive "$p" && exit 0; sleep "$3"; '
+                  's=$("$0" inspect --format "{{.State.Status}}" "$cid" 2>/dev/null) || exit 0; '
                   '[ "$s" = running ] && exit 3; exit 0')
-        r = self._run(node, ["sh", "-c", script, rt.program, name, str(GONE_CONFIRM_S)], timeout=self.probe_timeout_s)
+        r = self._run(node, ["sh", "-c", script, rt.program, self.job_id, name, str(GONE_CONFIRM_S)],
+                      timeout=self.probe_timeout_s)
         return r.exit_code != 3
 
     def stop(self, attempt: int | None, nodes: Sequence[str], grace_s: float = 0.0) -> dict[str, str]:

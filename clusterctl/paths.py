@@ -5,6 +5,11 @@ Layout (the directory is private, mode 0700)::
     <state_dir>/state.db                      SQLite store (mode 0600), see ``clusterctl.state``
     <state_dir>/jobs/<job_id>/supervisor.log  detached supervisor's log
     <state_dir>/jobs/<job_id>/supervisor.pid  detached supervisor's pid
+
+Whoever can write the state dir can replace ``state.db``, and ``resume``/``stop`` then run their argv on their
+hosts with your keys and secrets: a state dir or ``jobs/`` (or a job dir) owned by another user, or writable by
+group/others, is refused (``UserError``, exit 2, with the fix), and so is a ``state.db`` that is a symlink or not
+ours. Files are opened with ``O_NOFOLLOW`` (``open_private``).
 """
 from __future__ import annotations
 
@@ -38,12 +43,42 @@ def state_dir(explicit: str | os.PathLike[str] | None = None, *, environ: Mappin
 
 def ensure_state_dir(path: str | os.PathLike[str]) -> Path:
     """Create ``path`` (and parents) with mode 0700; an existing directory we own is chmod'ed to 0700.
-    A directory owned by someone else is left as it is."""
+    A directory owned by someone else, or writable by group/others, is refused (``UserError``)."""
     return _ensure_private_dir(Path(path))
 
 
 def db_path(root: str | os.PathLike[str]) -> Path:
-    return Path(root) / "state.db"
+    """``<root>/state.db``; ``UserError`` if it (or its -wal/-shm) exists as a symlink or another user's file."""
+    path = Path(root) / "state.db"
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            info = p.lstat()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise UserError(f"{p}: cannot read: {exc.strerror or exc}") from None
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
+            raise UserError(f"{p}: not a regular file (a symlink?): refusing to use it. Remove it (rm {_q(p)}) "
+                            f"or use another --state-dir")
+        if _owner_mismatch(info):
+            raise UserError(f"{p}: owned by uid {info.st_uid}, not by you (uid {os.getuid()}): refusing to use it. "
+                            f"Use your own --state-dir")
+    return path
+
+
+def open_private(path: str | os.PathLike[str], *, append: bool = True) -> int:
+    """``os.open`` for our files in the state dir: created 0600, never through a symlink (``O_NOFOLLOW``), and
+    refused if the file exists but is another user's. ``append``: else truncate. Returns the fd."""
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags |= os.O_APPEND if append else os.O_TRUNC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot open (a symlink?): {exc.strerror or exc}") from None
+    if _owner_mismatch(os.fstat(fd)):
+        os.close(fd)
+        raise UserError(f"{path}: owned by another user: refusing to write it")
+    return fd
 
 
 def job_dir(root: str | os.PathLike[str], job_id: str) -> Path:
@@ -78,11 +113,29 @@ def _ensure_private_dir(path: Path) -> Path:
         raise UserError(f"{path}: cannot create state directory: {exc.strerror or exc}") from None
     if not stat.S_ISDIR(info.st_mode):
         raise UserError(f"{path}: state directory path exists and is not a directory")
-    # mkdir's mode is filtered by the umask and ignored for an existing directory: fix it if it is ours.
-    ours = not hasattr(os, "getuid") or info.st_uid == os.getuid()
-    if ours and stat.S_IMODE(info.st_mode) != DIR_MODE:
+    if _owner_mismatch(info):
+        raise UserError(f"{path}: state directory owned by uid {info.st_uid}, not by you (uid {os.getuid()}): its "
+                        f"owner could replace the job records and make clusterctl run their commands with your "
+                        f"keys. Use a directory of your own (--state-dir or ${ENV_VAR}), or, if it is yours: "
+                        f"chown {os.getuid()} {_q(path)} && chmod 700 {_q(path)}")
+    if info.st_mode & 0o022:
+        raise UserError(f"{path}: state directory is writable by group/others (mode "
+                        f"{stat.S_IMODE(info.st_mode):o}): anyone with write access could replace the job records. "
+                        f"Check its contents, then: chmod 700 {_q(path)}")
+    # mkdir's mode is filtered by the umask and ignored for an existing directory: make it private.
+    if stat.S_IMODE(info.st_mode) != DIR_MODE:
         try:
             path.chmod(DIR_MODE)
         except OSError as exc:
             raise UserError(f"{path}: cannot make state directory private: {exc.strerror or exc}") from None
     return path
+
+
+def _owner_mismatch(info: os.stat_result) -> bool:
+    return hasattr(os, "getuid") and info.st_uid != os.getuid()
+
+
+def _q(path: str | os.PathLike[str]) -> str:
+    import shlex
+
+    return shlex.quote(os.fspath(path))

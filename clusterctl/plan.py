@@ -24,7 +24,7 @@ class NodePlan:
     host: str                             # inventory name
     address: str
     runtime: str                          # docker | podman | bare
-    container_name: str                   # clusterctl-<job>-<host> (bare: recorded in node_dir/name)
+    container_name: str                   # clusterctl-<job_id>_<host> (bare: recorded in node_dir/name)
     runtime_argv: tuple[str, ...]         # full argv to run on the node; stdin = env_script(secrets)
     torchrun_argv: tuple[str, ...]
     env: Mapping[str, str]                # job environment; secrets as ***
@@ -33,6 +33,7 @@ class NodePlan:
     log_path: str | None                  # bare: node_dir/node.log; containers: None (use runtime logs)
     nproc: int
     is_rdzv_host: bool
+    job_id: str = ""                      # the job id its containers are labelled with (not in to_dict: the plan has it)
 
     def env_script(self, secrets: Mapping[str, str], prelude: str = "") -> bytes:
         """The stdin for ``runtime_argv``: ``export NAME='value'`` lines with the real secret values filled in,
@@ -97,18 +98,24 @@ class LaunchPlan:
 
 
 _EOF = "__CLUSTERCTL_CHECKPOINT_PY__"
+# bare nodes: the runner sets it to NODE_DIR/lib and removes that directory when torchrun ends (containers: the
+# temp dir goes with the container)
+LIB_DIR_VAR = runtimes.LIB_DIR_VAR
 
 
 def checkpoint_installer(source: str) -> str:
     """Shell text that makes ``from clusterctl import checkpoint`` work wherever the job runs (inside the
-    container too): writes ``source`` (checkpoint.py) into a fresh private temp dir and prepends it to PYTHONPATH.
+    container too): writes ``source`` (checkpoint.py) into ``$CLUSTERCTL_LIB_DIR`` (bare: set by the runner, removed
+    when torchrun ends) or a fresh private temp dir (containers) and prepends it to PYTHONPATH.
     Runs in the shell that execs torchrun, so it needs nothing on the node but ``sh`` and ``mktemp``."""
     if _EOF in source:
         raise ValueError("checkpoint source contains the heredoc delimiter")
-    return (f'_cc_lib=$(mktemp -d "${{TMPDIR:-/tmp}}/clusterctl-lib.XXXXXX") && mkdir "$_cc_lib/clusterctl" && '
-            f': >"$_cc_lib/clusterctl/__init__.py" && cat >"$_cc_lib/clusterctl/checkpoint.py" <<\'{_EOF}\' '
-            f'&& export PYTHONPATH="$_cc_lib${{PYTHONPATH:+:$PYTHONPATH}}"\n{source}'
-            + ("" if source.endswith("\n") else "\n") + f"{_EOF}\nunset _cc_lib\n")
+    v = LIB_DIR_VAR   # its only variable: a CLUSTERCTL_ name, which no job env var may have (any job name arrives)
+    return (f'{{ [ -n "${{{v}:-}}" ] && mkdir -p -m 700 "${v}" || '
+            f'{v}=$(mktemp -d "${{TMPDIR:-/tmp}}/clusterctl-lib.XXXXXX"); }} && mkdir -p "${v}/clusterctl" && '
+            f': >"${v}/clusterctl/__init__.py" && cat >"${v}/clusterctl/checkpoint.py" <<\'{_EOF}\' '
+            f'&& export PYTHONPATH="${v}${{PYTHONPATH:+:$PYTHONPATH}}"\n{source}'
+            + ("" if source.endswith("\n") else "\n") + f"{_EOF}\nunset {v}\n")
 
 
 def read_secrets(names: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
@@ -243,7 +250,7 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
         env = node_env(spec, h, job_id=job_id, attempt=attempt, interface=interfaces.get(h.name) or h.interface,
                        resume_from=resume_from, resume_step=resume_step, pkg_path=pkg_path,
                        secret_names=secret_names)
-        name = runtimes.container_name(spec.name, h.name)
+        name = runtimes.container_name(job_id, h.name)
         bare = h.runtime == "bare"
         req = runtimes.RunRequest(
             job=spec.name, job_id=job_id, attempt=attempt, node=h.name, name=name, image=spec.image,
@@ -254,6 +261,7 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
         nodes.append(NodePlan(
             host=h.name, address=h.address, runtime=h.runtime, container_name=name,
             runtime_argv=tuple(rt.run_argv(req)), torchrun_argv=tuple(targv), env=env, secret_names=secret_names,
-            node_dir=ndir, log_path=f"{ndir}/node.log" if bare else None, nproc=nproc, is_rdzv_host=is_host))
+            node_dir=ndir, log_path=f"{ndir}/node.log" if bare else None, nproc=nproc, is_rdzv_host=is_host,
+            job_id=job_id))
     return LaunchPlan(job=spec.name, job_id=job_id, attempt=attempt, rdzv_endpoint=endpoint, nodes=tuple(nodes),
                       nnodes=nnodes_arg, image=spec.image)

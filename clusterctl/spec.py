@@ -459,19 +459,27 @@ def _message(err: dict) -> str:
     return str(err["msg"])
 
 
-def _find_nul(node: Any, path: tuple = ()) -> tuple | None:
+def _find_nul(node: Any, path: tuple = (), seen: set[int] | None = None) -> tuple | None:
+    """The path to the first NUL in a key or string. Each mapping/list is walked once, however many YAML aliases
+    refer to it: an alias fan-out (10 levels of 10 aliases = 10^10 leaves in a few hundred bytes) stays linear."""
     if isinstance(node, str):
         return path if "\x00" in node else None
+    if not isinstance(node, (dict, list)):
+        return None
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return None          # walked already (and held no NUL)
+    seen.add(id(node))
     if isinstance(node, dict):
         for k, v in node.items():
             if isinstance(k, str) and "\x00" in k:
                 return path + (k,)
-            p = _find_nul(v, path + (k,))
+            p = _find_nul(v, path + (k,), seen)
             if p is not None:
                 return p
-    if isinstance(node, list):
+    else:
         for i, v in enumerate(node):
-            p = _find_nul(v, path + (i,))
+            p = _find_nul(v, path + (i,), seen)
             if p is not None:
                 return p
     return None

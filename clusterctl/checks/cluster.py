@@ -11,7 +11,7 @@ import shlex
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from clusterctl.checks.network import exposed_addresses
+from clusterctl.checks.network import exposed_addresses, find_interface, is_private_address
 from clusterctl.checks.probe import Section, first_line, split_sections
 from clusterctl.checks.results import CheckResult, ClusterCheck
 
@@ -246,6 +246,12 @@ def check_exposure(probe: "HostProbe", port: int) -> ClusterCheck:
     name = probe.host.name
     if "ip_addr" not in probe.sections or probe.sections["ip_addr"].rc != 0:
         return ClusterCheck("rendezvous_exposure", "skip", f"no address list from {name}", None, (name,))
+    _, rdzv_ip, _ = find_interface(probe)
+    if rdzv_ip and not is_private_address(rdzv_ip):
+        return ClusterCheck("rendezvous_exposure", "warn", f"the rendezvous address {rdzv_ip} ({name}:{port}) is not "
+                            f"private (RFC 1918 / ULA / loopback): c10d/TCPStore listens there", f"use a private "
+                            f"cluster network for the rendezvous host's address, or firewall TCP {port} and the "
+                            f"ephemeral ports: c10d/TCPStore runs code sent by anyone who can connect", (name,))
     exposed = exposed_addresses(probe)
     if exposed:
         where = ", ".join(f"{e['address']} ({e['name']})" for e in exposed[:4])

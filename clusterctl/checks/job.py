@@ -22,9 +22,10 @@ CLUSTER_CHECKS: tuple[str, ...] = (
     "rendezvous_reachable", "shared_storage", "consistency", "hostnames", "rendezvous_exposure",
 )
 ALL_CHECKS: FrozenSet[str] = frozenset(HOST_CHECKS + ENTRY_CHECKS + CLUSTER_CHECKS)
-# The subset the launcher runs before every launch (one round trip per host).
+# The subset the launcher runs before every launch (one round trip per host). rendezvous_exposure only warns: a
+# launch whose rendezvous host listens on a public address says so.
 LAUNCH_CHECKS: FrozenSet[str] = frozenset({"ssh", "container_runtime", "nvidia_toolkit", "image", "ports", "interface",
-                                           "torchrun", "script"})
+                                           "torchrun", "script", "rendezvous_exposure"})
 
 
 def _get(obj: Any, *path: str) -> Any:

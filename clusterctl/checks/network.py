@@ -150,6 +150,23 @@ def check_interface(p: "HostProbe") -> CheckResult:
                   **data)
 
 
+# Private: RFC 1918, IPv6 ULA, loopback. (ipaddress's is_private also counts documentation and other reserved
+# ranges, which are routable on some networks: not used here.)
+PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8", "fc00::/7", "::1/128"))
+
+
+def is_private_address(address: str) -> bool:
+    """RFC 1918 / ULA / loopback (an IPv4-mapped IPv6 address counts as its IPv4 address)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip in n for n in PRIVATE_NETWORKS if n.version == ip.version)
+
+
 def exposed_addresses(p: "HostProbe") -> list[dict[str, Any]]:
     """Global addresses of the host outside the networks of its cluster NIC: a listener on all interfaces
     (as c10d's TCPStore is) is reachable through them."""

@@ -101,7 +101,9 @@ def parse_image_inspect(output: str, rc: int = 0) -> dict[str, Any]:
                 repo_digests = json.loads(parts[1]) if len(parts) > 1 else []
             except ValueError:
                 repo_digests = []
-            digest = next((d.split("@", 1)[1] for d in repo_digests or [] if "@" in d), image_id)
+            if not isinstance(repo_digests, list):       # a node's output is not trusted to be well-formed
+                repo_digests = []
+            digest = next((d.split("@", 1)[1] for d in repo_digests if isinstance(d, str) and "@" in d), image_id)
             return {"present": True, "id": image_id, "digest": digest, "error": None}
     return {"present": False, "id": None, "digest": None, "error": first_line(output) or "no image id"}
 

@@ -24,6 +24,7 @@ LABEL_JOB_ID = "clusterctl.job_id"
 LABEL_ATTEMPT = "clusterctl.attempt"
 LABEL_NODE = "clusterctl.node"
 ENV_SCRIPT_VAR = "CLUSTERCTL_ENV_SCRIPT"
+LIB_DIR_VAR = "CLUSTERCTL_LIB_DIR"       # where plan.checkpoint_installer writes (bare: NODE_DIR/lib)
 # Per node: home directories are often shared (NFS) between the nodes of a cluster, and the bare runtime keeps
 # pid/exit/log files per attempt, so every node needs its own tree. ``{node}`` is the inventory name.
 DEFAULT_JOBS_ROOT = "~/.clusterctl/nodes/{node}/jobs"
@@ -34,24 +35,44 @@ APPLY_ENV_AND_EXEC = f'eval "${ENV_SCRIPT_VAR}" || exit 126; unset {ENV_SCRIPT_V
 # Containers: the env script must not end up in the container's config (``inspect`` would show secrets), so the
 # start wrapper on the node writes stdin to a 0600 file in a fresh 0700 directory, mounts that directory into the
 # container, and the container's first shell reads the file, deletes it, applies it and execs torchrun. The
-# wrapper waits (bounded) for the file to be gone, then removes the directory. $1 $2: the runtime and "run".
+# wrapper waits (bounded) for the file to be gone, then removes the directory; a signalled wrapper (session lost,
+# timeout) removes it too: the runtime runs in the background so that the traps run at once. $1 $2: the runtime
+# and "run".
 ENV_MOUNT = "/run/clusterctl-env"
 CONTAINER_START = f'''umask 077
 d=$(mktemp -d) || exit 125
+c=
+trap '[ -z "$c" ] || kill "$c" 2>/dev/null; rm -rf -- "$d"; exit 129' HUP
+trap '[ -z "$c" ] || kill "$c" 2>/dev/null; rm -rf -- "$d"; exit 130' INT
+trap '[ -z "$c" ] || kill "$c" 2>/dev/null; rm -rf -- "$d"; exit 143' TERM
 cat >"$d/env" || {{ rm -rf -- "$d"; exit 125; }}
 p=$1 r=$2; shift 2
-"$p" "$r" "--volume=$d:{ENV_MOUNT}" "$@"; rc=$?
+"$p" "$r" "--volume=$d:{ENV_MOUNT}" "$@" </dev/null & c=$!
+wait "$c"; rc=$?; c=
 i=0
 while [ "$rc" -eq 0 ] && [ -e "$d/env" ] && [ "$i" -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
 rm -rf -- "$d"
 exit "$rc"
 '''
-CONTAINER_APPLY = (f'f={ENV_MOUNT}/env; S=$(cat "$f") && rm -f "$f" || exit 126; '
-                   'eval "$S" || exit 126; unset S; exec "$@"')
+# Its own variables are CLUSTERCTL_* names, which no job env var may have (spec.py reserves them): any job name
+# (S, f, ...) arrives.
+CONTAINER_APPLY = (f'{ENV_SCRIPT_VAR}=$(cat {ENV_MOUNT}/env) && rm -f {ENV_MOUNT}/env || exit 126; '
+                   f'eval "${ENV_SCRIPT_VAR}" || exit 126; unset {ENV_SCRIPT_VAR}; exec "$@"')
 
 
-def container_name(job: str, node: str) -> str:
-    return f"clusterctl-{job}-{node}"
+def container_name(job_id: str, node: str) -> str:
+    """Unique to one job and node: job ids (``<name>-<stamp>-<hex>``) never hold ``_``, so the first ``_`` ends
+    the id (``clusterctl-a-..._b-c`` and ``clusterctl-a-b-..._c`` cannot be the same). Never trusted alone: the
+    control commands select containers by the ``clusterctl.job_id`` label, then by this exact name."""
+    return f"clusterctl-{job_id}_{node}"
+
+
+# Shell prefix of the container control commands: $0 the runtime, $1 the job id, $2 the container name. Sets
+# $cid to the id of the container that carries the label clusterctl.job_id=$1 and is named exactly $2, or exits
+# 1 (a container of another job, or of nobody, with that name is never touched).
+SELECT_CONTAINER = (f'cid=$("$0" ps -a --no-trunc --filter "label={LABEL_JOB_ID}=$1" --format "{{{{.ID}}}} '
+                    '{{.Names}}" | while read -r i n; do [ "$n" = "$2" ] && { echo "$i"; break; }; done); '
+                    '[ -n "$cid" ] || { echo "clusterctl: no container $2 of job $1" >&2; exit 1; }')
 
 
 def jobs_root_for(jobs_root: str, node: str) -> str:
@@ -94,6 +115,7 @@ class RunRequest:
 class NodeRef(Protocol):
     """What stop/logs builders need about a started node (``plan.NodePlan`` has these)."""
 
+    job_id: str
     container_name: str
     node_dir: str
     log_path: str | None

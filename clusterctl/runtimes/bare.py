@@ -11,7 +11,8 @@ is expanded to ``$HOME`` on the node):
 * the runner writes its pid to ``NODE_DIR/pid`` (it is the session and process-group leader: pid == pgid == sid),
   applies the env script, runs torchrun as its child, forwards SIGTERM/SIGINT to it, and when torchrun ends writes
   its exit status to ``NODE_DIR/exit`` (128+N when killed by signal N).
-* stop: TERM/INT go to the runner, which forwards them to the torchrun agent (the agent stops its workers). KILL
+* stop: nothing is signalled by pid once ``NODE_DIR/exit`` exists (the pid may be reused). TERM/INT go to the
+  runner, which forwards them to the torchrun agent (the agent stops its workers). KILL
   goes to the whole process group *and* to every process of the user whose environment holds
   ``CLUSTERCTL_JOB_ID=<job_id>`` and ``CLUSTERCTL_ATTEMPT=<attempt>``: torch starts its workers in their own
   sessions, so a group kill alone would orphan them.
@@ -19,7 +20,7 @@ is expanded to ``$HOME`` on the node):
 from __future__ import annotations
 
 from clusterctl.runtimes import (APPLY_ENV_AND_EXEC, DEFAULT_JOBS_ROOT, ENV_SCRIPT_VAR, LABEL_ATTEMPT, LABEL_JOB_ID,
-                                 Instance, NodeRef, RunRequest)
+                                 LIB_DIR_VAR, Instance, NodeRef, RunRequest)
 
 _EXPAND_D = 'case $d in "~/"*) d=$HOME/${d#"~/"};; esac'
 
@@ -46,13 +47,14 @@ echo $$ >"$d/pid.tmp" && mv -f -- "$d/pid.tmp" "$d/pid" || exit 125
 c=
 trap '[ -z "$c" ] || kill -s TERM "$c" 2>/dev/null' TERM
 trap '[ -z "$c" ] || kill -s INT "$c" 2>/dev/null' INT
-sh -c '{APPLY_ENV_AND_EXEC}' clusterctl-env "$@" &
+{LIB_DIR_VAR}=$d/lib sh -c '{APPLY_ENV_AND_EXEC}' clusterctl-env "$@" &
 c=$!
 while :; do
   wait "$c"; rc=$?
   [ "$rc" -gt 128 ] || break
   kill -0 "$c" 2>/dev/null || break
 done
+rm -rf -- "$d/lib"
 echo "clusterctl: torchrun exited with status $rc"
 echo "$rc" >"$d/exit"
 exit "$rc"
@@ -62,17 +64,19 @@ exit "$rc"
 STOP = f"""d=$1 sig=$2 jid=$3 att=$4
 {_EXPAND_D}
 pid=$(cat -- "$d/pid" 2>/dev/null) || {{ echo "clusterctl: no pid file in $d" >&2; exit 3; }}
+# the runner wrote its exit status: it is gone and its pid may belong to another process by now
+ended=; [ -f "$d/exit" ] && ended=1
 case $sig in
-  TERM|INT) kill -s "$sig" -- "$pid" 2>/dev/null || exit 3 ;;
+  TERM|INT) [ -z "$ended" ] || exit 0; kill -s "$sig" -- "$pid" 2>/dev/null || exit 3 ;;
   KILL)
-    kill -s KILL -- "-$pid" 2>/dev/null
+    [ -n "$ended" ] || kill -s KILL -- "-$pid" 2>/dev/null
     for e in /proc/[0-9]*/environ; do
       if tr '\\0' '\\n' <"$e" 2>/dev/null | grep -qxF "CLUSTERCTL_JOB_ID=$jid" &&
          tr '\\0' '\\n' <"$e" 2>/dev/null | grep -qxF "CLUSTERCTL_ATTEMPT=$att"; then
         p=${{e#/proc/}}; kill -s KILL -- "${{p%/environ}}" 2>/dev/null
       fi
     done ;;
-  *) kill -s "$sig" -- "-$pid" 2>/dev/null || exit 3 ;;
+  *) [ -z "$ended" ] || exit 0; kill -s "$sig" -- "-$pid" 2>/dev/null || exit 3 ;;
 esac
 exit 0
 """

@@ -5,8 +5,8 @@ import json
 import re
 from typing import Any
 
-from clusterctl.runtimes import (CONTAINER_APPLY, CONTAINER_START, DEFAULT_JOBS_ROOT, LABEL_JOB_ID, Instance,
-                                 NodeRef, RunRequest)
+from clusterctl.runtimes import (CONTAINER_APPLY, CONTAINER_START, DEFAULT_JOBS_ROOT, LABEL_JOB_ID,
+                                 SELECT_CONTAINER, Instance, NodeRef, RunRequest)
 
 _EXITED_RE = re.compile(r"^Exited \((-?[0-9]+)\)")
 _STATES = {"running", "exited", "created", "paused", "restarting", "removing", "dead"}
@@ -50,8 +50,14 @@ class ContainerRuntime:
         return argv
 
     # ------------------------------------------------------------------ control
+    def _by_label(self, node: NodeRef, command: str, *args: str) -> list[str]:
+        """``command`` (shell text using $cid; $3... are ``args``) on this job's container of ``node``, selected
+        by its job-id label and exact name (SELECT_CONTAINER): never another job's container of the same name."""
+        return ["sh", "-c", f"{SELECT_CONTAINER}; {command}", self.program, node.job_id, node.container_name,
+                *args]
+
     def stop_argv(self, node: NodeRef, signal: str = "TERM") -> list[str]:
-        return [self.program, "kill", f"--signal={signal}", node.container_name]
+        return self._by_label(node, 'exec "$0" kill --signal="$3" "$cid"', signal)
 
     def remove_argv(self, names: list[str]) -> list[str]:
         return [self.program, "rm", *self.rm_flags(), *names]
@@ -69,15 +75,19 @@ class ContainerRuntime:
         return ["sh", "-c", script, self.program, LABEL_JOB_ID, job_id]
 
     def logs_argv(self, node: NodeRef, *, tail: int | None = None, follow: bool = False) -> list[str]:
-        argv = [self.program, "logs"]
+        opts = []
         if tail is not None:
-            argv.append(f"--tail={int(tail)}")
+            opts.append(f"--tail={int(tail)}")
         if follow:
-            argv.append("--follow")
-        return argv + [node.container_name]
+            opts.append("--follow")
+        return self._by_label(node, 'shift 2; exec "$0" logs "$@" "$cid"', *opts)
 
     def pid_argv(self, node: NodeRef) -> list[str]:
-        return [self.program, "inspect", "--format={{.State.Pid}}", node.container_name]
+        return self._by_label(node, 'exec "$0" inspect --format="{{.State.Pid}}" "$cid"')
+
+    def inspect_argv(self, node: NodeRef, template: str) -> list[str]:
+        """``inspect --format=TEMPLATE`` of this job's container of ``node`` (see ``_by_label``)."""
+        return self._by_label(node, 'exec "$0" inspect --format="$3" "$cid"', template)
 
     # ------------------------------------------------------------------ status
     def parse_list(self, stdout: str) -> list[Instance]:

@@ -1,9 +1,12 @@
 """SSH transport on paramiko. The only module that imports paramiko.
 
-- Host keys are checked against ``~/.ssh/known_hosts`` and the host's ``clusterctl_known_hosts``: an unknown key is
-  refused unless ``accept_new_host_keys`` (then recorded, like OpenSSH ``accept-new``); a changed key is always
-  refused, with both fingerprints and the file:line of the recorded key.
-- ``~/.ssh/config`` is honoured (HostName, User, Port, IdentityFile, ProxyJump).
+- Host keys are checked against ``~/.ssh/known_hosts`` and the host's ``clusterctl_known_hosts`` (plain, hashed and
+  wildcard names, ``!`` negation, ``@revoked``, ``@cert-authority``): a host with no entry is refused unless
+  ``accept_new_host_keys`` (then recorded, like OpenSSH ``accept-new``); a host with a recorded key of any type
+  that offers another key is refused as changed, always, with both fingerprints and the file:line of the
+  recorded key; a revoked key is always refused.
+- Every wait on the server has a deadline (connect, handshake, channel open, the exec request, the command).
+- ``~/.ssh/config`` is honoured (HostName, User, Port, IdentityFile, ProxyJump; several jump hosts too).
 - The socket is opened here with TCP_NODELAY (paramiko does not set it: ~40 ms per round trip otherwise).
 - Transient connect errors are retried with tenacity (exponential backoff + jitter) inside the connect timeout;
   auth failures and host-key problems never are.
@@ -14,7 +17,9 @@ import base64
 import getpass
 import hashlib
 import os
+import re
 import select
+import shlex
 import socket
 import threading
 import time
@@ -41,6 +46,16 @@ STREAM_WRAPPER = ('exec 3<&0; "$@" 3<&- </dev/null & p=$!; '
                   '{ cat <&3 >/dev/null 2>&1; kill "$p" 2>/dev/null; } & w=$!; '
                   'exec 3<&-; wait "$p"; rc=$?; kill "$w" 2>/dev/null; exit "$rc"')
 _known_hosts_lock = threading.Lock()
+# run(): each of stdout and stderr keeps at most its last MAX_OUTPUT bytes (a node printing without end must not
+# exhaust the controller's memory); the tail is where the errors are
+MAX_OUTPUT = 8 << 20
+
+
+def _append_bounded(buf: bytearray, data: bytes, limit: int | None = None) -> None:
+    limit = MAX_OUTPUT if limit is None else limit
+    buf += data
+    if len(buf) > limit:
+        del buf[: len(buf) - limit]
 
 
 @dataclass(frozen=True)
@@ -83,10 +98,18 @@ class KnownKey:
     file: str
     line: int
     key: paramiko.PKey
+    marker: str | None = None     # None, "@revoked" or "@cert-authority"
+
+
+MARKERS = ("@revoked", "@cert-authority")
+# paramiko 5 negotiates RSA host keys as rsa-sha2-512/256 (it no longer lists ssh-rsa); a recorded key's type
+# names the key, not the signature algorithm
+KEY_TYPE_ALGORITHMS = {"ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")}
 
 
 def known_keys(files: Sequence[str], name: str) -> list[KnownKey]:
-    """Every known_hosts entry for ``name`` (plain or hashed), with its file and line."""
+    """Every known_hosts entry for ``name`` (plain, hashed or a pattern with ``*``/``?``/``!``; ``@revoked`` and
+    ``@cert-authority`` lines with their marker), with its file and line."""
     found = []
     for f in files:
         try:
@@ -95,44 +118,105 @@ def known_keys(files: Sequence[str], name: str) -> list[KnownKey]:
             continue
         for n, line in enumerate(lines, 1):
             line = line.strip()
-            if not line or line.startswith("#") or line.startswith("@"):
+            if not line or line.startswith("#"):
                 continue
+            marker = None
+            if line.startswith("@"):
+                marker, _, line = line.partition(" ")
+                line = line.strip()
+                if marker not in MARKERS:
+                    continue            # an unknown marker: OpenSSH ignores the line too
             # names first, the key only for matching lines: parsing every key made each connect
             # O(file size) (~11 ms per 1000 lines, twice per connection)
             try:
-                if not any(_matches(p, name) for p in line.split(None, 1)[0].split(",")):
+                if not host_matches(line.split(None, 1)[0], name):
                     continue
                 entry = HostKeyEntry.from_line(line, n)
             except Exception:  # noqa: BLE001 - a malformed line is skipped, as OpenSSH does
                 entry = None
             if entry is None or entry.key is None:
                 continue
-            found.append(KnownKey(str(f), n, entry.key))
+            found.append(KnownKey(str(f), n, entry.key, marker))
     return found
 
 
+def host_matches(patterns: str, name: str) -> bool:
+    """OpenSSH's rule for a known_hosts name field: some pattern matches and no negated (``!``) one does.
+    Patterns: a plain or hashed (``|1|``) name, or a glob with ``*`` and ``?`` (case-insensitive)."""
+    matched = False
+    for p in patterns.split(","):
+        negated = p.startswith("!")
+        if negated:
+            p = p[1:]
+        if _matches(p, name):
+            if negated:
+                return False
+            matched = True
+    return matched
+
+
 def _matches(pattern: str, name: str) -> bool:
-    return pattern == name or (pattern.startswith("|1|") and HostKeys.hash_host(name, pattern) == pattern)
+    if pattern.startswith("|1|"):
+        return HostKeys.hash_host(name, pattern) == pattern
+    if "*" in pattern or "?" in pattern:
+        rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+        return re.fullmatch(rx, name, re.IGNORECASE) is not None
+    return pattern.lower() == name.lower()
+
+
+def preferred_key_types(available: Sequence[str], known: Sequence[str]) -> list[str]:
+    """``available`` host key algorithms, those of the recorded key types first (as OpenSSH orders them)."""
+    want = {a for k in known for a in KEY_TYPE_ALGORITHMS.get(k, (k,))}
+    return [a for a in available if a in want] + [a for a in available if a not in want]
+
+
+def sh_word(value: str) -> str:
+    """Always single-quoted (safe to paste into a shell whatever ``value`` holds)."""
+    return "'" + value.replace("'", "'\\''") + "'"
 
 
 def check_host_key(host_name: str, name: str, key: paramiko.PKey, entries: Sequence[KnownKey],
                    files: Sequence[str], record_file: str, accept_new: bool) -> None:
-    """``entries``: ``known_keys(files, name)``, read once per connection."""
-    same_type = [e for e in entries if e.key.get_name() == key.get_name()]
-    if any(e.key.asbytes() == key.asbytes() for e in same_type):
+    """``entries``: ``known_keys(files, name)``, read once per connection.
+
+    A key marked ``@revoked`` is always refused. A host with any recorded key (of any type) must offer one of
+    them: anything else is a changed key, refused with or without ``accept_new``. A host vouched for by a
+    ``@cert-authority`` line is refused (host certificates are not verified here). Only a host with no entry at
+    all is unknown: refused, or recorded with ``accept_new``."""
+    offered = key.asbytes()
+    for e in entries:
+        if e.marker == "@revoked" and e.key.asbytes() == offered:
+            raise HostKeyError(host_name, (
+                f"HOST KEY REVOKED for {name}: the server offered {key.get_name()} {fingerprint(key)}, which "
+                f"{e.file}:{e.line} marks @revoked. Refusing to connect; do not use this host until its key is "
+                f"replaced."))
+    plain = [e for e in entries if e.marker is None]
+    if any(e.key.asbytes() == offered for e in plain):
         return
-    if same_type:
-        old = same_type[0]
+    if plain:
+        same_type = [e for e in plain if e.key.get_name() == key.get_name()]
+        old = (same_type or plain)[0]
+        other = "" if same_type else (
+            f" (a {old.key.get_name()} key is recorded and the server did not offer it: a server that offers only "
+            f"another key type is treated as changed)")
         raise HostKeyError(host_name, (
             f"HOST KEY CHANGED for {name}: the server offered {key.get_name()} {fingerprint(key)} but "
-            f"{old.file}:{old.line} records {fingerprint(old.key)}. This may be a man-in-the-middle attack, or the "
-            f"host was reinstalled. Verify the new key out of band, then remove the old one with "
-            f"`ssh-keygen -R '{name}' -f {old.file}` and connect again with --accept-new-host-keys."))
+            f"{old.file}:{old.line} records {old.key.get_name()} {fingerprint(old.key)}{other}. This may be a "
+            f"man-in-the-middle attack, or the host was reinstalled. Verify the new key out of band, then remove "
+            f"the old one with `ssh-keygen -R {sh_word(name)} -f {shlex.quote(old.file)}` and connect again with "
+            f"--accept-new-host-keys."))
+    cas = [e for e in entries if e.marker == "@cert-authority"]
+    if cas:
+        raise HostKeyError(host_name, (
+            f"{name} is vouched for by a certificate authority ({cas[0].file}:{cas[0].line}, @cert-authority) and "
+            f"clusterctl does not verify host certificates; it will not record a plain key for it either. Verify "
+            f"the host's key ({key.get_name()} {fingerprint(key)}) out of band and add it to {record_file}."))
     if not accept_new:
+        host, port = (name[1:].split("]:", 1) if name.startswith("[") else (name, "22"))
         raise HostKeyError(host_name, (
             f"unknown host key for {name} ({key.get_name()} {fingerprint(key)}); not in {', '.join(files)}. "
-            f"Verify the fingerprint, then add it with `ssh-keyscan -p {name.rsplit(':', 1)[-1] if name.startswith('[') else 22} "
-            f"{name.strip('[').split(']')[0]} >> {record_file}` or rerun with --accept-new-host-keys."))
+            f"Verify the fingerprint, then add it with `ssh-keyscan -p {shlex.quote(port)} {sh_word(host)} >> "
+            f"{shlex.quote(record_file)}` or rerun with --accept-new-host-keys."))
     with _known_hosts_lock:
         path = Path(record_file).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -188,22 +272,26 @@ class SSHTransport:
         return sock
 
     def _via_jump(self, remaining: float):
-        from clusterctl.inventory import Host
+        from clusterctl.inventory import Host, parse_proxy_jump
 
         if self._depth > 3:
             raise ConnectError(self.host.name, "ProxyJump chain too long")
-        spec = self.target.proxy_jump.split(",")[0]
-        user, _, hostport = spec.rpartition("@")
-        hname, _, port = hostport.partition(":")
-        jump_host = Host(name=f"{self.host.name} via {hname}", address=hname, port=int(port) if port else None,
-                         user=user or None, known_hosts=self.host.known_hosts)
+        try:
+            hops = parse_proxy_jump(self.target.proxy_jump)
+        except ValueError as e:   # from ~/.ssh/config (the inventory's value was checked when it was loaded)
+            raise TransportError(self.host.name, f"cannot use ProxyJump {self.target.proxy_jump!r}: {e}") from None
+        # a,b,c -> target: connect to c through "a,b" (the last hop is the one that reaches the target)
+        last = hops[-1]
+        jump_host = Host(name=f"{self.host.name} via {last.host}", address=last.host, port=last.port,
+                         user=last.user, known_hosts=self.host.known_hosts,
+                         proxy_jump=",".join(str(h) for h in hops[:-1]) or None)
         self._jump = SSHTransport(jump_host, self.options, _jump_depth=self._depth + 1)
         self._jump.connect()
         try:
             return self._jump._t.open_channel("direct-tcpip", (self.target.hostname, self.target.port),
                                               ("127.0.0.1", 0), timeout=remaining)
         except (paramiko.SSHException, OSError) as e:
-            raise ConnectError(self.host.name, f"bastion {hname} cannot reach "
+            raise ConnectError(self.host.name, f"bastion {last.host} cannot reach "
                                                f"{self.target.hostname}:{self.target.port}: {e}") from None
 
     def _connect_once(self, deadline: float) -> paramiko.Transport:
@@ -212,10 +300,10 @@ class SSHTransport:
         t.banner_timeout = t.handshake_timeout = max(0.1, deadline - time.monotonic())
         name = self.target.known_hosts_name
         known = known_keys(self.known_files, name)
-        if known:  # prefer a key type we already know, as OpenSSH does
+        recorded = [k.key.get_name() for k in known if k.marker is None]
+        if recorded:  # prefer a key type we already know, as OpenSSH does
             opts = t.get_security_options()
-            types = [k.key.get_name() for k in known]
-            opts.key_types = [k for k in opts.key_types if k in types] + [k for k in opts.key_types if k not in types]
+            opts.key_types = preferred_key_types(opts.key_types, recorded)
         try:
             t.start_client(timeout=max(0.1, deadline - time.monotonic()))
         except (paramiko.SSHException, EOFError, OSError) as e:
@@ -268,9 +356,15 @@ class SSHTransport:
         deadline = start + timeout
         try:
             chan = self._t.open_session(timeout=timeout)
-            chan.exec_command(quote(argv))
+            self._exec(chan, quote(argv), deadline, f"command timed out after {timeout:g}s: {argv[0]}")
             if stdin:
-                chan.sendall(stdin)
+                chan.settimeout(max(0.05, deadline - time.monotonic()))
+                try:
+                    chan.sendall(stdin)
+                except socket.timeout:
+                    chan.close()
+                    raise CommandTimeout(self.host.name, f"command timed out after {timeout:g}s (the node did "
+                                                         f"not read its input): {argv[0]}") from None
             chan.shutdown_write()
             out, err = self._collect(chan, deadline, argv, timeout)
             code = chan.recv_exit_status()
@@ -281,14 +375,39 @@ class SSHTransport:
         return CommandResult(argv, code, out.decode(errors="replace"), err.decode(errors="replace"),
                              time.monotonic() - start)
 
+    def _exec(self, chan: paramiko.Channel, command: str, deadline: float, message: str) -> None:
+        """``chan.exec_command`` with a deadline: paramiko waits for the server's answer to the exec request
+        without one, so a server that never answers would hang the caller. At the deadline the channel is
+        closed (which wakes paramiko up), the connection is dropped, and ``CommandTimeout`` is raised."""
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            chan.close()
+
+        timer = threading.Timer(max(0.0, deadline - time.monotonic()), expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            chan.exec_command(command)
+        except (paramiko.SSHException, EOFError, OSError):
+            if not expired.is_set():
+                raise
+        finally:
+            timer.cancel()
+        if expired.is_set():
+            self.close()
+            raise CommandTimeout(self.host.name, f"{message} (no answer to the exec request)")
+
     def _collect(self, chan, deadline, argv, timeout) -> tuple[bytes, bytes]:
+        """stdout and stderr until the command ends; each keeps at most its last ``MAX_OUTPUT`` bytes."""
         out, err = bytearray(), bytearray()
         fd = chan.fileno()
         while True:
             while chan.recv_ready():
-                out += chan.recv(65536)
+                _append_bounded(out, chan.recv(65536))
             while chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
+                _append_bounded(err, chan.recv_stderr(65536))
             if chan.exit_status_ready() and chan.eof_received and not chan.recv_ready() \
                     and not chan.recv_stderr_ready():
                 return bytes(out), bytes(err)
@@ -308,7 +427,8 @@ class SSHTransport:
         try:
             chan = self._t.open_session(timeout=self.options.connect_timeout)
             chan.set_combine_stderr(True)
-            chan.exec_command(quote(["sh", "-c", STREAM_WRAPPER, "clusterctl-stream", *argv]))
+            self._exec(chan, quote(["sh", "-c", STREAM_WRAPPER, "clusterctl-stream", *argv]),
+                       time.monotonic() + self.options.command_timeout, f"stream of {argv[0]} did not start")
             fd = chan.fileno()
             while not stop.is_set():
                 select.select([fd], [], [], 0.5)

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import stat
 import string
 import subprocess
@@ -199,17 +200,21 @@ def test_changed_host_key_refused_by_every_connecting_command(tb, tmp_path, home
 
 def test_unknown_host_key_refused_unless_accept_new(tb, tmp_path, home):
     state = tmp_path / "state"
+    # an inventory without clusterctl_known_hosts: the keys are in ~/.ssh/known_hosts at launch, then HOME is
+    # emptied (the job record keeps the hosts as resolved at launch: the known_hosts files must change, not the
+    # inventory): no key is known for any host
     with_kh = tb.inventory(tmp_path / "inv.yaml")
-    job = job_file(tmp_path / "job.yaml", tb, "hk-unknown", env={"SECTEST_SLEEP": "600"})
-    r = clusterctl("launch", job, "-i", with_kh, "-d", home=home, state=state)
-    assert r.returncode == 0, r.stderr
-    wait_dump(tb.shared / "hk-unknown" / "dump", ranks=N)
-
-    # the same inventory without clusterctl_known_hosts, and an empty HOME: no key is known for any host
     data = yaml.safe_load(with_kh.read_text())
     del data["all"]["vars"]["clusterctl_known_hosts"]
     with_kh.write_text(yaml.safe_dump(data))
     user_kh = home / ".ssh" / "known_hosts"
+    user_kh.parent.mkdir(mode=0o700)
+    user_kh.write_text(tb.known_hosts.read_text())
+    job = job_file(tmp_path / "job.yaml", tb, "hk-unknown", env={"SECTEST_SLEEP": "600"})
+    r = clusterctl("launch", job, "-i", with_kh, "-d", home=home, state=state)
+    assert r.returncode == 0, r.stderr
+    wait_dump(tb.shared / "hk-unknown" / "dump", ranks=N)
+    shutil.rmtree(user_kh.parent)
     job2 = job_file(tmp_path / "job2.yaml", tb, "hk-unknown2")
     for args in (["preflight", "-i", with_kh], ["launch", job2, "-i", with_kh],
                  ["launch", job2, "-i", with_kh, "--skip-preflight"],
@@ -234,6 +239,96 @@ def test_unknown_host_key_refused_unless_accept_new(tb, tmp_path, home):
     r = clusterctl("stop", "hk-unknown", "--grace", "1", home=home, state=state)
     assert r.returncode == 0, r.stderr
     assert not any(c.startswith("clusterctl-hk-unknown") for h in tb.hosts for c in containers(tb, h.name))
+
+
+def swap_host_key(tb, h, key_type: str, tmp: Path) -> str:
+    """Restart ``h``'s sshd with only a fresh ``key_type`` host key (its sessions die with the old one: every
+    client must reconnect). Returns the new public key line; ``restore_host_key`` undoes it."""
+    key = tmp / f"{h.name}_host_{key_type}_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", key_type, "-N", "", "-f", str(key)], check=True, timeout=60,
+                   stdout=subprocess.DEVNULL)
+    cfg = h.dir / "sshd_config"
+    orig = h.dir / "sshd_config.orig"
+    if not orig.exists():
+        orig.write_text(cfg.read_text())
+    old = f"HostKey {h.dir / 'ssh_host_ed25519_key'}"
+    assert old in orig.read_text()
+    cfg.write_text(orig.read_text().replace(old, f"HostKey {key}"))
+    _restart_sshd(tb, h)
+    return key.with_suffix(".pub").read_text()
+
+
+def restore_host_key(tb, h) -> None:
+    orig = h.dir / "sshd_config.orig"
+    if orig.exists():
+        (h.dir / "sshd_config").write_text(orig.read_text())
+        orig.unlink()
+        _restart_sshd(tb, h)
+
+
+def _restart_sshd(tb, h) -> None:
+    tb.kill(h.name, r"^sshd|/sshd ")                 # the listener and every session
+    end = time.monotonic() + 10
+    while tb.sshd_pid(h.name) is not None:
+        assert time.monotonic() < end, "sshd did not stop"
+        time.sleep(0.05)
+    tb.start_sshd(h.name)
+
+
+def test_host_key_of_another_type_is_changed_even_with_accept_new(tb, tmp_path, home):
+    """Issue 11 item 1, on a real sshd: node3 is recorded with ed25519, then serves only an ECDSA key (a MITM that
+    offers another type). Every command refuses it as CHANGED, with and without --accept-new-host-keys, and records
+    nothing; the supervisor of a job launched with --accept-new-host-keys does not run in accept-new mode, so its
+    reconnects to node3 refuse the new key too."""
+    h3 = tb.hosts[2]
+    kh = tmp_path / "known_hosts"
+    kh.write_text(tb.known_hosts.read_text())
+    good = kh.read_text()
+    inv = tb.inventory(tmp_path / "inv.yaml", extra_vars={"clusterctl_known_hosts": str(kh)})
+    state = tmp_path / "state"
+    job = job_file(tmp_path / "job.yaml", tb, "hk-type", env={"SECTEST_SLEEP": "600"})
+    r = clusterctl("--accept-new-host-keys", "launch", job, "-i", inv, "-d", home=home, state=state)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (pid_file,) = state.glob("jobs/*/supervisor.pid")
+    sup = int(pid_file.read_text())
+    assert b"accept-new" not in Path(f"/proc/{sup}/cmdline").read_bytes(), "the supervisor runs in accept-new mode"
+    wait_dump(tb.shared / "hk-type" / "dump", ranks=N)
+    t_swap = time.time()
+    try:
+        new_pub = swap_host_key(tb, h3, "ecdsa", tmp_path)
+        offered = fingerprint_of(new_pub)
+        recorded = fingerprint_of((h3.dir / "ssh_host_ed25519_key.pub").read_text())
+        job2 = job_file(tmp_path / "job2.yaml", tb, "hk-type2")
+        for args in (["preflight", "-i", inv], ["preflight", "-i", inv, "--accept-new-host-keys"],
+                     ["--accept-new-host-keys", "preflight", "-i", inv],
+                     ["launch", job2, "-i", inv, "--accept-new-host-keys"],
+                     ["--accept-new-host-keys", "launch", job2, "-i", inv, "--skip-preflight"]):
+            r = clusterctl(*args, home=home, state=state, timeout=60)
+            text = r.stdout + r.stderr
+            assert r.returncode != 0, (args, text)
+            assert f"HOST KEY CHANGED for {h3.address}" in text and "unknown host key" not in text, (args, text)
+            assert offered in text and recorded in text, (args, text)
+            assert f"{kh}:3" in text and f"ssh-keygen -R '{h3.address}' -f {kh}" in text, (args, text)
+            assert kh.read_text() == good, f"{args} recorded the new key"
+            assert not (home / ".ssh" / "known_hosts").exists(), f"{args} recorded a key"
+        assert not any("hk-type2" in c for h in tb.hosts for c in containers(tb, h.name))
+        # the supervisor lost its sessions to node3 with the old sshd: it has reconnected (and been refused)
+        # by the time it declares node3 lost
+        end = time.monotonic() + 90
+        while True:
+            evs = json.loads(clusterctl("events", "hk-type", "-o", "json", home=home, state=state).stdout)
+            if any(e["time"] >= t_swap and (e["node"] == h3.name or h3.name in e["message"]) for e in evs):
+                break
+            assert time.monotonic() < end, evs
+            time.sleep(1)
+        assert kh.read_text() == good, "the supervisor recorded node3's new key"
+        assert not (home / ".ssh" / "known_hosts").exists()
+    finally:
+        restore_host_key(tb, h3)
+        r = clusterctl("stop", "hk-type", "--grace", "1", home=home, state=state)
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_supervisors_gone(state)
+    assert not any(c.startswith("clusterctl-hk-type") for h in tb.hosts for c in containers(tb, h.name))
 
 
 # ------------------------------------------------------------------------------------------------ 2. no injection
@@ -282,19 +377,34 @@ def local_bin(tmp_path_factory):
     return d
 
 
+# the shell variable names our node-side snippets use (and a few more): a job env var may have any of them
+SHELL_NAMES = ["S", "f", "d", "p", "r", "c", "i", "w", "n", "a", "e", "rc", "cid", "ec", "st", "sig", "pid", "jid",
+               "att", "name", "wd", "runner", "ended", "_cc_lib", "ids", "v"]
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(args=st.lists(hostile, min_size=1, max_size=6), values=st.lists(hostile, min_size=1, max_size=4),
+       names=st.lists(st.sampled_from(SHELL_NAMES), unique=True, max_size=4),
        secret=hostile, wd=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\n\r/,"),
                                   min_size=1, max_size=10),
        iface=st.text(st.sampled_from(list("$();`'\"&|ab0")), min_size=1, max_size=8))
-def test_plan_and_start_scripts_pass_values_verbatim(tmp_path_factory, local_bin, args, values, secret, wd, iface):
+def test_plan_and_start_scripts_pass_values_verbatim(tmp_path_factory, local_bin, args, values, names, secret, wd,
+                                                     iface):
     """The plan + the runtimes' node-side scripts, executed by a real `sh` the way sshd does (`sh -c
-    shlex.join(argv)`, env script on stdin): every value arrives as one argv element / env value, nothing runs."""
+    shlex.join(argv)`, env script + checkpoint installer on stdin): every value arrives as one argv element / env
+    value under its name (whatever the name), and nothing runs: every arg and env value also carries the payloads
+    that would create the canary if any were executed."""
+    from clusterctl.launcher import CHECKPOINT_INSTALLER
+
     tmp = tmp_path_factory.mktemp("inj")
     canary = tmp / "CANARY"
+    payloads = [p.replace("/CANARY-PATH", str(canary)) for p in canary_payloads(Path("/CANARY-PATH"))]
+    assert all(str(canary) in p for p in payloads[:11])
+    args = args + payloads
     workdir = tmp / ("w" + wd)
     workdir.mkdir()
-    env = {f"SECTEST_V{i}": v for i, v in enumerate(values)}
+    env = {(names[i] if i < len(names) else f"SECTEST_V{i}"): v for i, v in enumerate(values)}
+    env.update({f"SECTEST_P{i}": p for i, p in enumerate(payloads)})
     env["SECTEST_OUT"] = str(tmp / "torchrun.json")
     text = yaml.safe_dump({"name": "inj", "script": "/abs/train.py", "args": args, "env": env,
                            "secret_env": ["SECTEST_SECRET"], "workdir": str(workdir),
@@ -308,8 +418,9 @@ def test_plan_and_start_scripts_pass_values_verbatim(tmp_path_factory, local_bin
         host = Host(name="n1", address="127.0.0.1", connection="local", runtime=rt, gpus=0, interface=iface)
         plan = build_plan(spec, [host], job_id="inj-1", attempt=1, jobs_root=str(tmp / "jobs"))
         node = plan.nodes[0]
-        stdin = node.env_script({"SECTEST_SECRET": secret})
-        penv = dict(os.environ, PATH=f"{local_bin}:{os.environ['PATH']}", SECTEST_PODMAN_OUT=str(tmp / "podman.json"))
+        stdin = node.env_script({"SECTEST_SECRET": secret}, CHECKPOINT_INSTALLER)
+        penv = dict(os.environ, PATH=f"{local_bin}:{os.environ['PATH']}", SECTEST_PODMAN_OUT=str(tmp / "podman.json"),
+                    TMPDIR=str(tmp))
         r = subprocess.run(["sh", "-c", quote(node.runtime_argv)], input=stdin, capture_output=True, env=penv,
                            timeout=30)
         assert r.returncode == 0, r.stderr
@@ -326,7 +437,8 @@ def test_plan_and_start_scripts_pass_values_verbatim(tmp_path_factory, local_bin
             mnt.mkdir(exist_ok=True)
             (mnt / "env").write_bytes(got["script"].encode("utf-8", "surrogateescape"))
             inner[2] = runtimes.CONTAINER_APPLY.replace(runtimes.ENV_MOUNT, str(mnt))
-            r = subprocess.run(inner, env={"PATH": os.environ["PATH"]}, cwd=workdir, capture_output=True, timeout=30)
+            r = subprocess.run(inner, env={"PATH": os.environ["PATH"], "TMPDIR": str(tmp)}, cwd=workdir,
+                               capture_output=True, timeout=30)
             assert r.returncode == 0, r.stderr
             assert not (mnt / "env").exists(), "the container's shell deletes the env file once read"
         else:
@@ -346,7 +458,7 @@ def test_plan_and_start_scripts_pass_values_verbatim(tmp_path_factory, local_bin
         assert dump["env"]["GLOO_SOCKET_IFNAME"] == iface
         assert runtimes.ENV_SCRIPT_VAR not in dump["env"]
         assert dump["cwd"] == str(workdir)
-        assert not canary.exists()
+        assert not canary.exists(), "an injected command ran"
 
 
 @pytest.mark.parametrize("runtime", ["podman", "bare"])
@@ -406,6 +518,13 @@ def test_hostile_values_reach_training_verbatim_on_testbed(tb, tmp_path, home, r
     ("inventory", "all:\n  hosts:\n    node1:\n      ansible_host: -oProxyCommand=id\n", "ansible_host"),
     ("inventory", "all:\n  hosts:\n    node1:\n      ansible_user: -lroot\n", "ansible_user"),
     ("inventory", "all:\n  hosts:\n    node1:\n      clusterctl_interface: 'eth0 x'\n", "clusterctl_interface"),
+    ("inventory", "all:\n  hosts:\n    node1:\n      ansible_host: '*'\n", "ansible_host"),
+    ("inventory", "all:\n  hosts:\n    node1:\n      ansible_host: '*.corp'\n", "ansible_host"),
+    ("inventory", "all:\n  hosts:\n    node1:\n      ansible_host: 'a,b'\n", "ansible_host"),
+    ("inventory", "all:\n  hosts:\n    node1:\n      ansible_host: '$(id)'\n", "ansible_host"),
+    ("inventory", "all:\n  hosts:\n    node1:\n      clusterctl_proxy_jump: 'bastion:abc'\n", "port 'abc'"),
+    ("inventory", "all:\n  hosts:\n    node1:\n      clusterctl_proxy_jump: '::1'\n", "brackets"),
+    ("inventory", "all:\n  hosts:\n    node1:\n      clusterctl_proxy_jump: '*.corp'\n", "clusterctl_proxy_jump"),
     ("inventory", "all:\n  children:\n    'g;x':\n      hosts: {node1: }\n", "invalid group name"),
     ("job", "name: 'a;b'\nscript: /t.py\n", "invalid job name"),
     ("job", "name: a/b\nscript: /t.py\n", "must not contain '/'"),
@@ -438,7 +557,10 @@ def test_identifiers_validated_with_clear_errors(tmp_path, where, yaml_text, nee
 
 # ------------------------------------------------------------------------------------------------ 3. secrets
 def test_secret_reaches_training_only(tb, tmp_path, home):
-    secret = f"s3cr3t-{uuid.uuid4().hex}-'$(touch /tmp/never)`;"
+    # the quote makes shlex.quote's form differ from the raw value: the unique prefix (which survives quoting)
+    # is searched for as well, so a quoted leak (an env script in a log or a command line) is caught
+    prefix = f"s3cr3t-{uuid.uuid4().hex}"
+    secret = f"{prefix}-'$(touch /tmp/never)`;"
     state = tmp_path / "state"
     inv = tb.inventory(tmp_path / "inv.yaml")
     job = job_file(tmp_path / "job.yaml", tb, "secret", secret_env=["SECTEST_TOKEN"],
@@ -465,7 +587,7 @@ def test_secret_reaches_training_only(tb, tmp_path, home):
                         cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
                     except OSError:
                         continue
-                    if secret.encode() in cmd:
+                    if prefix.encode() in cmd:
                         leaks.append((pid, cmd))
             samples[0] += 1
             time.sleep(0.1)
@@ -487,11 +609,12 @@ def test_secret_reaches_training_only(tb, tmp_path, home):
         outputs.append(rr)
     outputs.append(clusterctl("stop", "secret", env=envs, home=home, state=state))
     for o in outputs:
-        assert secret not in o.stdout and secret not in o.stderr, o.args
+        assert prefix not in o.stdout and prefix not in o.stderr, o.args
     files = [p for p in state.rglob("*") if p.is_file()]
     assert any(p.name == "state.db" for p in files) and any(p.name == "output.log" for p in files)
+    assert any(p.name == "supervisor.log" for p in files)
     for p in files:
-        assert secret.encode() not in p.read_bytes(), p
+        assert prefix.encode() not in p.read_bytes(), p
     # the training process did get it, value for value (the dump is written by the script itself; remove it)
     dumps = wait_dump(tb.shared / "secret" / "dump", ranks=N, timeout=5)
     assert all(d["env"]["SECTEST_TOKEN"] == secret for d in dumps)
@@ -505,8 +628,11 @@ def test_secret_reaches_training_only(tb, tmp_path, home):
 def test_state_dir_private_and_stop_removes_only_this_jobs_containers(tb, tmp_path, home):
     state = tmp_path / "state"
     inv = tb.inventory(tmp_path / "inv.yaml")
-    # foreign containers on node1: same image; one even named like ours and one with another job's labels
+    # foreign containers on node1: same image; one named exactly what the old scheme (clusterctl-<job>-<node>) gave
+    # this job on node1 (and job "fs-node1" on a node "1", or job "fs" from another state dir) and carrying
+    # another job's labels, one named with our prefix, one with another job's labels
     foreign = {"foreign-plain": [], "clusterctl-fs-node1-x": [],
+               "clusterctl-fs-node1": ["--label=clusterctl.job=fs", "--label=clusterctl.job_id=fs-other-state-dir"],
                "foreign-labelled": ["--label=clusterctl.job=fs", "--label=clusterctl.job_id=fs-other-id"]}
     for n, extra in foreign.items():
         tb.exec("node1", ["podman", "run", "-d", "--network=host", f"--name={n}", *extra, IMAGE, "sleep", "600"], check=True,
@@ -517,11 +643,13 @@ def test_state_dir_private_and_stop_removes_only_this_jobs_containers(tb, tmp_pa
         r = clusterctl("launch", job, "-i", inv, "-d", home=home, state=state)
         assert r.returncode == 0, r.stderr
         wait_dump(tb.shared / "fs" / "dump", ranks=N)
-        assert "clusterctl-fs-node1" in containers(tb, "node1")
-        r = clusterctl("stop", "fs", "--grace", "1", home=home, state=state)
+        (job_id,) = [p.name for p in (state / "jobs").iterdir()]
+        ours = f"clusterctl-{job_id}_node1"
+        assert ours in containers(tb, "node1")
+        r = clusterctl("stop", "fs", "--grace", "1", home=home, state=state)   # TERM first: by label, not name
         assert r.returncode == 0, r.stderr
         left = containers(tb, "node1")
-        assert "clusterctl-fs-node1" not in left
+        assert ours not in left
         assert set(foreign) <= set(left), left
         running = tb.exec("node1", ["podman", "ps", "--format", "{{.Names}}"]).stdout.split()
         assert set(foreign) <= set(running), running

@@ -94,12 +94,12 @@ def test_json_shape_is_exactly_the_contract():
     assert doc["hosts"][0]["address"] == "10.77.0.11"
 
 
-def test_launch_subset_is_one_round_trip_and_skips_cluster_checks():
+def test_launch_subset_is_one_round_trip_and_runs_only_the_exposure_cluster_check():
     hosts, fakes = cluster(2)
     report, _ = run(hosts, fakes, JOB, only=LAUNCH_CHECKS)
     assert [c.id for c in report.hosts[0].checks] == ["ssh", "container_runtime", "nvidia_toolkit", "image", "ports",
                                                       "interface"]
-    assert report.cluster == ()
+    assert [(c.id, c.status) for c in report.cluster] == [("rendezvous_exposure", "pass")]
     assert all(len(f.calls) == 1 for f in fakes.values())
     assert "nvidia-smi" not in fakes["node1"].calls[0][-1]
     assert report.interfaces() == {"node1": "eth0", "node2": "eth0"}
@@ -420,3 +420,21 @@ def test_options_only_behaves_like_only():
     hosts, fakes = cluster(1)
     report, _ = run(hosts, fakes, options=PreflightOptions(only=frozenset({"ports"})))
     assert [c.id for c in report.hosts[0].checks] == ["ssh", "ports"]
+
+
+@pytest.mark.parametrize("address,status", [("203.0.113.7", "warn"), ("8.8.4.4", "warn"), ("2001:db8::7", "warn"),
+                                            ("10.77.0.11", "pass"), ("172.20.0.5", "pass"), ("192.168.1.9", "pass"),
+                                            ("fd00::5", "pass")])
+def test_launch_warns_when_the_rendezvous_address_is_not_private(address, status):
+    """Issue 11 item 5: the cluster NIC itself carries a public address (no second NIC): launch's checks warn."""
+    from test_checks_fakes import sections_for as sf
+
+    hosts = [Host(name="node1", address=address, runtime="podman", gpus=8),
+             Host(name="node2", address="10.77.0.12", runtime="podman", gpus=8)]
+    fakes = {"node1": FakeHost(sf(address, "node1", runtime="podman", gpus=8)),
+             "node2": FakeHost(sf("10.77.0.12", "node2", runtime="podman", gpus=8))}
+    report, _ = run(hosts, fakes, JOB, only=LAUNCH_CHECKS)
+    c = cl(report, "rendezvous_exposure")
+    assert c.status == status, c
+    if status == "warn":
+        assert address in c.detail and "not private" in c.detail and report.ok     # a warning, not a failure

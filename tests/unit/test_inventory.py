@@ -96,3 +96,41 @@ def test_shipped_examples_parse():
     assert {f.name for f in files} >= {"local.yaml", "gpu-cluster.yaml"}
     for f in files:
         assert inventory.parse(str(f)).hosts
+
+
+# ------------------------------------------------------------------ issue 11: addresses and jump hosts
+@pytest.mark.parametrize("value", ["*", "*.corp", "a,b", "a?", "!a", "'a'", '"a"', "$(id)", "a;b", "[::1]",
+                                   "a b", "10.0.0.1:22", "fe80::1%$(x)", "a/b", "-x", "a..b"])
+def test_ansible_host_must_be_a_name_or_ip(tmp_path, value):
+    f = tmp_path / "inv.yaml"
+    f.write_text("all:\n  hosts:\n    node1:\n      ansible_host: " + json.dumps(value) + "\n")
+    with pytest.raises(InputError) as e:
+        inventory.parse(str(f))
+    assert e.value.line == 4 and e.value.key == "ansible_host", e.value
+
+
+@pytest.mark.parametrize("value", ["node1", "gpu-01.corp.example", "10.0.0.1", "::1", "fe80::1%eth0", "a_b.c"])
+def test_ansible_host_names_and_ips_accepted(tmp_path, value):
+    f = tmp_path / "inv.yaml"
+    f.write_text("all:\n  hosts:\n    node1:\n      ansible_host: " + json.dumps(value) + "\n")
+    assert inventory.parse(str(f)).hosts[0].address == value
+
+
+@pytest.mark.parametrize("value,needle", [("bastion:abc", "port 'abc'"), ("bastion:0", "port '0'"),
+                                          ("::1", "brackets"), ("[::1", "IPv6"), ("*.corp", "not a host name"),
+                                          ("u;x@bastion", "invalid user"), ("ssh://bastion", "URI"),
+                                          ("a,b,c,d,e", "at most 4"), ("a,,b", "not a host name")])
+def test_proxy_jump_validated(tmp_path, value, needle):
+    f = tmp_path / "inv.yaml"
+    f.write_text("all:\n  vars:\n    clusterctl_proxy_jump: " + json.dumps(value) + "\n  hosts:\n    n1:\n")
+    with pytest.raises(InputError) as e:
+        inventory.parse(str(f))
+    assert e.value.line == 3 and e.value.key == "clusterctl_proxy_jump" and needle in str(e.value), e.value
+
+
+def test_proxy_jump_forms():
+    J = inventory.Jump
+    assert inventory.parse_proxy_jump("bastion") == [J(None, "bastion", None)]
+    assert inventory.parse_proxy_jump("u@[::1]:2222") == [J("u", "::1", 2222)]
+    assert inventory.parse_proxy_jump("a@b:22,c") == [J("a", "b", 22), J(None, "c", None)]
+    assert str(J("u", "::1", 2222)) == "u@[::1]:2222" and str(J(None, "b", None)) == "b"

@@ -219,21 +219,24 @@ def test_gpu_flags_per_runtime():
 # ------------------------------------------------------------------ runtime builders and parsers
 
 class _Ref:
-    def __init__(self, name="clusterctl-a-n1", node_dir="~/.clusterctl/jobs/j1/0", log_path=None):
-        self.container_name, self.node_dir, self.log_path = name, node_dir, log_path
+    def __init__(self, name="clusterctl-a-1_n1", node_dir="~/.clusterctl/jobs/j1/0", log_path=None, job_id="a-1"):
+        self.container_name, self.node_dir, self.log_path, self.job_id = name, node_dir, log_path, job_id
 
 
 def test_container_control_argv():
     d, p = runtimes.get("docker"), runtimes.get("podman")
     ref = _Ref()
-    assert d.stop_argv(ref) == ["docker", "kill", "--signal=TERM", "clusterctl-a-n1"]
+    # by label, then exact name (tests/unit/test_container_select.py runs these against a fake runtime)
+    assert d.stop_argv(ref)[:2] == ["sh", "-c"] and d.stop_argv(ref)[3:] == ["docker", "a-1", "clusterctl-a-1_n1",
+                                                                              "TERM"]
     assert p.remove_argv(["x", "y"]) == ["podman", "rm", "-f", "--time=0", "x", "y"]
     assert d.remove_argv(["x"]) == ["docker", "rm", "-f", "x"]
     assert d.list_argv("j1") == ["docker", "ps", "-a", "--no-trunc", "--filter=label=clusterctl.job_id=j1",
                                  "--format={{json .}}"]
     assert p.list_argv("j1")[-1] == "--format=json"
-    assert d.logs_argv(ref, tail=100, follow=True) == ["docker", "logs", "--tail=100", "--follow", "clusterctl-a-n1"]
-    assert p.logs_argv(ref) == ["podman", "logs", "clusterctl-a-n1"]
+    assert d.logs_argv(ref, tail=100, follow=True)[3:] == ["docker", "a-1", "clusterctl-a-1_n1", "--tail=100",
+                                                           "--follow"]
+    assert p.logs_argv(ref)[3:] == ["podman", "a-1", "clusterctl-a-1_n1"]
     assert d.remove_job_argv("j1")[-3:] == ["docker", "clusterctl.job_id", "j1"]
     assert set(runtimes.names()) == {"docker", "podman", "bare"}
     with pytest.raises(ValueError):
@@ -324,7 +327,7 @@ def test_bare_runs_detached_with_env_log_and_exit_code(tmp_path):
     log = open(node.log_path).read()
     assert f"NASTY {NASTY!r}" in log and f"SECRET {SECRET!r}" in log and f"CWD {tmp_path}" in log
     assert "'train.py'" in log and "--rdzv-backend=c10d" in log
-    assert open(os.path.join(node.node_dir, "name")).read().strip() == "clusterctl-bare-job-gpu01"
+    assert open(os.path.join(node.node_dir, "name")).read().strip() == "clusterctl-bj-1_gpu01"
     assert (os.stat(node.node_dir).st_mode & 0o777) == 0o700
     assert not any("env" in f for f in os.listdir(node.node_dir))          # nothing of the env on disk
     [inst] = _list(tmp_path)

@@ -102,10 +102,11 @@ def test_bare_pid_argv_reads_the_runner_pid_until_it_has_exited(tmp_path):
 
 def test_container_pid_argv():
     class Node:
-        container_name, node_dir, log_path = "clusterctl-j-n1", "/x", None
+        container_name, node_dir, log_path, job_id = "clusterctl-j-1_n1", "/x", None, "j-1"
 
-    assert runtimes.get("podman").pid_argv(Node()) == ["podman", "inspect", "--format={{.State.Pid}}",
-                                                       "clusterctl-j-n1"]
+    argv = runtimes.get("podman").pid_argv(Node())
+    assert argv[:2] == ["sh", "-c"] and argv[3:] == ["podman", "j-1", "clusterctl-j-1_n1"]
+    assert 'inspect --format="{{.State.Pid}}" "$cid"' in argv[2]
 
 
 # ------------------------------------------------------------------------------------------- observe

@@ -1,0 +1,162 @@
+"""A real SSH server in the test process (paramiko's server side on 127.0.0.1), for transport tests that need a
+server to misbehave in ways sshd never does: offer only chosen host key types, never answer an exec request,
+print without end. Also forwards direct-tcpip channels (a bastion for ProxyJump tests).
+
+Not a fake of the client: ``SSHTransport`` connects to it over TCP, checks its host key and authenticates.
+"""
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import paramiko
+
+
+def keygen(path: Path, key_type: str) -> paramiko.PKey:
+    """A fresh key of ``key_type`` (ed25519, ecdsa, rsa) written with ssh-keygen; returns it loaded."""
+    if not path.exists():
+        extra = ["-b", "2048"] if key_type == "rsa" else []
+        subprocess.run(["ssh-keygen", "-q", "-t", key_type, *extra, "-N", "", "-f", str(path)], check=True,
+                       timeout=60, stdout=subprocess.DEVNULL)
+    return paramiko.PKey.from_path(str(path))
+
+
+def known_line(names: str, key: paramiko.PKey, marker: str = "") -> str:
+    return f"{marker + ' ' if marker else ''}{names} {key.get_name()} {key.get_base64()}\n"
+
+
+class SSHServer:
+    """``exec_mode``: "ok" runs ``handler(command) -> (stdout bytes, exit code)``; "hang" never answers."""
+
+    def __init__(self, host_keys: Sequence[paramiko.PKey], exec_mode: str = "ok",
+                 handler: Callable[[str], tuple[bytes, int]] | None = None):
+        self.host_keys, self.exec_mode = list(host_keys), exec_mode
+        self.handler = handler or (lambda cmd: (b"", 0))
+        self.commands: list[str] = []
+        self.forwards: list[tuple[str, int]] = []
+        self.channels: list[paramiko.Channel] = []
+        self.closed = threading.Event()
+        self._transports: list[paramiko.Transport] = []
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def name(self) -> str:
+        return f"[127.0.0.1]:{self.port}"
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            t = paramiko.Transport(conn)
+            for k in self.host_keys:
+                t.add_server_key(k)
+            self._transports.append(t)
+            iface = _Interface(self)
+            iface.transport = t
+            try:
+                t.start_server(server=iface)
+            except (paramiko.SSHException, EOFError, OSError):
+                continue
+            threading.Thread(target=self._channels, args=(t,), daemon=True).start()
+
+    def _channels(self, t: paramiko.Transport) -> None:
+        while t.is_active() and not self.closed.is_set():
+            chan = t.accept(0.2)   # handled in the interface's callbacks; kept (a dropped Channel closes itself)
+            if chan is not None:
+                self.channels.append(chan)
+
+    def close(self) -> None:
+        self.closed.set()
+        self.sock.close()
+        for t in self._transports:
+            t.close()
+
+
+class _Interface(paramiko.ServerInterface):
+    def __init__(self, server: SSHServer):
+        self.server = server
+        self.transport: paramiko.Transport | None = None
+
+    def get_allowed_auths(self, username):
+        return "publickey"
+
+    def check_auth_publickey(self, username, key):
+        return paramiko.AUTH_SUCCESSFUL
+
+    def check_channel_request(self, kind, chanid):
+        return paramiko.OPEN_SUCCEEDED if kind == "session" else paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
+    def check_channel_exec_request(self, channel, command):
+        s = self.server
+        s.commands.append(command.decode())
+        if s.exec_mode == "hang":
+            s.closed.wait(60)            # never answers (until the test ends)
+            return False
+
+        def run() -> None:
+            time.sleep(0.05)     # let paramiko answer the exec request before the channel closes
+            out, code = s.handler(command.decode())
+            for i in range(0, len(out), 32768):
+                channel.sendall(out[i:i + 32768])
+            channel.send_exit_status(code)
+            channel.shutdown_write()
+            channel.close()
+
+        threading.Thread(target=run, daemon=True).start()
+        return True
+
+    def check_channel_direct_tcpip_request(self, chanid, origin, destination):
+        self.server.forwards.append(destination)
+        try:
+            sock = socket.create_connection(destination, timeout=5)
+        except OSError:
+            return paramiko.OPEN_FAILED_CONNECT_FAILED
+        threading.Thread(target=_pair_later, args=(self.transport, chanid, sock), daemon=True).start()
+        return paramiko.OPEN_SUCCEEDED
+
+
+def _pair_later(t: paramiko.Transport, chanid: int, sock: socket.socket) -> None:
+    """Copy bytes both ways between the forwarded channel and ``sock`` until either side closes."""
+    import select
+    import time
+
+    chan = None
+    end = time.monotonic() + 5
+    while chan is None and time.monotonic() < end:
+        chan = t._channels.get(chanid)
+        if chan is None:
+            time.sleep(0.01)
+    if chan is None:
+        sock.close()
+        return
+    try:
+        while True:
+            r, _, _ = select.select([chan, sock], [], [], 1.0)
+            if chan in r:
+                data = chan.recv(65536)
+                if not data:
+                    break
+                sock.sendall(data)
+            if sock in r:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                chan.sendall(data)
+            if chan.closed:
+                break
+    except OSError:
+        pass
+    finally:
+        sock.close()
+        chan.close()

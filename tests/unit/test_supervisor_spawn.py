@@ -1,0 +1,55 @@
+"""The detached supervisor never runs in accept-new mode (issue 11 item 1): its reconnects, for the life of the
+job, must refuse a host key that was not recorded before it started."""
+from __future__ import annotations
+
+from clusterctl import controller
+
+
+class _Proc:
+    pid = 424242
+
+
+def test_supervisor_never_gets_accept_new(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(controller.subprocess, "Popen", lambda argv, **kw: seen.append(argv) or _Proc())
+    for accept_new in (False, True):
+        for adopt in (False, True):
+            controller.spawn_supervisor(tmp_path, "job-1", accept_new=accept_new, adopt=adopt)
+    assert len(seen) == 4
+    for argv in seen:
+        assert "_supervise" in argv and "job-1" in argv
+        assert not any("accept-new" in a for a in argv), argv
+
+
+def test_supervisor_log_lines_are_redacted(tmp_path, monkeypatch):
+    """What the supervisor echoes goes to supervisor.log: secret values are masked there as in the DB."""
+    from clusterctl import paths
+    from clusterctl.state import JobState, Store
+    from clusterctl.transport import ConnectOptions
+
+    root = paths.ensure_state_dir(tmp_path / "state")
+    store = Store(paths.db_path(root))
+    job_id = store.create_job("j", "{}", None, "/j.yaml")
+
+    class Ops:
+        secrets = {"TOKEN": "s3cr3t-value"}
+
+        def wait_for_change(self, timeout):
+            pass
+
+        def close(self):
+            pass
+
+    class Sup:
+        def __init__(self, job_id, store, ops, policy, nodes, wait, on_event):
+            self.on_event = on_event
+
+        def run(self, adopt_attempt=None):
+            self.on_event("node n1 failed: Traceback ... token=s3cr3t-value")
+            return JobState.SUCCEEDED
+
+    monkeypatch.setattr(controller, "build_ops", lambda root, store, job_id, options: (Ops(), None, ["n1"]))
+    monkeypatch.setattr(controller, "Supervisor", Sup)
+    lines = []
+    assert controller.supervise(root, job_id, ConnectOptions(), echo=lines.append) == JobState.SUCCEEDED
+    assert lines == ["clusterctl: node n1 failed: Traceback ... token=***"]
