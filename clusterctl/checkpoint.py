@@ -32,6 +32,8 @@ import errno
 import hashlib
 import json
 import os
+import pickle
+import random
 import re
 import secrets
 import shutil
@@ -83,6 +85,10 @@ __all__ = [
     "save",
     "load",
     "async_save",
+    "rng_state",
+    "set_rng_state",
+    "capture",
+    "restore",
     "main",
 ]
 
@@ -679,6 +685,153 @@ def async_save(state_dict: Dict[str, Any], step: int, root: Optional[str] = None
     fut = dcp.async_save(state_dict, checkpoint_id=tmp, process_group=process_group)
     upload = getattr(fut, "upload_completion", fut)  # AsyncSaveResponse (staged) or a Future
     return AsyncCheckpoint(upload, tmp, int(step), r, rank, process_group, distributed)
+
+
+# --------------------------------------------------------------------------------------------
+# the whole training state (torch imported lazily)
+# --------------------------------------------------------------------------------------------
+
+TRAINING_FORMAT = "clusterctl-training/1"
+
+
+def rng_state() -> Dict[str, Any]:
+    """This process's random number generators: python, numpy (when imported or importable), torch CPU, and
+    CUDA (every device) when CUDA is initialized. Plain containers and tensors: loads with ``weights_only=True``."""
+    import torch
+
+    state: Dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        state["numpy"] = [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured (the parts this process has: no numpy, no CUDA are skipped)."""
+    import torch
+
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        try:
+            import numpy as np
+        except ImportError:
+            np = None
+        if np is not None:
+            name, keys, pos, has_gauss, cached = state["numpy"]
+            np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _all_gather_bytes(data: bytes, group: Any = None) -> List[bytes]:
+    """Every rank's ``data``, in rank order (tensor collectives only: no object collectives, no numpy)."""
+    import torch
+    import torch.distributed as dist
+
+    device = _collective_device(group)
+    n = dist.get_world_size(group)
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(n)]
+    dist.all_gather(sizes, size, group=group)
+    longest = max(int(s.item()) for s in sizes)
+    buf = torch.zeros(longest, dtype=torch.uint8, device=device)
+    if data:
+        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    bufs = [torch.zeros_like(buf) for _ in range(n)]
+    dist.all_gather(bufs, buf, group=group)
+    return [bytes(b[: int(s.item())].cpu().tolist()) for b, s in zip(bufs, sizes)]
+
+
+def _unwrap(model: Any) -> Any:
+    """The module inside DistributedDataParallel / DataParallel (their state_dict keys carry ``module.``)."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    return model.module if isinstance(model, (DistributedDataParallel, DataParallel)) else model
+
+
+def capture(step: int, *, epoch: int = 0, model: Any = None, optimizer: Any = None, scheduler: Any = None,
+            scaler: Any = None, data: Any = None, extra: Optional[Dict[str, Any]] = None,
+            group: Any = None) -> Dict[str, Any]:
+    """Everything that decides the next step, as one dict for :func:`save`. **Call on every rank** (it gathers
+    each rank's RNG states with a collective); rank 0's dict holds them all.
+
+    ``data``: the data position, e.g. ``sampler.state_dict(yielded=n)`` of a
+    :class:`clusterctl.sampler.ResumableDistributedSampler` or a ``StatefulDataLoader``'s ``state_dict()``.
+    ``model`` may be wrapped in DDP (its inner module is saved). ``extra``: anything else ``torch.save`` takes.
+    """
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized()
+    mine = rng_state()
+    if distributed:
+        rngs = [pickle.loads(b) for b in _all_gather_bytes(pickle.dumps(mine), group)]
+    else:
+        rngs = [mine]
+    state: Dict[str, Any] = {"format": TRAINING_FORMAT, "step": int(step), "epoch": int(epoch),
+                             "world_size": len(rngs), "rng": rngs}
+    if model is not None:
+        state["model"] = _unwrap(model).state_dict()
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    if scaler is not None:
+        state["scaler"] = scaler.state_dict()
+    if data is not None:
+        state["data"] = data
+    if extra is not None:
+        state["extra"] = extra
+    return state
+
+
+def restore(state: Dict[str, Any], *, model: Any = None, optimizer: Any = None, scheduler: Any = None,
+            scaler: Any = None, data: Any = None, rng: bool = True, group: Any = None) -> Dict[str, Any]:
+    """Put a :func:`capture`d state back: model, optimizer, scheduler, scaler, ``data.load_state_dict(...)``
+    (sampler or stateful loader), and this rank's RNG states. Returns ``{"step", "epoch", "world_size",
+    "rng_restored", "extra"}``. Call on every rank (no collective).
+
+    At the saved world size every rank gets its own RNG states back. After an elastic change of world size no
+    rank's are (the saved streams belonged to another sharding): every rank keeps the RNG states the script
+    seeded and ``rng_restored`` is False; the data position is re-sharded by the sampler.
+    """
+    if not isinstance(state, dict) or state.get("format") != TRAINING_FORMAT:
+        raise CheckpointError(f"not a {TRAINING_FORMAT} state (saved with checkpoint.capture?)")
+    if model is not None:
+        _unwrap(model).load_state_dict(state["model"])
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and "scheduler" in state:
+        scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and "scaler" in state:
+        scaler.load_state_dict(state["scaler"])
+    if data is not None and "data" in state:
+        data.load_state_dict(state["data"])
+    _, rank = _dist_rank(group)
+    rngs = state.get("rng") or []
+    restored = False
+    if rng and rank < len(rngs) and len(rngs) == _world_size(group):
+        set_rng_state(rngs[rank])
+        restored = True
+    return {"step": int(state["step"]), "epoch": int(state["epoch"]), "world_size": int(state["world_size"]),
+            "rng_restored": restored, "extra": state.get("extra")}
+
+
+def _world_size(group: Any = None) -> int:
+    try:
+        import torch.distributed as dist
+    except Exception:  # pragma: no cover - torch missing
+        return 1
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(group)
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
 # --------------------------------------------------------------------------------------------

@@ -99,16 +99,27 @@ class LaunchPlan:
 _EOF = "__CLUSTERCTL_CHECKPOINT_PY__"
 
 
-def checkpoint_installer(source: str) -> str:
+# the modules of ours a training script may import on a node: `from clusterctl import checkpoint, sampler`
+NODE_MODULES = ("checkpoint.py", "sampler.py")
+
+
+def checkpoint_installer(source: str, extra: Mapping[str, str] | None = None) -> str:
     """Shell text that makes ``from clusterctl import checkpoint`` work wherever the job runs (inside the
-    container too): writes ``source`` (checkpoint.py) into a fresh private temp dir and prepends it to PYTHONPATH.
+    container too): writes ``source`` (checkpoint.py), and each ``extra`` file (name -> text, e.g. sampler.py)
+    beside it, into a fresh private temp dir and prepends it to PYTHONPATH.
     Runs in the shell that execs torchrun, so it needs nothing on the node but ``sh`` and ``mktemp``."""
-    if _EOF in source:
-        raise ValueError("checkpoint source contains the heredoc delimiter")
+    files = {"checkpoint.py": source, **(extra or {})}
+    parts = []
+    for name, text in files.items():
+        if _EOF in text:
+            raise ValueError(f"{name} contains the heredoc delimiter")
+        if not re.fullmatch(r"[a-z_]+\.py", name):
+            raise ValueError(f"not a module file name: {name!r}")
+        parts.append(f'cat >"$_cc_lib/clusterctl/{name}" <<\'{_EOF}\' &&\n{text}'
+                     + ("" if text.endswith("\n") else "\n") + f"{_EOF}\n")
     return (f'_cc_lib=$(mktemp -d "${{TMPDIR:-/tmp}}/clusterctl-lib.XXXXXX") && mkdir "$_cc_lib/clusterctl" && '
-            f': >"$_cc_lib/clusterctl/__init__.py" && cat >"$_cc_lib/clusterctl/checkpoint.py" <<\'{_EOF}\' '
-            f'&& export PYTHONPATH="$_cc_lib${{PYTHONPATH:+:$PYTHONPATH}}"\n{source}'
-            + ("" if source.endswith("\n") else "\n") + f"{_EOF}\nunset _cc_lib\n")
+            f': >"$_cc_lib/clusterctl/__init__.py" &&\n' + "".join(parts)
+            + 'export PYTHONPATH="$_cc_lib${PYTHONPATH:+:$PYTHONPATH}"\nunset _cc_lib\n')
 
 
 def read_secrets(names: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
