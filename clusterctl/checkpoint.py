@@ -39,6 +39,7 @@ import secrets
 import shutil
 import stat
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -621,9 +622,10 @@ def load(
 
 
 class AsyncCheckpoint:
-    """Handle returned by :func:`async_save`. ``result()`` waits for the write, then finalizes
-    (rank 0 writes the manifest and renames the directory into place; all ranks of the group
-    synchronize) and returns the final path. Every rank must call ``result()``."""
+    """Handle returned by :func:`async_save`. On rank 0 a background thread waits for the write and finalizes
+    (writes the manifest, which hashes every file, and renames the directory into place), so none of that stalls
+    training. ``result()`` waits for it (and the group's write), synchronizes the ranks of the group and returns
+    the final path. Every rank must call ``result()``, before the next save."""
 
     def __init__(self, future: Any, tmp_dir: str, step: int, root: str, rank: int, process_group: Any, distributed: bool):
         self._future = future
@@ -636,10 +638,37 @@ class AsyncCheckpoint:
         self._distributed = distributed
         self._finalized = False
         self._error: Optional[BaseException] = None
+        self._bg_error: Optional[BaseException] = None
+        self._finisher: Optional[threading.Thread] = None
+        if rank == 0:
+            self._finisher = threading.Thread(target=self._write_then_finalize, daemon=True,
+                                              name=f"clusterctl-checkpoint-{step}")
+            self._finisher.start()
+
+    def _write_then_finalize(self) -> None:
+        try:
+            self._future.result()
+            self.path = finalize(self.tmp_dir, self.step, self.root)
+        except BaseException as e:  # reported by result()
+            self._bg_error = e
 
     def done(self) -> bool:
-        """True when the DCP write has finished (``result()`` still has to be called)."""
-        return self._finalized or self._future.done()
+        """True when this rank's part has finished (``result()`` still has to be called)."""
+        if self._finalized:
+            return True
+        if self._finisher is not None:
+            return not self._finisher.is_alive()
+        return self._future.done()
+
+    def _wait(self, timeout: Optional[float]) -> None:
+        if self._finisher is None:
+            self._future.result(timeout=timeout)
+            return
+        self._finisher.join(timeout)
+        if self._finisher.is_alive():
+            raise TimeoutError(f"checkpoint step {self.step} not written after {timeout}s")
+        if self._bg_error is not None:
+            raise self._bg_error
 
     def result(self, timeout: Optional[float] = None) -> str:
         if self._error is not None:
@@ -648,9 +677,7 @@ class AsyncCheckpoint:
             return self.path
         error = ""
         try:
-            self._future.result(timeout=timeout)
-            if self._rank == 0:
-                self.path = finalize(self.tmp_dir, self.step, self.root)
+            self._wait(timeout)
         except BaseException as e:
             if not self._distributed or not isinstance(e, Exception):
                 self._error = e
