@@ -134,3 +134,22 @@ def test_restore_at_another_world_size_leaves_the_rng_alone(tmp_path):
     info = checkpoint.restore(state)
     assert not info["rng_restored"] and torch.equal(torch.get_rng_state(), before)
     os.environ.pop("WORLD_SIZE", None)
+
+
+def test_async_save_holds_the_state_of_its_call_while_training_changes_it(tmp_path, monkeypatch):
+    """Staging into kept buffers: each checkpoint holds the values at its async_save call, though the tensors
+    change right after the call and the buffers are reused by the next checkpoint."""
+    monkeypatch.delenv("RANK", raising=False)
+    state = {"w": torch.zeros(1 << 16), "opt": {"m": torch.ones(8)}, "step": 0}
+    handles = []
+    for step in (1, 2, 3):
+        state["w"].fill_(float(step))
+        state["opt"]["m"].fill_(-float(step))
+        state["step"] = step
+        handles.append(checkpoint.async_save(state, step, root=str(tmp_path)))
+        state["w"].fill_(99.0)                          # training goes on at once
+        handles[-1].result(timeout=60)
+    for step, h in zip((1, 2, 3), handles):
+        target = {"w": torch.empty(1 << 16), "opt": {"m": torch.empty(8)}, "step": 0}
+        checkpoint.load(h.path, state_dict=target)
+        assert torch.all(target["w"] == step) and torch.all(target["opt"]["m"] == -step) and target["step"] == step
