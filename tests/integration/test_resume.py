@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from clusterctl.sampler import epoch_order
 from tests.integration import recovery_harness as rh
@@ -32,9 +33,11 @@ def make_run(tb, tmp: Path, name: str, nodes: str) -> rh.Run:
     tmp.mkdir(parents=True, exist_ok=True)
     shared = Path(tb.shared) / name
     shared.mkdir(parents=True, exist_ok=True)
-    # CPU training: the hosts' stub GPUs stay out of it (no CDI devices in the containers)
-    inv = tb.inventory(tmp / "inventory.yaml", runtime="podman", hosts=[h.name for h in tb.hosts[:3]],
-                       extra_vars={"clusterctl_gpus": 0})
+    inv = tb.inventory(tmp / "inventory.yaml", runtime="podman", hosts=[h.name for h in tb.hosts[:3]])
+    data = yaml.safe_load(inv.read_text())
+    for host in data["all"]["hosts"].values():      # CPU training: no GPU (CDI) devices in the containers
+        host["clusterctl_gpus"] = 0
+    inv.write_text(yaml.safe_dump(data, sort_keys=False))
     job = rh.job_yaml(tmp / "job.yaml", shared, name=name, steps=STEPS, every=EVERY, step_time=0.05, nodes=nodes,
                       extra_args=["--ledger", str(shared / "ledger"), "--batch-size", str(BATCH)],
                       restarts={"max_failures": 2, "backoff_s": 0.2})
