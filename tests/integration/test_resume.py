@@ -26,7 +26,7 @@ from tests.integration import recovery_harness as rh
 DATASET, SEED = 3072, 1234           # the quickstart's (examples/quickstart/train.py)
 BATCH = 32
 STEPS, EVERY = 60, 10                 # 6 ranks x 32: 16 steps per epoch; 4 ranks: 24
-KILL_AFTER = 25                       # epoch 1, step 9 of 16; the last checkpoint (20) is mid-epoch too
+KILL_AFTER = 25                       # epoch 1, step 9 of 16; every checkpoint step (10, 20, ...) is mid-epoch
 
 
 def make_run(tb, tmp: Path, name: str, nodes: str) -> rh.Run:
@@ -130,7 +130,8 @@ def test_a_rank_killed_mid_epoch_resumes_bit_identically(testbed, tmp_path, refe
     st = finish(run)
     assert st["attempt"] == 2 and len(st["nodes"]) == 3, st
     starts = resume_points(run)
-    assert sorted(starts.values())[1] % EVERY == 0 and 16 < sorted(starts.values())[1] < 32, starts  # mid-epoch 1
+    resumed = sorted(starts.values())[1]
+    assert resumed > 0 and resumed % EVERY == 0 and resumed % 16 != 0, starts   # from a mid-epoch checkpoint
     assert {r["world_size"] for r in run.steps_log()} == {6}
     rh.check_steps(run)
 
