@@ -164,6 +164,18 @@ def fingerprint(model) -> str:
     return h.hexdigest()
 
 
+def settle(ddp, device) -> None:
+    """One zero-gradient step right after DDP wraps the model, so that every real step runs on DDP's final
+    gradient buckets. DDP rebuilds its buckets after the first backward; the first step on the initial buckets
+    sums some gradient elements in another order (with more than 2 ranks the all-reduce result then differs in the
+    last bits), and a resumed run would take that step where the uninterrupted run did not. Eval mode: no dropout
+    (no RNG draw); no optimizer step."""
+    ddp.module.eval()
+    (ddp(torch.zeros(1, IN_DIM, device=device)).sum() * 0).backward()
+    ddp.module.train()
+    ddp.module.zero_grad(set_to_none=True)
+
+
 def append_line(fd, obj) -> None:
     os.write(fd, (json.dumps(obj) + "\n").encode())
 
@@ -231,6 +243,7 @@ def main(argv=None) -> int:
         print("starting from scratch", flush=True)
 
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    settle(ddp, device)
     loss_fn = nn.MSELoss()
     record_fd = os.open(args.record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if args.record and rank == 0 else None
     ledger_fd = None

@@ -1,7 +1,7 @@
 """Exact resume, on the testbed: the quickstart (Dataset, ResumableDistributedSampler, DataLoader with 2 workers,
 DDP, dropout, Adam + LR schedule; 3 nodes x 2 ranks, gloo on CPU, podman) launched with the real CLI.
 
-* same world size (2 nodes x 1 rank): the job uninterrupted vs. the same job with a rank SIGKILLed mid-epoch -> the
+* same world size (3 nodes x 2 ranks): the job uninterrupted vs. the same job with a rank SIGKILLed mid-epoch -> the
   final parameters are bit-identical (torch.equal on every tensor of the final checkpoint), and so is every
   step's loss;
 * elastic shrink 3 -> 2 nodes (6 -> 4 ranks) mid-epoch: a ledger of the sample ids every rank trained on shows every sample of
@@ -127,30 +127,26 @@ def reference(testbed, tmp_path_factory):
             stop(run)
 
 
-def test_a_rank_killed_mid_epoch_resumes_bit_identically(testbed, tmp_path, cleanup):
-    """2 nodes x 1 rank (world size 2): see docs/checkpoints.md, "Bit-identical: what was verified", for why
-    this world size (at 6 ranks the resumed run matches for a few steps, then differs in the last bits)."""
-    ref = uninterrupted(testbed, tmp_path / "ref", "rsexactref", "2", 1, 2)
-    cleanup(ref)
-    run = make_run(testbed, tmp_path / "killed", "rsexact", nodes="2", nproc=1)
+def test_a_rank_killed_mid_epoch_resumes_bit_identically(testbed, tmp_path, reference, cleanup):
+    run = make_run(testbed, tmp_path, "rsexact", nodes="3")
     cleanup(run)
     run.launch()
     run.wait_step(KILL_AFTER)
     victim = rh.other_host(run)
     os.kill(rh.rank_pids(testbed, victim)[0], signal.SIGKILL)
     st = finish(run)
-    assert st["attempt"] == 2 and len(st["nodes"]) == 2, st
+    assert st["attempt"] == 2 and len(st["nodes"]) == 3, st
     starts = resume_points(run)
     resumed = sorted(starts.values())[1]
-    assert resumed > 0 and resumed % EVERY == 0 and resumed % 48 != 0, starts   # a mid-epoch checkpoint
-    assert {r["world_size"] for r in run.steps_log()} == {2}
+    assert resumed > 0 and resumed % EVERY == 0 and resumed % 16 != 0, starts   # a mid-epoch checkpoint
+    assert {r["world_size"] for r in run.steps_log()} == {6}
     rh.check_steps(run)
 
-    want, got = final_model(ref), final_model(run)
+    want, got = final_model(reference), final_model(run)
     assert want.keys() == got.keys()
     different = [k for k in want if not torch.equal(want[k], got[k])]
     assert not different, f"parameters differ after the resume: {different}"
-    assert losses(run) == losses(ref), "the loss trajectory differs"
+    assert losses(run) == losses(reference), "the loss trajectory differs"
     rh.check_clean(run)
 
 
