@@ -32,11 +32,14 @@ import errno
 import hashlib
 import json
 import os
+import pickle
+import random
 import re
 import secrets
 import shutil
 import stat
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -83,6 +86,10 @@ __all__ = [
     "save",
     "load",
     "async_save",
+    "rng_state",
+    "set_rng_state",
+    "capture",
+    "restore",
     "main",
 ]
 
@@ -615,9 +622,10 @@ def load(
 
 
 class AsyncCheckpoint:
-    """Handle returned by :func:`async_save`. ``result()`` waits for the write, then finalizes
-    (rank 0 writes the manifest and renames the directory into place; all ranks of the group
-    synchronize) and returns the final path. Every rank must call ``result()``."""
+    """Handle returned by :func:`async_save`. On rank 0 a background thread waits for the write and finalizes
+    (writes the manifest, which hashes every file, and renames the directory into place), so none of that stalls
+    training. ``result()`` waits for it (and the group's write), synchronizes the ranks of the group and returns
+    the final path. Every rank must call ``result()``, before the next save."""
 
     def __init__(self, future: Any, tmp_dir: str, step: int, root: str, rank: int, process_group: Any, distributed: bool):
         self._future = future
@@ -630,10 +638,37 @@ class AsyncCheckpoint:
         self._distributed = distributed
         self._finalized = False
         self._error: Optional[BaseException] = None
+        self._bg_error: Optional[BaseException] = None
+        self._finisher: Optional[threading.Thread] = None
+        if rank == 0:
+            self._finisher = threading.Thread(target=self._write_then_finalize, daemon=True,
+                                              name=f"clusterctl-checkpoint-{step}")
+            self._finisher.start()
+
+    def _write_then_finalize(self) -> None:
+        try:
+            self._future.result()
+            self.path = finalize(self.tmp_dir, self.step, self.root)
+        except BaseException as e:  # reported by result()
+            self._bg_error = e
 
     def done(self) -> bool:
-        """True when the DCP write has finished (``result()`` still has to be called)."""
-        return self._finalized or self._future.done()
+        """True when this rank's part has finished (``result()`` still has to be called)."""
+        if self._finalized:
+            return True
+        if self._finisher is not None:
+            return not self._finisher.is_alive()
+        return self._future.done()
+
+    def _wait(self, timeout: Optional[float]) -> None:
+        if self._finisher is None:
+            self._future.result(timeout=timeout)
+            return
+        self._finisher.join(timeout)
+        if self._finisher.is_alive():
+            raise TimeoutError(f"checkpoint step {self.step} not written after {timeout}s")
+        if self._bg_error is not None:
+            raise self._bg_error
 
     def result(self, timeout: Optional[float] = None) -> str:
         if self._error is not None:
@@ -642,9 +677,7 @@ class AsyncCheckpoint:
             return self.path
         error = ""
         try:
-            self._future.result(timeout=timeout)
-            if self._rank == 0:
-                self.path = finalize(self.tmp_dir, self.step, self.root)
+            self._wait(timeout)
         except BaseException as e:
             if not self._distributed or not isinstance(e, Exception):
                 self._error = e
@@ -661,11 +694,81 @@ class AsyncCheckpoint:
         return self.path
 
 
-def async_save(state_dict: Dict[str, Any], step: int, root: Optional[str] = None, process_group: Any = None) -> AsyncCheckpoint:
+class _BufferStager:
+    """Stages a state dict for ``dcp.async_save`` into CPU buffers kept from one checkpoint to the next.
+
+    DCP's default stager allocates a fresh copy of the state at every checkpoint; on CPU the page faults of that
+    allocation cost as much as the copy itself. Kept buffers are faulted in once, so later stagings are a plain
+    memory copy. The price: one copy of the state stays allocated between checkpoints. Before a buffer is
+    overwritten, the previous checkpoint's write (which reads it) is waited for.
+    Only plain tensors are staged here; a state with DTensor/ShardedTensor goes to DCP's default stager."""
+
+    _synchronize_after_execute = False
+
+    def __init__(self) -> None:
+        self._buffers: Dict[Tuple[Any, ...], Any] = {}
+        self.previous: Any = None   # the Future of the last write that reads the buffers
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return False
+
+    @staticmethod
+    def fits(obj: Any) -> bool:
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            return type(obj) is torch.Tensor or isinstance(obj, torch.nn.Parameter)
+        if isinstance(obj, dict):
+            return all(_BufferStager.fits(v) for v in obj.values())
+        if isinstance(obj, (list, tuple)):
+            return all(_BufferStager.fits(v) for v in obj)
+        return True
+
+    def stage(self, state_dict: Dict[str, Any]) -> Dict[str, Any]:
+        if self.previous is not None:
+            self.previous.result()
+            self.previous = None
+        return self._copy(state_dict, ())
+
+    def _copy(self, obj: Any, path: Tuple[Any, ...]) -> Any:
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            buf = self._buffers.get(path)
+            if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
+                buf = torch.empty(obj.shape, dtype=obj.dtype, device="cpu")
+                self._buffers[path] = buf
+            buf.copy_(obj.detach())
+            return buf
+        if isinstance(obj, dict):
+            return {k: self._copy(v, path + (k,)) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._copy(v, path + (i,)) for i, v in enumerate(obj))
+        return obj
+
+    def synchronize_staging(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self._buffers.clear()
+
+
+_STAGER: Optional[_BufferStager] = None
+
+
+def async_save(state_dict: Dict[str, Any], step: int, root: Optional[str] = None, process_group: Any = None,
+               reuse_buffers: bool = True) -> AsyncCheckpoint:
     """Start a ``torch.distributed.checkpoint.async_save`` of ``state_dict`` into a temporary
     directory. Call on all ranks of ``process_group``; the root must be a filesystem shared by
     all of them. Call ``.result()`` on the returned handle (all ranks) to finalize.
+
+    Blocks only while the state is copied to CPU memory (so training may change it as soon as this returns);
+    the write, the manifest and the rename run in the background. ``reuse_buffers`` (default) stages into CPU
+    buffers kept between checkpoints (see ``_BufferStager``: faster, one copy of the state stays allocated);
+    ``False`` uses DCP's default stager (a fresh copy per checkpoint).
     """
+    global _STAGER
     import torch.distributed.checkpoint as dcp
 
     r = _require_root(root)
@@ -676,9 +779,163 @@ def async_save(state_dict: Dict[str, Any], step: int, root: Optional[str] = None
     token = f"{nonce:016x}"
     tmp = os.path.join(r, f".tmp-{step_dirname(step)}-{token}")
     os.makedirs(tmp, exist_ok=True)
-    fut = dcp.async_save(state_dict, checkpoint_id=tmp, process_group=process_group)
+    stager = None
+    if reuse_buffers and _BufferStager.fits(state_dict):
+        if _STAGER is None:
+            _STAGER = _BufferStager()
+        stager = _STAGER
+    fut = dcp.async_save(state_dict, checkpoint_id=tmp, process_group=process_group, async_stager=stager)
     upload = getattr(fut, "upload_completion", fut)  # AsyncSaveResponse (staged) or a Future
+    if stager is not None:
+        stager.previous = upload
     return AsyncCheckpoint(upload, tmp, int(step), r, rank, process_group, distributed)
+
+
+# --------------------------------------------------------------------------------------------
+# the whole training state (torch imported lazily)
+# --------------------------------------------------------------------------------------------
+
+TRAINING_FORMAT = "clusterctl-training/1"
+
+
+def rng_state() -> Dict[str, Any]:
+    """This process's random number generators: python, numpy (when imported or importable), torch CPU, and
+    CUDA (every device) when CUDA is initialized. Plain containers and tensors: loads with ``weights_only=True``."""
+    import torch
+
+    state: Dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        state["numpy"] = [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured (the parts this process has: no numpy, no CUDA are skipped)."""
+    import torch
+
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        try:
+            import numpy as np
+        except ImportError:
+            np = None
+        if np is not None:
+            name, keys, pos, has_gauss, cached = state["numpy"]
+            np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _all_gather_bytes(data: bytes, group: Any = None) -> List[bytes]:
+    """Every rank's ``data``, in rank order (tensor collectives only: no object collectives, no numpy)."""
+    import torch
+    import torch.distributed as dist
+
+    device = _collective_device(group)
+    n = dist.get_world_size(group)
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(n)]
+    dist.all_gather(sizes, size, group=group)
+    longest = max(int(s.item()) for s in sizes)
+    buf = torch.zeros(longest, dtype=torch.uint8, device=device)
+    if data:
+        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    bufs = [torch.zeros_like(buf) for _ in range(n)]
+    dist.all_gather(bufs, buf, group=group)
+    return [bytes(b[: int(s.item())].cpu().tolist()) for b, s in zip(bufs, sizes)]
+
+
+def _unwrap(model: Any) -> Any:
+    """The module inside DistributedDataParallel / DataParallel (their state_dict keys carry ``module.``)."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    return model.module if isinstance(model, (DistributedDataParallel, DataParallel)) else model
+
+
+def capture(step: int, *, epoch: int = 0, model: Any = None, optimizer: Any = None, scheduler: Any = None,
+            scaler: Any = None, data: Any = None, extra: Optional[Dict[str, Any]] = None,
+            group: Any = None) -> Dict[str, Any]:
+    """Everything that decides the next step, as one dict for :func:`save`. **Call on every rank** (it gathers
+    each rank's RNG states with a collective); rank 0's dict holds them all.
+
+    ``data``: the data position, e.g. ``sampler.state_dict(yielded=n)`` of a
+    :class:`clusterctl.sampler.ResumableDistributedSampler` or a ``StatefulDataLoader``'s ``state_dict()``.
+    ``model`` may be wrapped in DDP (its inner module is saved). ``extra``: anything else ``torch.save`` takes.
+    """
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized()
+    mine = rng_state()
+    if distributed:
+        rngs = [pickle.loads(b) for b in _all_gather_bytes(pickle.dumps(mine), group)]
+    else:
+        rngs = [mine]
+    state: Dict[str, Any] = {"format": TRAINING_FORMAT, "step": int(step), "epoch": int(epoch),
+                             "world_size": len(rngs), "rng": rngs}
+    if model is not None:
+        state["model"] = _unwrap(model).state_dict()
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    if scaler is not None:
+        state["scaler"] = scaler.state_dict()
+    if data is not None:
+        state["data"] = data
+    if extra is not None:
+        state["extra"] = extra
+    return state
+
+
+def restore(state: Dict[str, Any], *, model: Any = None, optimizer: Any = None, scheduler: Any = None,
+            scaler: Any = None, data: Any = None, rng: bool = True, group: Any = None) -> Dict[str, Any]:
+    """Put a :func:`capture`d state back: model, optimizer, scheduler, scaler, ``data.load_state_dict(...)``
+    (sampler or stateful loader), and this rank's RNG states. Returns ``{"step", "epoch", "world_size",
+    "rng_restored", "extra"}``. Call on every rank (no collective).
+
+    At the saved world size every rank gets its own RNG states back. After an elastic change of world size no
+    rank's are (the saved streams belonged to another sharding): every rank keeps the RNG states the script
+    seeded and ``rng_restored`` is False; the data position is re-sharded by the sampler.
+    """
+    if not isinstance(state, dict) or state.get("format") != TRAINING_FORMAT:
+        raise CheckpointError(f"not a {TRAINING_FORMAT} state (saved with checkpoint.capture?)")
+    if model is not None:
+        _unwrap(model).load_state_dict(state["model"])
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and "scheduler" in state:
+        scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and "scaler" in state:
+        scaler.load_state_dict(state["scaler"])
+    if data is not None and "data" in state:
+        data.load_state_dict(state["data"])
+    _, rank = _dist_rank(group)
+    rngs = state.get("rng") or []
+    restored = False
+    if rng and rank < len(rngs) and len(rngs) == _world_size(group):
+        set_rng_state(rngs[rank])
+        restored = True
+    return {"step": int(state["step"]), "epoch": int(state["epoch"]), "world_size": int(state["world_size"]),
+            "rng_restored": restored, "extra": state.get("extra")}
+
+
+def _world_size(group: Any = None) -> int:
+    try:
+        import torch.distributed as dist
+    except Exception:  # pragma: no cover - torch missing
+        return 1
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(group)
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,14 +22,16 @@ from clusterctl import paths, runtimes
 from clusterctl.errors import TransportError
 from clusterctl.heartbeat import Arrivals
 from clusterctl.inventory import Host
-from clusterctl.plan import LaunchPlan, build_plan, checkpoint_installer
+from clusterctl.plan import NODE_MODULES, LaunchPlan, build_plan, checkpoint_installer
 from clusterctl.spec import JobSpec
 from clusterctl.state import JobState, Store
 from clusterctl.supervisor import Observation
 from clusterctl.transport import ConnectOptions, Transport, connect, fan_out
 
 # `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
-CHECKPOINT_INSTALLER = checkpoint_installer(Path(checkpoint_mod.__file__).read_text())
+_PKG = Path(checkpoint_mod.__file__).parent
+CHECKPOINT_INSTALLER = checkpoint_installer((_PKG / "checkpoint.py").read_text(),
+                                            {n: (_PKG / n).read_text() for n in NODE_MODULES if n != "checkpoint.py"})
 RANK_PREFIX = re.compile(rb"^\[(\d+)\]:")
 TAIL_LINES = 200          # lines of a node's own log read to explain its end
 

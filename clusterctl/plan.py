@@ -103,19 +103,30 @@ _EOF = "__CLUSTERCTL_CHECKPOINT_PY__"
 LIB_DIR_VAR = runtimes.LIB_DIR_VAR
 
 
-def checkpoint_installer(source: str) -> str:
+# the modules of ours a training script may import on a node: `from clusterctl import checkpoint, sampler`
+NODE_MODULES = ("checkpoint.py", "sampler.py")
+
+
+def checkpoint_installer(source: str, extra: Mapping[str, str] | None = None) -> str:
     """Shell text that makes ``from clusterctl import checkpoint`` work wherever the job runs (inside the
-    container too): writes ``source`` (checkpoint.py) into ``$CLUSTERCTL_LIB_DIR`` (bare: set by the runner, removed
-    when torchrun ends) or a fresh private temp dir (containers) and prepends it to PYTHONPATH.
+    container too): writes ``source`` (checkpoint.py), and each ``extra`` file (name -> text, e.g. sampler.py)
+    beside it, into ``$CLUSTERCTL_LIB_DIR`` (bare: set by the runner, removed when torchrun ends) or a fresh
+    private temp dir (containers) and prepends it to PYTHONPATH.
     Runs in the shell that execs torchrun, so it needs nothing on the node but ``sh`` and ``mktemp``."""
-    if _EOF in source:
-        raise ValueError("checkpoint source contains the heredoc delimiter")
+    files = {"checkpoint.py": source, **(extra or {})}
     v = LIB_DIR_VAR   # its only variable: a CLUSTERCTL_ name, which no job env var may have (any job name arrives)
+    parts = []
+    for name, text in files.items():
+        if _EOF in text:
+            raise ValueError(f"{name} contains the heredoc delimiter")
+        if not re.fullmatch(r"[a-z_]+\.py", name):
+            raise ValueError(f"not a module file name: {name!r}")
+        parts.append(f'cat >"${v}/clusterctl/{name}" <<\'{_EOF}\' &&\n{text}'
+                     + ("" if text.endswith("\n") else "\n") + f"{_EOF}\n")
     return (f'{{ [ -n "${{{v}:-}}" ] && mkdir -p -m 700 "${v}" || '
             f'{v}=$(mktemp -d "${{TMPDIR:-/tmp}}/clusterctl-lib.XXXXXX"); }} && mkdir -p "${v}/clusterctl" && '
-            f': >"${v}/clusterctl/__init__.py" && cat >"${v}/clusterctl/checkpoint.py" <<\'{_EOF}\' '
-            f'&& export PYTHONPATH="${v}${{PYTHONPATH:+:$PYTHONPATH}}"\n{source}'
-            + ("" if source.endswith("\n") else "\n") + f"{_EOF}\nunset {v}\n")
+            f': >"${v}/clusterctl/__init__.py" &&\n' + "".join(parts)
+            + f'export PYTHONPATH="${v}${{PYTHONPATH:+:$PYTHONPATH}}"\nunset {v}\n')
 
 
 def read_secrets(names: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:

@@ -1,54 +1,69 @@
-"""Quickstart: a small DDP training run that checkpoints and resumes with clusterctl.checkpoint.
+"""Quickstart: the usual DDP training script (Dataset, DistributedSampler + set_epoch, DataLoader with workers,
+DDP), written so that a restart continues exactly the run that would have happened.
 
     torchrun --standalone --nproc-per-node 2 examples/quickstart/train.py --steps 200
 
-An MLP learns a fixed random "teacher" MLP on synthetic data. Everything is seeded, and the
-batch of step s on rank r depends only on (s, r), so a resumed run follows the same trajectory
-as an uninterrupted one (for the same world size).
+An MLP (with dropout) learns a fixed random "teacher" MLP from a Dataset of 3072 synthetic samples, read by a
+DataLoader with 2 worker processes through clusterctl's ResumableDistributedSampler; Adam with a step LR schedule.
+Every checkpoint holds the whole training state (``checkpoint.capture``): model, optimizer, scheduler, grad scaler,
+step and epoch, every rank's RNG states (python, numpy, torch, CUDA) and the sampler's position in the epoch.
+Resumed at the same world size the run is bit-identical to an uninterrupted one; resumed at another world size
+(an elastic relaunch on fewer nodes) the sampler re-shards the rest of the epoch: no sample lost or repeated.
 
-Checkpoints are written every --checkpoint-every steps when CLUSTERCTL_CHECKPOINT_DIR is set
-(clusterctl sets it); at start the script resumes from the latest valid checkpoint.
+Checkpoints are written every --checkpoint-every steps when CLUSTERCTL_CHECKPOINT_DIR is set (clusterctl sets
+it); at start the script resumes from the latest valid checkpoint. See docs/checkpoints.md, "Exact resume".
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import random
+import signal
 import socket
 import sys
 import time
 
-# torch and clusterctl.checkpoint are imported by _imports() so that --fail-always exits at once
-torch = dist = nn = DDP = checkpoint = None
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+
+try:
+    import numpy as np
+except ImportError:   # optional: its RNG state is saved when present
+    np = None
+
+checkpoint = sampler_mod = None   # clusterctl.checkpoint / clusterctl.sampler, see _imports()
 
 
 def _imports() -> None:
-    global torch, dist, nn, DDP, checkpoint
-    import torch
-    import torch.distributed as dist
-    import torch.nn as nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    checkpoint = _import_checkpoint()
+    global checkpoint, sampler_mod
+    checkpoint = _import_node_module("checkpoint")
+    sampler_mod = _import_node_module("sampler")
 
 
-def _import_checkpoint():
+def _import_node_module(name: str):
+    """``clusterctl.<name>`` (the launcher puts it on PYTHONPATH); else a copy in $CLUSTERCTL_HOME or next to
+    this script."""
+    import importlib
+
     try:
-        from clusterctl import checkpoint
-
-        return checkpoint
-    except ImportError:  # not on PYTHONPATH: a checkpoint.py in $CLUSTERCTL_HOME or next to this script
+        return importlib.import_module(f"clusterctl.{name}")
+    except ImportError:
         import importlib.util
 
         home = os.environ.get("CLUSTERCTL_HOME", "")
         for cand in (
-            os.path.join(home, "checkpoint.py") if home else "",
-            os.path.join(home, "clusterctl", "checkpoint.py") if home else "",
-            os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint.py"),
+            os.path.join(home, f"{name}.py") if home else "",
+            os.path.join(home, "clusterctl", f"{name}.py") if home else "",
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"),
         ):
             if cand and os.path.isfile(cand):
-                spec = importlib.util.spec_from_file_location("clusterctl_checkpoint", cand)
+                spec = importlib.util.spec_from_file_location(f"clusterctl_{name}", cand)
                 mod = importlib.util.module_from_spec(spec)
                 sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
                 spec.loader.exec_module(mod)
@@ -57,8 +72,7 @@ def _import_checkpoint():
 
 
 IN_DIM, HIDDEN, OUT_DIM = 32, 64, 1
-DATASET = 4096
-BATCH = 64
+DATASET = 3072        # a multiple of 12: epochs split evenly over 1, 2, 3, 4 or 6 ranks (no padding, see the docs)
 SEED = 1234
 
 
@@ -66,10 +80,16 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200, help="total training steps (default 200)")
     p.add_argument("--checkpoint-every", type=int, default=20, help="save every K steps (default 20)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default 32)")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank (default 2)")
     p.add_argument("--step-time", type=float, default=0.0, help="extra seconds to sleep per step (default 0)")
     p.add_argument("--record", default=None, help="rank 0 appends one JSON line per trained step to FILE")
+    p.add_argument("--ledger", default=None, metavar="PREFIX",
+                   help="each rank appends the sample ids of every step to PREFIX-a<attempt>-r<rank>.jsonl")
+    p.add_argument("--kill-rank-at", type=int, default=0, metavar="STEP",
+                   help="the last rank SIGKILLs itself at STEP unless the run resumed from a checkpoint (demo)")
     p.add_argument("--dump-env", default=None, metavar="FILE_PREFIX", help="each rank writes <prefix>-rank<R>.json")
-    p.add_argument("--fail-always", action="store_true", help="exit 1 immediately (for tests)")
+    p.add_argument("--fail-always", action="store_true", help="exit 1 before joining the job (for tests)")
     p.add_argument("--log-every", type=int, default=10, help="progress line every N steps (default 10)")
     p.add_argument("--lr", type=float, default=3e-3)
     return p.parse_args(argv)
@@ -109,18 +129,55 @@ def init_distributed():
     return device
 
 
-def make_data():
-    g = torch.Generator().manual_seed(SEED)
-    x = torch.randn(DATASET, IN_DIM, generator=g)
-    w1 = torch.randn(IN_DIM, HIDDEN, generator=g) / IN_DIM ** 0.5
-    w2 = torch.randn(HIDDEN, OUT_DIM, generator=g) / HIDDEN ** 0.5
-    y = torch.tanh(x @ w1) @ w2
-    return x, y
+class TeacherData(Dataset):
+    """A map-style Dataset: sample i is (i, x_i, teacher(x_i)). Deterministic per index, so it does not matter
+    which worker process reads it. (A Dataset with random augmentation should seed it per sample, from
+    (seed, epoch, index), for the same reason.)"""
+
+    def __init__(self, n: int = DATASET):
+        g = torch.Generator().manual_seed(SEED)
+        self.x = torch.randn(n, IN_DIM, generator=g)
+        w1 = torch.randn(IN_DIM, HIDDEN, generator=g) / IN_DIM ** 0.5
+        w2 = torch.randn(HIDDEN, OUT_DIM, generator=g) / HIDDEN ** 0.5
+        self.y = torch.tanh(self.x @ w1) @ w2
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return i, self.x[i], self.y[i]
 
 
-def batch_indices(step: int, rank: int, world: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(SEED + 1 + step * world + rank)
-    return torch.randint(0, DATASET, (BATCH,), generator=g)
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if np is not None:
+        np.random.seed(seed % 2**32)
+
+
+def fingerprint(model) -> str:
+    """sha256 of the parameters' bytes: equal only for bit-identical parameters."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(bytes(t.detach().cpu().contiguous().view(torch.uint8).flatten().tolist()))
+    return h.hexdigest()
+
+
+def settle(ddp, device) -> None:
+    """One zero-gradient step right after DDP wraps the model, so that every real step runs on DDP's final
+    gradient buckets. DDP rebuilds its buckets after the first backward; the first step on the initial buckets
+    sums some gradient elements in another order (with more than 2 ranks the all-reduce result then differs in the
+    last bits), and a resumed run would take that step where the uninterrupted run did not. Eval mode: no dropout
+    (no RNG draw); no optimizer step."""
+    ddp.module.eval()
+    (ddp(torch.zeros(1, IN_DIM, device=device)).sum() * 0).backward()
+    ddp.module.train()
+    ddp.module.zero_grad(set_to_none=True)
+
+
+def append_line(fd, obj) -> None:
+    os.write(fd, (json.dumps(obj) + "\n").encode())
 
 
 def find_resume_path(rank: int):
@@ -157,60 +214,94 @@ def main(argv=None) -> int:
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
     ckpt_enabled = bool(os.environ.get("CLUSTERCTL_CHECKPOINT_DIR"))
 
-    torch.manual_seed(SEED)
-    x_all, y_all = make_data()
-    model = nn.Sequential(nn.Linear(IN_DIM, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
-                          nn.Linear(HIDDEN, OUT_DIM)).to(device)
+    seed_everything(SEED)                                   # the same initial model on every rank
+    data = TeacherData()
+    sampler = sampler_mod.ResumableDistributedSampler(data, num_replicas=world, rank=rank, seed=SEED)
+    # its own generator: iter(DataLoader) draws the workers' base seed from it, not from the global torch stream
+    # (which dropout uses): a resumed run calls iter() once more than the uninterrupted one did
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler,
+                        num_workers=args.workers, persistent_workers=args.workers > 0,
+                        generator=torch.Generator())
+    model = nn.Sequential(nn.Linear(IN_DIM, HIDDEN), nn.ReLU(), nn.Dropout(0.1), nn.Linear(HIDDEN, HIDDEN),
+                          nn.ReLU(), nn.Linear(HIDDEN, OUT_DIM)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    step = 0
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=50, gamma=0.7)
+    scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")   # (unused on CPU; saved anyway)
+    seed_everything(SEED + 1 + rank)                        # each rank its own dropout stream
+    step = epoch = 0
 
     path = find_resume_path(rank) if ckpt_enabled or os.environ.get("CLUSTERCTL_RESUME_FROM") else None
     if path:
         state = checkpoint.load(path, map_location="cpu")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step = int(state["step"])
+        info = checkpoint.restore(state, model=model, optimizer=opt, scheduler=sched, scaler=scaler, data=sampler)
+        step, epoch = info["step"], info["epoch"]
         if rank == 0:
-            print(f"resumed from {path} at step {step} (saved with world size {state.get('world_size')})", flush=True)
+            rng = "every rank's RNG restored" if info["rng_restored"] else "RNG re-seeded (world size changed)"
+            print(f"resumed from {path} at step {step}: epoch {epoch}, sample {sampler.start}/{len(data)} of the "
+                  f"epoch, world size {info['world_size']} -> {world}, {rng}", flush=True)
     elif rank == 0:
         print("starting from scratch", flush=True)
 
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    settle(ddp, device)
     loss_fn = nn.MSELoss()
     record_fd = os.open(args.record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if args.record and rank == 0 else None
+    ledger_fd = None
+    if args.ledger:
+        ledger_fd = os.open(f"{args.ledger}-a{attempt or 0}-r{rank}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     loss_val = float("nan")
     try:
         while step < args.steps:
-            idx = batch_indices(step, rank, world)
-            xb, yb = x_all[idx].to(device), y_all[idx].to(device)
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(xb), yb)
-            loss.backward()
-            opt.step()
-            step += 1
-            avg = loss.detach().clone()
-            dist.all_reduce(avg)
-            loss_val = float(avg.item()) / world
-            if args.step_time > 0:
-                time.sleep(args.step_time)
-            if record_fd is not None:
-                line = json.dumps({"step": step, "attempt": attempt, "restart": restart, "world_size": world,
-                                   "loss": loss_val, "time": time.time()}) + "\n"
-                os.write(record_fd, line.encode())
-            if rank == 0 and (step % max(args.log_every, 1) == 0 or step == args.steps):
-                print(f"step {step}/{args.steps} loss {loss_val:.4f}", flush=True)
-            if ckpt_enabled and args.checkpoint_every > 0 and (step % args.checkpoint_every == 0 or step == args.steps):
-                state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "world_size": world}
-                saved = checkpoint.save(state, step)
-                if rank == 0:
-                    print(f"checkpoint {saved}", flush=True)
+            sampler.set_epoch(epoch)
+            loader.generator.manual_seed(SEED + epoch)
+            seen = 0                                        # samples this rank took from the loader in this epoch
+            batches = iter(loader)
+            for ids, xb, yb in batches:
+                xb, yb = xb.to(device), yb.to(device)
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(ddp(xb), yb)
+                loss.backward()
+                opt.step()
+                sched.step()
+                step += 1
+                seen += len(ids)
+                avg = loss.detach().clone()
+                dist.all_reduce(avg)
+                loss_val = float(avg.item()) / world
+                if args.step_time > 0:
+                    time.sleep(args.step_time)
+                if record_fd is not None:
+                    append_line(record_fd, {"step": step, "attempt": attempt, "restart": restart, "world_size": world,
+                                            "epoch": epoch, "loss": loss_val, "time": time.time()})
+                if ledger_fd is not None:
+                    append_line(ledger_fd, {"step": step, "epoch": epoch, "rank": rank, "world_size": world,
+                                            "ids": ids.tolist()})
+                if rank == 0 and (step % max(args.log_every, 1) == 0 or step == args.steps):
+                    print(f"step {step}/{args.steps} loss {loss_val:.4f}", flush=True)
+                if args.kill_rank_at and step == args.kill_rank_at and rank == world - 1 and not path:
+                    print(f"rank {rank}: SIGKILL to myself at step {step} (--kill-rank-at)", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if ckpt_enabled and args.checkpoint_every > 0 and (step % args.checkpoint_every == 0 or step == args.steps):
+                    state = checkpoint.capture(step, epoch=epoch, model=model, optimizer=opt, scheduler=sched,
+                                               scaler=scaler, data=sampler.state_dict(yielded=seen))
+                    saved = checkpoint.save(state, step)
+                    if rank == 0:
+                        print(f"checkpoint {saved}", flush=True)
+                if step >= args.steps:
+                    break
+            else:
+                epoch += 1                                  # the epoch is used up
+        del batches, loader                                 # the last references: the worker processes stop now
     finally:
         if record_fd is not None:
             os.close(record_fd)
+        if ledger_fd is not None:
+            os.close(ledger_fd)
     if rank == 0:
         trained = loss_val == loss_val   # NaN: resumed at the final step, nothing left to train
         print(f"done: step {step}" + (f" loss {loss_val:.4f}" if trained else " (resumed there: nothing left to train)"),
               flush=True)
+        print(f"final parameters sha256 {fingerprint(model)}", flush=True)
     dist.barrier()
     # Leave without tearing the process group down. Gloo's teardown races with peers closing their sockets and
     # now and then aborts a finished rank ("terminate called without an active exception": a joinable gloo thread

@@ -179,6 +179,23 @@ def check_clean(run: Run, timeout: float = 30) -> None:
     raise AssertionError(f"left behind: {left}")
 
 
+def rank_pids(tb, host) -> list[int]:
+    """The training ranks on a host: train.py processes whose parent is torchrun (the quickstart's DataLoader
+    worker processes have the same command line, but a rank as their parent)."""
+    procs = dict(tb.processes(host))
+    out = []
+    for pid, cmd in sorted(procs.items()):
+        if str(TRAIN.name) not in cmd or "torchrun" in cmd:
+            continue
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if "torchrun" in procs.get(ppid, ""):
+            out.append(pid)
+    return out
+
+
 def rdzv_host(run: Run) -> str:
     return run.status()["rendezvous_host"]
 

@@ -85,11 +85,6 @@ def finish(run: rh.Run, *, timeout=480) -> dict:
     return st
 
 
-def job_pids(tb, host, only_workers=False) -> list[tuple[int, str]]:
-    procs = [(p, c) for p, c in tb.processes(host) if "train.py" in c]
-    return [(p, c) for p, c in procs if "torchrun" not in c] if only_workers else procs
-
-
 # --------------------------------------------------------------------------------------------- the faults
 
 def test_kill_one_worker(job, rtb):
@@ -97,7 +92,7 @@ def test_kill_one_worker(job, rtb):
     run.launch()
     run.wait_step(25)
     victim = rh.other_host(run)
-    pid, _ = job_pids(rtb, victim, only_workers=True)[0]
+    pid = rh.rank_pids(rtb, victim)[0]          # a rank, not one of its DataLoader workers
     os.kill(pid, signal.SIGKILL)
     st = finish(run)
     f = failure_of(run, ("user_error", "node_lost"))

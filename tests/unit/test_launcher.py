@@ -38,17 +38,37 @@ def test_log_sink_prefixes_ranks_and_joins_partial_lines(tmp_path):
 
 def test_checkpoint_installer_makes_the_module_importable_anywhere(tmp_path):
     """The start script installs clusterctl.checkpoint into a private temp dir on PYTHONPATH (in containers too)."""
+    import os
     import subprocess
     import sys
 
     from clusterctl.launcher import CHECKPOINT_INSTALLER
 
     script = "export PYTHONPATH=/elsewhere\n" + CHECKPOINT_INSTALLER
-    code = "import os; from clusterctl import checkpoint; print(checkpoint.__file__); print(os.environ['PYTHONPATH'])"
+    code = ("import os; from clusterctl import checkpoint; print(checkpoint.__file__); print(os.environ['PYTHONPATH']); "
+            "print(os.path.join(os.path.dirname(checkpoint.__file__), 'sampler.py'))")
     r = subprocess.run(["sh", "-c", 'eval "$S"; exec "$@"', "sh", sys.executable, "-S", "-c", code],
                        env={"S": script, "PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)}, cwd=tmp_path,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    path, pythonpath = r.stdout.split()
+    path, pythonpath, sampler = r.stdout.split()
     assert path.startswith(str(tmp_path)) and path.endswith("clusterctl/checkpoint.py")
     assert pythonpath.endswith(":/elsewhere")
+    # the resumable sampler is shipped beside it, byte for byte (it imports torch, so compare the text)
+    import clusterctl
+
+    with open(sampler) as f:
+        shipped = f.read()
+    with open(os.path.join(os.path.dirname(clusterctl.__file__), "sampler.py")) as f:
+        assert shipped == f.read()
+
+
+def test_checkpoint_installer_refuses_bad_names_and_the_delimiter():
+    import pytest
+
+    from clusterctl.plan import checkpoint_installer
+
+    with pytest.raises(ValueError):
+        checkpoint_installer("x = 1\n", {"../evil.py": "x = 1\n"})
+    with pytest.raises(ValueError):
+        checkpoint_installer("x = 1\n", {"sampler.py": "__CLUSTERCTL_CHECKPOINT_PY__\n"})
