@@ -42,7 +42,7 @@ def job_view(store: Store, job: Job, now: float | None = None) -> dict[str, Any]
                                                            if current else []),
         "failures": [{"time": e.time, "attempt": e.attempt, "class": e.klass, "node": e.node, "rank": e.rank,
                       "exit_code": e.exit_code, "signal": e.signal, "message": e.message,
-                      "error_tail": _tail(store, job.job_id, e)} for e in failures],
+                      "error_tail": _tail(store, job.job_id, e), "stacks": _stacks(events, e)} for e in failures],
         "checkpoint": checkpoint,
         "restarts": {"failures_used": job.failures_used, "max_failures": restarts.get("max_failures", 3),
                      "node_failures_used": job.node_failures_used,
@@ -57,6 +57,17 @@ def _tail(store: Store, job_id: str, event) -> str | None:
     for n in store.nodes(job_id, event.attempt):
         if n.node == event.node:
             return n.error_tail
+    return None
+
+
+def _stacks(events, failure) -> list[str] | None:
+    """For a hang: where each group of ranks waited ("ranks 0-6: all_reduce <- train_step train.py:88"), from the
+    ``stacks`` event the supervisor recorded before it stopped the attempt."""
+    if failure.klass != "hang":
+        return None
+    for e in events:
+        if e.kind == "stacks" and e.attempt == failure.attempt and e.id > failure.id:
+            return e.message.splitlines()
     return None
 
 
