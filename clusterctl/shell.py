@@ -57,7 +57,7 @@ def _pump(chan, in_fd: int, out_fd: int, err_fd: int, tty: bool) -> int:
         import tty as ttymod
 
         old = termios.tcgetattr(in_fd)
-        ttymod.setraw(in_fd)
+        ttymod.setraw(in_fd, termios.TCSANOW)     # keep what was typed ahead (TCSAFLUSH drops it)
         prev = signal.signal(signal.SIGWINCH, lambda *_: _resize(chan))
     try:
         stdin_open = True

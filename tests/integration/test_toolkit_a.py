@@ -207,8 +207,9 @@ def test_shell_interactive_pty(hung):
                     break
         assert pattern in out, out[-2000:]
 
-    os.write(fd, b"tty; echo TTY-$((40+2)); test -e /run/.containerenv && echo IN-CONTAINER\n")
-    read_until(b"IN-CONTAINER\r\n")
+    # the local terminal echoes what we type before the shell starts: wait for what only the remote side prints
+    os.write(fd, b"tty; echo TTY-$((40+2)); test -e /run/.containerenv && echo IN-CONTAINER-$((2*3))\n")
+    read_until(b"IN-CONTAINER-6")
     assert b"TTY-42" in out and b"/dev/pts/" in out, out[-2000:]
     os.write(fd, b"exit 5\n")
     end = time.monotonic() + 30
