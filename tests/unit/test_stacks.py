@@ -149,3 +149,16 @@ def test_collect_reports_node_failures():
     assert found == []
     assert errors["gone"] == "no route" and errors["empty"] == "no rank process of this attempt found"
     assert "sh: broken" in errors["bad"]
+
+
+def test_real_torch_hang_fixtures():
+    """Real py-spy 0.4.3 dumps (--full-filenames) of tests/integration/jobs/hang.py under torchrun (gloo)."""
+    coll = stacks.main_thread(stacks.parse_dump((FIX / "gloo_all_reduce.txt").read_text()))
+    own = stacks.main_thread(stacks.parse_dump((FIX / "own_code.txt").read_text()))
+    assert [f.function for f in coll.frames] == ["all_reduce", "_exception_logger.<locals>.wrapper",
+                                                 "wait_in_collective", "main", "<module>"]
+    assert coll.frames[0].file.endswith("site-packages/torch/distributed/distributed_c10d.py")
+    assert [(f.function, f.line) for f in own.frames] == [("stuck_in_own_code", 12), ("main", 28), ("<module>", 34)]
+    ss = [RankStack("n1", r, r, coll.frames) for r in range(3)] + [RankStack("n2", 3, 3, own.frames)]
+    assert stacks.summary(ss) == ["ranks 0-2: all_reduce \u2190 wait_in_collective hang.py:16",
+                                  "rank 3: stuck_in_own_code hang.py:12"]
