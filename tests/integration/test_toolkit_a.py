@@ -105,6 +105,8 @@ def test_exec_unreachable_host_is_an_error_within_connect_timeout(testbed, inv):
         t0 = time.monotonic()
         r = cli(None, "exec", "-i", str(inv), "--limit", "node2,node3", "-o", "json", "--", "hostname")
         elapsed = time.monotonic() - t0
+        table = cli(None, "exec", "-i", str(inv), "--", "sh", "-c", "nproc; uname -r")
+        print(f"$ clusterctl exec -i inventory.yaml -- sh -c 'nproc; uname -r'\n{table.stdout}(exit {table.returncode})")
     finally:
         testbed.heal("node3")
     assert r.returncode == 1
@@ -254,6 +256,7 @@ def test_stacks_groups_the_blocked_rank_apart(hung, testbed):
         assert str(HANG).encode() in cmd
     table = cli(hung, "stacks", "tkahang", timeout=240)
     assert table.returncode == 0
+    print(table.stdout)
     lines = table.stdout.splitlines()
     assert re.match(r"ranks 0-2: \S*all_reduce \u2190 wait_in_collective hang\.py:\d+$", lines[0]), table.stdout
     assert re.match(r"rank 3: stuck_in_own_code hang\.py:\d+$", lines[1]), table.stdout
@@ -319,6 +322,7 @@ def test_fabric_group_checks_host_keys(testbed, inv, tmp_path):
     with pytest.raises(fabric.exceptions.GroupException) as ei:
         group(str(unknown_inv), limit="node1", known_hosts=str(kh)).run("true", hide=True, in_stream=False)
     [err] = ei.value.result.failed.values()
+    print(repr(ei.value))
     assert isinstance(err, RefusedHostKey) and "unknown host key" in str(err)
     assert empty.read_text() == "" and kh.read_text() == ""
 
