@@ -261,9 +261,6 @@ def stacks_cmd(ctx, job, node, output, accept_new) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- jobs
-QUICK_CHECKS = {"ssh", "container_runtime", "nvidia_toolkit", "image", "ports", "interface"}
-
-
 @app.command("launch")
 @click.argument("job")
 @inventory_option
@@ -300,7 +297,9 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
     if skip_preflight:   # the supervisor would see a bad host key only as an unreachable node
         controller.verify_host_keys(jc.hosts, connect_options(ctx, accept_new))
     else:
-        report = _preflight(ctx, jc.hosts, jc.spec, only=QUICK_CHECKS, accept_new=accept_new,
+        from clusterctl.checks.job import LAUNCH_CHECKS
+
+        report = _preflight(ctx, jc.hosts, jc.spec, only=LAUNCH_CHECKS, accept_new=accept_new,
                             show_progress=output != "json")
         if not report.ok:
             render_table(report, err)
@@ -321,17 +320,19 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
     return _attach(root, store, job_id, jc.spec.name, output)
 
 
-def _attach(root, store, job_id, name, output, extra=None) -> int:
+def _attach(root, store, job_id, name, output, extra=None, from_start=True) -> int:
     from clusterctl import controller, status
     from clusterctl.state import JobState
 
     try:
-        state = controller.follow(root, store, job_id, lambda line: out.print(line, markup=False))
+        state = controller.follow(root, store, job_id, lambda line: out.print(line, markup=False),
+                                  from_start=from_start)
     except KeyboardInterrupt:
         err.print(f"\ndetached; job {name} keeps running. Re-attach: clusterctl logs -f {name}   "
                   f"stop: clusterctl stop {name}", markup=False)
         return 0
-    view = status.job_view(store, store.get_job(job_id))
+    view = status.job_view(store, store.get_job(job_id),
+                           supervision=controller.supervision(root, store.get_job(job_id)))
     if output == "json":
         print_json({**(extra or {}), **view})
     else:
@@ -357,28 +358,46 @@ def supervise_cmd(ctx, job_id, adopt) -> int:
 @app.command("status")
 @click.argument("job", required=False)
 @output_option
+@accept_option
 @click.pass_context
-def status_cmd(ctx, job, output) -> int:
-    """Jobs and their state; with JOB, what happened and where it stands."""
+def status_cmd(ctx, job, output, accept_new) -> int:
+    """Jobs and their state; with JOB, what happened and where it stands (and, when clusterctl's supervisor of
+    an active job is gone, what the nodes say now)."""
     from clusterctl import controller, status
 
-    _, store = controller.open_store(ctx.obj.state_dir)
+    root, store = controller.open_store(ctx.obj.state_dir)
     jobs = [store.get_job(job)] if job else store.list_jobs()
-    views = [status.job_view(store, j) for j in jobs]
+    if job and not jobs[0].terminal and not controller.supervision(root, jobs[0])["supervised"]:
+        controller.reconcile_job(root, store, jobs[0].job_id, connect_options(ctx, accept_new))
+        jobs = [store.get_job(jobs[0].job_id)]
+    views = [status.job_view(store, j, supervision=controller.supervision(root, j)) for j in jobs]
     if output == "json":
         print_json(views[0] if job else {"jobs": views})
         return 0
     if not job:
+        for v in views:
+            if v["supervised"] is False and v["state"] not in ("SUCCEEDED", "FAILED", "STOPPED"):
+                err.print(_unsupervised_line(v), markup=False)
         table = Table()
         for col in ("job", "state", "attempt", "nodes", "started", "reason"):
-            table.add_column(col)
+            table.add_column(col, no_wrap=col == "job")
         for v in views:
-            table.add_row(v["job_id"], v["state"], str(v["attempt"]), ",".join(n["node"] for n in v["nodes"]),
+            state = v["state"] + (" (unsupervised)" if v["supervised"] is False and v["state"] not in
+                                  ("SUCCEEDED", "FAILED", "STOPPED") else "")
+            table.add_row(v["job_id"], state, str(v["attempt"]), ",".join(n["node"] for n in v["nodes"]),
                           _ago(v["started_at"]), v["reason"] or "")
         out.print(table)
         return 0
     _print_status(views[0])
     return 0
+
+
+def _unsupervised_line(v) -> str:
+    sup = v["supervisor"]
+    seen = f"last seen {_ago(sup['last_seen'])}" if sup["last_seen"] else "never seen"
+    return (f"UNSUPERVISED: job {v['job_id']} is {v['state']} but clusterctl's supervisor is not running "
+            f"(pid {sup['pid'] or '-'}, {seen}): nothing restarts it on failure. "
+            f"Run: clusterctl resume {v['name']}")
 
 
 def _ago(t) -> str:
@@ -392,23 +411,38 @@ def _ago(t) -> str:
 
 def _print_status(v) -> None:
     p = lambda s: out.print(s, markup=False)  # noqa: E731
+    if v["supervised"] is False and v["state"] not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        p(_unsupervised_line(v))
     p(f"job       {v['job_id']}  ({v['name']})")
     p(f"state     {v['state']}" + (f"  — {v['reason']}" if v["reason"] else ""))
+    sup = v["supervisor"]
+    p(f"supervisor pid {sup['pid'] or '-'} " + ("alive" if sup["alive"] else "not running")
+      + (f", last heartbeat {_ago(sup['last_seen'])}" if sup["last_seen"] else ""))
     p(f"attempt   {v['attempt']}  started {_ago(v['started_at'])}  rendezvous {v['rendezvous_host'] or '-'}")
-    p("nodes     " + ", ".join(f"{n['node']}={n['state'] or '?'}" + (f"(exit {n['exit_code']})"
-                                if n.get("exit_code") not in (None, 0) else "") for n in v["nodes"]))
+    p("nodes     " + ", ".join(_node_text(n) for n in v["nodes"]))
     ck = v["checkpoint"]
     p("checkpoint " + (f"{ck['path']} (step {ck['step']})" if ck else "none"))
     r = v["restarts"]
     p(f"restarts  user errors {r['failures_used']}/{r['max_failures']}, "
       f"infrastructure {r['node_failures_used']}/{r['max_node_failures']}")
     for f in v["failures"]:
-        p(f"failure   attempt {f['attempt']} [{f['class']}] node {f['node'] or '-'} rank {f['rank'] or '-'} "
-          f"exit {f['exit_code'] if f['exit_code'] is not None else '-'} signal {f['signal'] or '-'}: {f['message']}")
+        rank = f["rank"] if f["rank"] is not None else "-"
+        p(f"failure   attempt {f['attempt']} [{f['class']}] node {f['node'] or '-'} rank {rank} "
+          f"exit {f['exit_code'] if f['exit_code'] is not None else '-'} signal {f['signal'] or '-'}"
+          + (" OOM" if f.get("oom") else "") + f": {f['message']}")
         for line in (f["error_tail"] or "").splitlines()[-10:]:
             p(f"          | {line}")
         for line in f.get("stacks") or []:
             p(f"          waiting: {line}")
+
+
+def _node_text(n) -> str:
+    state = n["state"] or "?"
+    if n.get("signal"):
+        state += f"({n['signal']})"
+    elif n.get("exit_code") not in (None, 0) or state == "exited":
+        state += f"(exit {n['exit_code'] if n.get('exit_code') is not None else '?'})"
+    return f"{n['node']}={state}"
 
 
 @app.command("events")
@@ -436,29 +470,33 @@ def events_cmd(ctx, job, output) -> int:
 @click.argument("job")
 @click.option("--node", default=None, help="Only this node.")
 @click.option("--rank", default=None, type=int, help="Only this global rank.")
-@click.option("--tail", default=None, type=int, help="Only the last N lines.")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the job ends.")
+@click.option("--attempt", default=None, type=click.IntRange(min=1), help="Only this attempt.")
+@click.option("--tail", default=None, type=click.IntRange(min=0), help="Only the last N lines (0: none).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines and events until the job ends.")
+@accept_option
 @click.pass_context
-def logs_cmd(ctx, job, node, rank, tail, follow) -> int:
-    """Every rank's output, prefixed [node/rank] (the controller's copy; nodes keep the full logs)."""
-    from clusterctl import controller, paths
+def logs_cmd(ctx, job, node, rank, attempt, tail, follow, accept_new) -> int:
+    """Every rank's output, prefixed [node/rank] (the controller's copy, completed from the nodes' own logs for
+    any stretch no supervisor followed)."""
+    from clusterctl import controller, logs
 
     root, store = controller.open_store(ctx.obj.state_dir)
     j = store.get_job(job)
-    path = paths.job_dir(root, j.job_id) / "output.log"
-
-    def keep(line: str) -> bool:
-        head = line.split("] ", 1)[0].lstrip("[")
-        n, _, r = head.partition("/")
-        return (node is None or n == node) and (rank is None or r == str(rank))
-
-    lines = [ln for ln in (path.read_text(errors="replace").splitlines() if path.exists() else []) if keep(ln)]
-    for line in lines[-tail:] if tail else lines:
+    sel = logs.Selection.check(store, j, node=node, rank=rank, attempt=attempt)
+    if not controller.live_supervisor(root, j) and store.attempts(j.job_id):
+        for n, msg in controller.fill_logs(root, store, j.job_id, connect_options(ctx, accept_new),
+                                           attempt=attempt).items():
+            err.print(f"{n}: could not read its own log ({msg}); lines it printed since the last copy may be "
+                      "missing", markup=False)
+    path = logs.path(root, j.job_id)
+    lines = logs.read(path, sel, tail)
+    for line in lines:
         out.print(line, markup=False)
     if follow:
         try:
             controller.follow(root, store, j.job_id,
-                              lambda ln: keep(ln) and out.print(ln, markup=False), from_start=False)
+                              lambda ln: (sel.keeps(ln) or ln.startswith("clusterctl: ")) and out.print(ln, markup=False),
+                              from_start=False)
         except KeyboardInterrupt:
             pass
     return 0
@@ -490,25 +528,28 @@ def stop_cmd(ctx, job, grace, output, accept_new) -> int:
 @click.argument("job")
 @click.option("--exclude", multiple=True, help="Do not use this host (repeatable).")
 @click.option("--checkpoint", default=None, help="Resume from this checkpoint instead of the latest valid one.")
-@click.option("--detach", "-d", is_flag=True)
+@click.option("--detach", "-d", is_flag=True, help="Return once the job is resumed; the supervisor runs on.")
 @output_option
 @accept_option
 @click.pass_context
 def resume_cmd(ctx, job, exclude, checkpoint, detach, output, accept_new) -> int:
-    """Bring a job back: re-attach if it still runs, else relaunch from its newest valid checkpoint."""
+    """Bring a job back: re-attach if it still runs, else relaunch from its newest valid checkpoint. A job that
+    finished well while unsupervised becomes SUCCEEDED; nothing is relaunched."""
     from clusterctl import controller
 
     root, store = controller.open_store(ctx.obj.state_dir)
     j = store.get_job(job)
     accept = accept_new or ctx.obj.accept_new_host_keys
-    outcome, pid = controller.resume(root, store, j.job_id, connect_options(ctx, accept_new), accept_new=accept,
-                                     exclude=exclude, checkpoint=checkpoint)
-    err.print(f"job {j.job_id}: {outcome} (supervisor pid {pid})", markup=False)
-    if detach:
+    outcome = controller.resume(root, store, j.job_id, connect_options(ctx, accept_new), accept_new=accept,
+                                exclude=exclude, checkpoint=checkpoint)
+    err.print(f"job {j.job_id}: {outcome.message}", markup=False)
+    extra = {"job_id": j.job_id, "outcome": outcome.action, "message": outcome.message,
+             "supervisor_pid": outcome.pid}
+    if detach or outcome.pid is None or outcome.action == "already_supervised":
         if output == "json":
-            print_json({"job_id": j.job_id, "outcome": outcome, "supervisor_pid": pid})
+            print_json({**extra, "state": store.get_job(j.job_id).state.value})
         return 0
-    return _attach(root, store, j.job_id, j.name, output, extra={"outcome": outcome})
+    return _attach(root, store, j.job_id, j.name, output, extra=extra, from_start=False)
 
 
 # ---------------------------------------------------------------------------------------------- entry point

@@ -1,144 +1,186 @@
-"""exec grouping and exit codes, --limit patterns, the supervisor's stacks on a hang, status showing them."""
+"""On-call truth, without a cluster: the log copy across reconnects and re-attaches, `logs` selections, the job
+record and its migration, the verdict on an attempt nobody supervised, supervisor liveness, and a checkpoint
+lookup that a dead node cannot stall."""
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
-from clusterctl import hostpattern, remote_exec, status
-from clusterctl.errors import ConnectError, UserError
-from clusterctl.inventory import Host, Inventory
-from clusterctl.remote_exec import ExecResult
+from clusterctl import controller, logs, record
+from clusterctl.errors import UserError
+from clusterctl.inventory import Host
+from clusterctl.launcher import ClusterOps, LogSink
+from clusterctl.reconcile import judge
+from clusterctl.spec import loads_job
 from clusterctl.state import JobState, Store
-from clusterctl.supervisor import Observation, Policy, Supervisor
-from clusterctl.transport import CommandResult, ConnectOptions
-from tests.unit.test_supervisor import FakeOps
+from clusterctl.supervisor import Observation, Verdict
+from clusterctl.transport.base import CommandResult
 
-R = "running"
-
-
-def inv() -> Inventory:
-    hosts = tuple(Host(name=n, address=f"10.0.0.{i}", groups=g) for i, (n, g) in enumerate([
-        ("gpu1", ("all", "train")), ("gpu2", ("all", "train")), ("gpu10", ("all",)), ("login", ("all", "infra"))]))
-    return Inventory("inv.yaml", hosts, {"all": tuple(h.name for h in hosts), "train": ("gpu1", "gpu2"),
-                                         "infra": ("login",)})
-
-
-@pytest.mark.parametrize("pattern,want", [
-    (None, ["gpu1", "gpu2", "gpu10", "login"]),
-    ("", ["gpu1", "gpu2", "gpu10", "login"]),
-    ("login,gpu1", ["gpu1", "login"]),                    # inventory order, not pattern order
-    ("train", ["gpu1", "gpu2"]),
-    ("gpu?", ["gpu1", "gpu2"]),
-    ("gpu*", ["gpu1", "gpu2", "gpu10"]),
-    ("gpu[12]", ["gpu1", "gpu2"]),
-    ("inf*", ["login"]),                                  # globs match group names too
-    ("train, gpu1 ,login", ["gpu1", "gpu2", "login"]),
-])
-def test_limit(pattern, want):
-    assert [h.name for h in hostpattern.select(inv(), pattern)] == want
+JOB = """
+name: j
+nodes: "2:3"
+nproc_per_node: 2
+script: train.py
+restarts: {max_failures: 7}
+container: {ulimits: {}}
+"""
+HOSTS = tuple(Host(name=f"n{i}", address=f"10.0.0.{i}", runtime="podman", gpus=0) for i in (1, 2, 3))
 
 
-def test_limit_that_matches_nothing_is_a_usage_error():
-    with pytest.raises(UserError, match=r"'gpu9' matches no host or group of inv.yaml .*groups: train, infra"):
-        hostpattern.select(inv(), "gpu1,gpu9")
+# ------------------------------------------------------------------------------------------- log copy
+def test_log_sink_continues_a_section_without_repeating_lines(tmp_path):
+    path = tmp_path / "out.log"
+    sink = LogSink(path)
+    assert sink.begin("n1", 1) == 0
+    sink.feed("n1", b"[0]:a\n[0]:b\n[1]:c")            # "c" is not complete yet
+    sink.restart("n1")                                   # reconnect: the whole log streams again
+    sink.feed("n1", b"[0]:a\n[0]:b\n[1]:c\n[0]:d\n")
+    # a new supervisor (resume re-attached): a fresh sink over the same file continues the section
+    again = LogSink(path)
+    assert again.begin("n1", 1) == 4
+    again.feed("n1", b"[0]:a\n[0]:b\n[1]:c\n[0]:d\n[0]:e\n")
+    assert path.read_text().splitlines() == ["[n1/-] === attempt 1 ===", "[n1/0] a", "[n1/0] b", "[n1/1] c",
+                                             "[n1/0] d", "[n1/0] e"]
+    assert again.begin("n1", 2) == 0 and path.read_text().splitlines()[-1] == "[n1/-] === attempt 2 ==="
 
 
-def r(host, code=0, out="", err="", error=None):
-    return ExecResult(host, code, out, err, error)
+def test_logs_read_selects_attempt_node_rank_and_tail(tmp_path):
+    path = tmp_path / "out.log"
+    path.write_text("\n".join(["[n1/-] === attempt 1 ===", "[n1/0] a1", "[n2/-] === attempt 1 ===", "[n2/2] b1",
+                               "[n1/-] === attempt 2 ===", "[n1/0] a2", "[n1/1] a3"]) + "\n")
+    assert logs.read(path, logs.Selection(attempt=2)) == ["[n1/-] === attempt 2 ===", "[n1/0] a2", "[n1/1] a3"]
+    assert logs.read(path, logs.Selection(node="n1", rank=0)) == ["[n1/0] a1", "[n1/0] a2"]
+    assert logs.read(path, logs.Selection(), tail=2) == ["[n1/0] a2", "[n1/1] a3"]
+    assert logs.read(path, logs.Selection(), tail=0) == []
 
 
-def test_group_collapses_identical_results_in_host_order():
-    res = [r("a", out="x\n"), r("b", out="y\n"), r("c", out="x\n"), r("d", None, error="unreachable"),
-           r("e", out="x\n", err="w\n")]
-    groups = remote_exec.group(res)
-    assert [hosts for hosts, _ in groups] == [["a", "c"], ["b"], ["d"], ["e"]]
-    text = remote_exec.render(res)
-    assert text.splitlines()[:4] == [remote_exec.RULE, "a,c (2 hosts): exit 0", remote_exec.RULE, "x"]
-    assert "d (1 host): error: unreachable" in text and "[stderr] w" in text
-    assert text.endswith("4/5 host(s) exited 0")
+def _store_with_job(tmp_path, spec_text=JOB) -> tuple[Store, str]:
+    spec = loads_job(spec_text, str(tmp_path / "job.yaml"))
+    store = Store(tmp_path / "state.db")
+    rec = record.JobRecord(spec=spec, source=str(tmp_path / "job.yaml"), hosts=HOSTS, interfaces={"n1": "eth0"})
+    job_id = store.create_job("j", rec.to_json(), None, str(tmp_path / "job.yaml"))
+    return store, job_id
 
 
-@pytest.mark.parametrize("results,code", [
-    ([r("a"), r("b")], 0), ([r("a"), r("b", 2)], 1), ([r("a"), r("b", None, error="x")], 1), ([], 1)])
-def test_exit_code(results, code):
-    assert remote_exec.exit_code(results) == code
+def test_logs_selection_refuses_what_the_job_never_had(tmp_path):
+    store, job_id = _store_with_job(tmp_path)
+    store.start_attempt(job_id, 1, "n1", f"{job_id}-1", ["n1", "n2", "n3"])
+    job = store.get_job(job_id)
+    assert logs.Selection.check(store, job, node="n2", rank=5, attempt=1) == logs.Selection("n2", 5, 1)
+    with pytest.raises(UserError, match=r"nodes: n1, n2, n3"):
+        logs.Selection.check(store, job, node="n9", rank=None, attempt=None)
+    with pytest.raises(UserError, match=r"ranks: 0-5"):
+        logs.Selection.check(store, job, node=None, rank=6, attempt=None)
+    with pytest.raises(UserError, match=r"attempts: 1"):
+        logs.Selection.check(store, job, node=None, rank=None, attempt=3)
 
 
-class FakeTransport:
-    def __init__(self, host):
-        self.host, self.closed = host, False
+# ------------------------------------------------------------------------------------------- job record
+def test_job_record_round_trips_with_resolved_hosts(tmp_path):
+    store, job_id = _store_with_job(tmp_path)
+    rec = record.load(store, store.get_job(job_id))
+    assert rec.host_names == ["n1", "n2", "n3"] and rec.hosts_by_name["n2"].address == "10.0.0.2"
+    assert rec.spec.restarts.max_failures == 7 and rec.interfaces == {"n1": "eth0"}
+    assert json.loads(store.get_job(job_id).spec_json)["version"] == record.VERSION
 
-    def run(self, argv, timeout=None, stdin=None):
-        if self.host.name == "bad":
-            raise ConnectError("bad", "connect to 10.0.0.9:22 timed out after 5s")
-        return CommandResult(tuple(argv), 0 if self.host.name != "fail" else 3, " ".join(argv), "", 0.01)
+
+def test_a_version_1_row_is_migrated_with_the_inventory_it_was_launched_with(tmp_path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("all:\n  hosts:\n    n1: {ansible_host: 10.1.0.1}\n    n2: {ansible_host: 10.1.0.2}\n")
+    spec = loads_job(JOB, str(tmp_path / "job.yaml"))
+    v1 = json.dumps({"spec": spec.model_dump(mode="json"), "source": str(tmp_path / "job.yaml"),
+                     "interfaces": {}, "hosts": ["n2", "n1"]})
+    store = Store(tmp_path / "state.db")
+    job_id = store.create_job("j", v1, str(inv), None)
+    rec = record.load(store, store.get_job(job_id))
+    assert [(h.name, h.address) for h in rec.hosts] == [("n2", "10.1.0.2"), ("n1", "10.1.0.1")]
+    stored = json.loads(store.get_job(job_id).spec_json)
+    assert stored["version"] == 2 and stored["hosts"][0]["address"] == "10.1.0.2"
+    inv.write_text("all:\n  hosts:\n    other: {}\n")          # edited since: the record no longer depends on it
+    assert record.load(store, store.get_job(job_id)).hosts_by_name["n1"].address == "10.1.0.1"
+
+
+def test_status_shows_the_jobs_own_budgets(tmp_path):
+    from clusterctl import status
+
+    store, job_id = _store_with_job(tmp_path)
+    v = status.job_view(store, store.get_job(job_id))
+    assert v["restarts"]["max_failures"] == 7 and v["restarts"]["max_node_failures"] == 10
+
+
+# ------------------------------------------------------------------------------------------- judging
+def o(node, state, code=None, signal=None, rank=None):
+    return Observation(node, state, exit_code=code, signal=signal, rank=rank)
+
+
+def test_judge_an_unsupervised_attempt():
+    now = 100.0
+    assert judge([o("a", "running"), o("b", "running")], rdzv_host="a", now=now) is None
+    assert judge([o("a", "running"), o("b", "exited", 0)], rdzv_host="a", now=now) is None
+    assert judge([o("a", "running"), o("b", "unreachable")], rdzv_host="a", now=now) is None
+    assert judge([o("a", "exited", 0), o("b", "exited", 0)], rdzv_host="a", now=now).verdict == Verdict.SUCCESS
+    d = judge([o("a", "running"), o("b", "exited", 1, "SIGKILL", 3)], rdzv_host="a", now=now)
+    assert (d.verdict, d.node, d.rank, d.signal) == (Verdict.KILLED, "b", 3, "SIGKILL")
+    assert judge([o("a", "exited", 1), o("b", "missing")], rdzv_host="a", now=now).verdict == Verdict.NODE_LOST
+    assert judge([o("a", "missing"), o("b", "exited", 1)], rdzv_host="a", now=now).verdict == Verdict.RDZV_LOST
+
+
+# ------------------------------------------------------------------------------------------- liveness
+def test_supervision_says_unsupervised_when_the_pid_is_dead_or_the_heartbeat_is_old(tmp_path):
+    store, job_id = _store_with_job(tmp_path)
+    root = tmp_path
+    job = store.get_job(job_id)
+    assert controller.supervision(root, job)["supervised"] is False             # nobody ever claimed it
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "_supervise", job_id])
+    try:
+        store.claim_supervisor(job_id, fake.pid)
+        store.set_state(job_id, JobState.STARTING)
+        job = store.get_job(job_id)
+        sup = controller.supervision(root, job, now=job.supervisor_seen_at + 1)
+        assert sup == {"pid": fake.pid, "alive": True, "last_seen": job.supervisor_seen_at, "supervised": True}
+        old = controller.supervision(root, job, now=job.supervisor_seen_at + controller.STALE_S + 1)
+        assert old["supervised"] is False          # alive but silent: a hung supervisor is no supervisor
+    finally:
+        fake.kill()
+        fake.wait()
+    job = store.get_job(job_id)
+    assert controller.supervision(root, job, now=job.supervisor_seen_at + 1)["alive"] is False
+
+
+# ------------------------------------------------------------------------------------------- no stall
+class _Transport:
+    def __init__(self, host, hang: bool):
+        self.host, self.hang = host, hang
+
+    def run(self, argv, *, timeout, stdin=None):
+        if self.hang:                       # a node whose link just went down: the command never answers
+            time.sleep(timeout)
+            raise TimeoutError("no answer")
+        return CommandResult(tuple(argv), 0, json.dumps({"path": "/ck/step-000000060", "step": 60}), "", 0.01)
 
     def close(self):
-        self.closed = True
+        pass
 
 
-def test_run_returns_a_value_per_host_with_the_wrapped_argv():
-    hosts = [Host(name=n, address="x") for n in ("ok", "fail", "bad")]
-    res = remote_exec.run(hosts, ["echo", "a b"], connect=lambda h, o: FakeTransport(h), options=ConnectOptions(),
-                          timeout=5, wrap=lambda h, argv: ["podman", "exec", f"c-{h.name}", *argv])
-    assert [x.to_dict() for x in res] == [
-        {"host": "ok", "exit_code": 0, "stdout": "podman exec c-ok echo a b", "stderr": "", "error": None},
-        {"host": "fail", "exit_code": 3, "stdout": "podman exec c-fail echo a b", "stderr": "", "error": None},
-        {"host": "bad", "exit_code": None, "stdout": "", "stderr": "",
-         "error": "connect to 10.0.0.9:22 timed out after 5s"}]
-
-
-# ------------------------------------------------------------------------------------------------ hang -> stacks
-class StackOps(FakeOps):
-    def __init__(self, *a, fail=False, **kw):
-        super().__init__(*a, **kw)
-        self.calls, self.fail = [], fail
-
-    def stacks(self, attempt, nodes):
-        self.calls.append((attempt, tuple(nodes), len(self.stopped)))
-        if self.fail:
-            raise RuntimeError("py-spy exploded")
-        return "ranks 0-2: all_reduce \u2190 train_step train.py:88\nrank 3: load_batch data.py:40"
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "state.db")
-    yield s
-    s.close()
-
-
-def hang_run(store, ops):
-    job_id = store.create_job("demo", "{}", None, None)
-    quiet = [Observation("a", R), Observation("b", R)]
-    ops.script.extend([quiet] * 10)
-    pol = Policy(min_nodes=2, max_nodes=2, backoff_s=0, hang_timeout_s=3, max_node_failures=0)
-    sup = Supervisor(job_id, store, ops, pol, ["a", "b"], clock=iter(range(10**6)).__next__, sleep=lambda s: None)
-    return job_id, sup.run()
-
-
-def test_a_hang_takes_the_stacks_before_stopping_anything(store):
-    ops = StackOps([])
-    job_id, state = hang_run(store, ops)
-    assert state == JobState.FAILED
-    assert ops.calls == [(1, ("a", "b"), 0)]                   # nothing was stopped yet when they were taken
-    kinds = [e.kind for e in store.events(job_id)]
-    assert kinds.index("verdict") < kinds.index("stacks") < kinds.index("gang_stop")
-    view = status.job_view(store, store.get_job(job_id))
-    [f] = view["failures"]
-    assert f["class"] == "hang"
-    assert f["stacks"] == ["ranks 0-2: all_reduce \u2190 train_step train.py:88", "rank 3: load_batch data.py:40"]
-
-
-def test_stacks_that_fail_do_not_stop_the_recovery(store):
-    ops = StackOps([], fail=True)
-    job_id, state = hang_run(store, ops)
-    assert state == JobState.FAILED and ops.stopped
-    [e] = [e for e in store.events(job_id) if e.kind == "stacks"]
-    assert e.message == "could not take the stacks: py-spy exploded"
-
-
-def test_ops_without_stacks_and_other_failures_have_none(store):
-    ops = FakeOps([])
-    job_id, _ = hang_run(store, ops)
-    assert "stacks" not in [e.kind for e in store.events(job_id)]
-    assert status.job_view(store, store.get_job(job_id))["failures"][0]["stacks"] is None
+def test_latest_checkpoint_first_answer_wins_within_the_probe_timeout(tmp_path):
+    spec = loads_job(JOB.replace("script: train.py", "script: train.py\ncheckpoint: {dir: /ck}"), "job.yaml")
+    hosts = {h.name: h for h in HOSTS}
+    ts = {"n1": _Transport(hosts["n1"], True), "n2": _Transport(hosts["n2"], False),
+          "n3": _Transport(hosts["n3"], True)}
+    ops = ClusterOps(spec=spec, hosts=hosts, job_id="j-1", store=None, sink=LogSink(tmp_path / "o.log"),
+                     connect=lambda h, _o: ts[h.name], probe_timeout_s=3.0)
+    t = time.monotonic()
+    assert ops.latest_checkpoint(["n1", "n2", "n3"]) == ("/ck/step-000000060", 60)
+    assert time.monotonic() - t < 1.0                # n1 (the rendezvous host, first) hangs: not waited for
+    ops._unhealthy = {"n2"}
+    t = time.monotonic()
+    assert ops.latest_checkpoint(["n1", "n2", "n3"]) is None     # only hanging nodes left: unknown, not "none"
+    assert time.monotonic() - t <= 3.0 + 1.5
+    ops._unhealthy = {"n1", "n2", "n3"}
+    assert ops.latest_checkpoint(["n1", "n2", "n3"]) is None
