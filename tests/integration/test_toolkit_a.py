@@ -361,3 +361,37 @@ def test_fabric_proxy_jump_is_a_gateway(testbed, inv, tmp_path):
     assert conn.gateway and conn.gateway.host == n1
     r = conn.run('echo "$SSH_CONNECTION"', hide=True, in_stream=False)
     assert r.stdout.split()[0] == n1          # node3 saw the connection come from the bastion (node1)
+
+
+# ------------------------------------------------------------------------------------------------ bare runtime
+def test_bare_job_exec_shell_stacks_run_in_the_job_directory(testbed, tmp_path):
+    """Bare: `exec --in-container` and `shell` run on the host in the job's directory; `stacks` finds the ranks."""
+    inv = cpu_inventory(testbed, tmp_path / "inventory.yaml", runtime="bare")
+    state, wd = tmp_path / "state", tmp_path / "work dir"          # a space: the directory is quoted
+    wd.mkdir()
+    spec = {"name": "tkabare", "nodes": 2, "nproc_per_node": 2, "hosts": ["node3", "node4"], "script": str(HANG),
+            "workdir": str(wd), "rendezvous": {"port": 29400, "join_timeout": 60, "last_call_timeout": 2},
+            "restarts": {"max_restarts": 0}, "supervisor": {"probe_interval_s": 1, "hang_timeout_s": 900}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    r = cli(state, "launch", str(job), "-i", str(inv), "--detach", "--skip-preflight", timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        end = time.monotonic() + 150
+        while time.monotonic() < end:
+            text = "".join(p.read_text(errors="replace") for p in (state / "jobs").rglob("output.log"))
+            if text.count("entering the hang") >= 4:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(cli(state, "events", "tkabare").stdout + text[-3000:])
+        ex = cli(state, "exec", "--job", "tkabare", "--in-container", "-o", "json", "--", "pwd")
+        assert [(x["host"], x["stdout"]) for x in json.loads(ex.stdout)] == [("node3", f"{wd}\n"), ("node4", f"{wd}\n")]
+        sh = cli(state, "shell", "tkabare", input="pwd; hostname; exit 9\n")
+        assert sh.returncode == 9 and sh.stdout.split("\n")[:2] == [str(wd), "node3"], sh.stdout + sh.stderr
+        st = cli(state, "stacks", "tkabare", timeout=240)
+        assert st.returncode == 0, st.stdout + st.stderr
+        assert re.match(r"ranks 0-2: \S*all_reduce \u2190 wait_in_collective hang\.py:\d+\nrank 3: stuck_in_own_code "
+                        r"hang\.py:\d+\n", st.stdout), st.stdout
+    finally:
+        cli(state, "stop", "tkabare", "--grace", "0", timeout=120)
