@@ -1,15 +1,14 @@
 """Where a job runs now: the hosts of its current attempt and, per node, where its processes live (pure reads of
-the state store and the job's inventory). Used by ``exec --job``, ``shell``, ``stacks`` and ``fabric.group``."""
+the state store and the job record). Used by ``exec --job``, ``shell``, ``stacks`` and ``fabric.group``."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from clusterctl import inventory as inventory_mod
+from clusterctl import record as record_mod
 from clusterctl import runtimes
 from clusterctl.errors import UserError
 from clusterctl.inventory import Host
-from clusterctl.spec import JobSpec, parse_job
+from clusterctl.spec import JobSpec
 from clusterctl.state import Job, Store
 
 
@@ -53,14 +52,12 @@ def load(store: Store, job_ref: str) -> JobNodes:
     if not attempts:
         raise UserError(f"job {job.name} ({job.job_id}) has not started an attempt yet")
     a = attempts[-1]
-    payload = json.loads(job.spec_json)
-    spec = parse_job(payload["spec"], payload["source"])
-    inv = inventory_mod.load(job.inventory_path) if job.inventory_path else inventory_mod.default_inventory()
-    hosts = {h.name: h for h in inv.hosts if h.name in payload["hosts"] or h.name in a.nodes}
+    rec = record_mod.load(store, job, upgrade=False)     # the hosts as resolved at launch
+    hosts = rec.hosts_by_name
     missing = [n for n in a.nodes if n not in hosts]
     if missing:
-        raise UserError(f"hosts {', '.join(missing)} of job {job.name} are no longer in the inventory {inv.source}")
-    return JobNodes(job, spec, a.attempt, a.rdzv_host or a.nodes[0], tuple(a.nodes), hosts)
+        raise UserError(f"nodes {', '.join(missing)} of job {job.name} are not in its record")
+    return JobNodes(job, rec.spec, a.attempt, a.rdzv_host or a.nodes[0], tuple(a.nodes), hosts)
 
 
 def in_job_argv(jn: JobNodes, node: str, argv: list[str], *, interactive: bool = False, tty: bool = False) -> list[str]:
