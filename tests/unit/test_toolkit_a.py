@@ -142,3 +142,56 @@ def test_ops_without_stacks_and_other_failures_have_none(store):
     job_id, _ = hang_run(store, ops)
     assert "stacks" not in [e.kind for e in store.events(job_id)]
     assert status.job_view(store, store.get_job(job_id))["failures"][0]["stacks"] is None
+
+
+# ------------------------------------------------------------------------------------------------ fabric policy
+@pytest.fixture(scope="module")
+def keys():
+    import paramiko
+
+    return paramiko.RSAKey.generate(1024), paramiko.RSAKey.generate(1024)
+
+
+def test_fabric_policy_refuses_unknown_and_changed_keys(tmp_path, keys):
+    import paramiko
+
+    from clusterctl.fabric import HostKeyPolicy, RefusedHostKey
+
+    k1, k2 = keys
+    user_kh, inv_kh = tmp_path / "known_hosts", tmp_path / "inv_known_hosts"
+    user_kh.write_text("")
+    inv_kh.write_text(f"[10.0.0.1]:2222 {k1.get_name()} {k1.get_base64()}\n")
+    pol = HostKeyPolicy("n1", [str(user_kh), str(inv_kh)], str(inv_kh))
+    pol.missing_host_key(None, "[10.0.0.1]:2222", k1)                      # known (in clusterctl_known_hosts)
+    with pytest.raises(RefusedHostKey, match="unknown host key for 10.0.0.2") as ei:
+        pol.missing_host_key(None, "10.0.0.2", k1)
+    assert isinstance(ei.value, paramiko.SSHException)
+    with pytest.raises(RefusedHostKey, match=r"HOST KEY CHANGED .*inv_known_hosts:1"):
+        pol.missing_host_key(None, "[10.0.0.1]:2222", k2)
+    accept = HostKeyPolicy("n2", [str(user_kh), str(inv_kh)], str(inv_kh), accept_new=True)
+    accept.missing_host_key(None, "10.0.0.2", k2)                          # recorded, like accept-new
+    assert inv_kh.read_text().splitlines()[-1] == f"10.0.0.2 {k2.get_name()} {k2.get_base64()}"
+    with pytest.raises(RefusedHostKey, match="HOST KEY CHANGED"):
+        accept.missing_host_key(None, "10.0.0.2", k1)                      # a changed key: even with accept_new
+    assert user_kh.read_text() == ""
+
+
+def test_fabric_connections_from_the_inventory(tmp_path):
+    from paramiko.client import AutoAddPolicy
+
+    from clusterctl import fabric as cfab
+
+    hosts = (Host(name="n1", address="10.0.0.1", port=2222, user="ops", key_file=str(tmp_path / "k"),
+                  known_hosts=str(tmp_path / "kh"), groups=("all",)),
+             Host(name="n2", address="10.0.0.2", user="ops", proxy_jump="jump@bastion:2200", groups=("all",)))
+    inventory = Inventory("inv.yaml", hosts, {"all": ("n1", "n2")})
+    g = cfab.group(inventory, ssh_config=str(tmp_path / "none"))
+    c1, c2 = list(g)
+    assert (c1.host, c1.port, c1.user, c1.gateway) == ("10.0.0.1", 2222, "ops", False)
+    assert c1.connect_kwargs["key_filename"] == [str(tmp_path / "k")]
+    assert (c2.gateway.host, c2.gateway.port, c2.gateway.user) == ("bastion", 2200, "jump")
+    for c in (c1, c2, c2.gateway):
+        assert isinstance(c.client._policy, cfab.HostKeyPolicy) and not isinstance(c.client._policy, AutoAddPolicy)
+    assert c1.client._policy.known_files[-1] == str(tmp_path / "kh")
+    assert [c.clusterctl_host.name for c in cfab.group(inventory, limit="n2", ssh_config=str(tmp_path / "none"))] \
+        == ["n2"]
