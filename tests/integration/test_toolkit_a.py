@@ -370,7 +370,8 @@ def test_bare_job_exec_shell_stacks_run_in_the_job_directory(testbed, tmp_path):
     state, wd = tmp_path / "state", tmp_path / "work dir"          # a space: the directory is quoted
     wd.mkdir()
     spec = {"name": "tkabare", "nodes": 2, "nproc_per_node": 2, "hosts": ["node3", "node4"], "script": str(HANG),
-            "workdir": str(wd), "rendezvous": {"port": 29400, "join_timeout": 60, "last_call_timeout": 2},
+            "workdir": str(wd), "torchrun": [str(Path(sys.prefix) / "bin" / "torchrun")],   # no venv on the hosts' PATH
+            "rendezvous": {"port": 29400, "join_timeout": 60, "last_call_timeout": 2},
             "restarts": {"max_restarts": 0}, "supervisor": {"probe_interval_s": 1, "hang_timeout_s": 900}}
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(spec, sort_keys=False))
