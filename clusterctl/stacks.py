@@ -5,7 +5,7 @@ output -> ``RankStack``s), ``group`` / ``summary`` / ``render`` (identical stack
 <- train_step train.py:88"). One thin I/O function, ``collect``, runs ``NODE_SCRIPT`` on each node.
 
 On the node, ``NODE_SCRIPT`` finds the attempt's rank processes by their environment (``CLUSTERCTL_JOB_ID``,
-``CLUSTERCTL_ATTEMPT`` and torchrun's ``RANK``; a rank's own children, e.g. DataLoader workers, are skipped) in
+``CLUSTERCTL_ATTEMPT``, ``CLUSTERCTL_NODE`` and torchrun's ``RANK``; a rank's own children, e.g. DataLoader workers, are skipped) in
 ``/proc`` -- host PIDs, so containerized ranks are found the same way -- and dumps each with py-spy. A node without
 ``py-spy`` on its PATH gets the static binary from this machine's py-spy wheel on the command's stdin: it is
 written to a private ``mktemp -d`` directory (0700) and removed when the command ends.
@@ -27,8 +27,10 @@ ARROW = "\u2190"          # "all_reduce <- train_step train.py:88"
 DUMP_TIMEOUT_S = 20       # per rank, on the node
 MARK = "@@clusterctl-"
 
-# $1 JOB_ID  $2 ATTEMPT  $3 py-spy to run ("-": the binary comes on stdin). Fixed text; values only as argv.
-NODE_SCRIPT = r'''jid=$1 att=$2 spy=$3
+# $1 JOB_ID  $2 ATTEMPT  $3 py-spy to run ("-": the binary comes on stdin)  $4 timeout per rank  $5 NODE (the
+# inventory name: CLUSTERCTL_NODE tells this node's ranks apart where nodes share a PID namespace, as test hosts
+# on one machine do). Fixed text; values only as argv.
+NODE_SCRIPT = r'''jid=$1 att=$2 spy=$3 node=$5
 if [ "$spy" = - ]; then
   d=$(umask 077 && mktemp -d) || exit 125
   trap 'rm -rf -- "$d"' EXIT
@@ -44,6 +46,7 @@ for e in /proc/[0-9]*/environ; do
   v=$(exec 2>/dev/null; tr '\0' '\n' <"$e") || continue
   printf '%s\n' "$v" | grep -qxF "CLUSTERCTL_JOB_ID=$jid" || continue
   printf '%s\n' "$v" | grep -qxF "CLUSTERCTL_ATTEMPT=$att" || continue
+  printf '%s\n' "$v" | grep -qxF "CLUSTERCTL_NODE=$node" || continue
   r=$(printf '%s\n' "$v" | sed -n 's/^RANK=//p' | head -n 1)
   [ -n "$r" ] || continue
   p=${e#/proc/}; p=${p%/environ}
@@ -242,16 +245,16 @@ def spy_binary() -> Path:
     raise UserError("py-spy not found next to this Python or on PATH: pip install py-spy")
 
 
-def node_argv(job_id: str, attempt: int, spy: str = "py-spy") -> list[str]:
-    return ["sh", "-c", NODE_SCRIPT, "clusterctl-stacks", job_id, str(attempt), spy, str(DUMP_TIMEOUT_S)]
+def node_argv(job_id: str, attempt: int, node: str, spy: str = "py-spy") -> list[str]:
+    return ["sh", "-c", NODE_SCRIPT, "clusterctl-stacks", job_id, str(attempt), spy, str(DUMP_TIMEOUT_S), node]
 
 
 def collect_node(run: Callable[..., object], node: str, job_id: str, attempt: int,
                  binary: Callable[[], bytes]) -> list[RankStack]:
     """``run(argv, timeout=, stdin=)`` on one node (a ``Transport.run``). Ships py-spy when the node lacks it."""
-    r = run(node_argv(job_id, attempt), timeout=120)
+    r = run(node_argv(job_id, attempt, node), timeout=120)
     if r.exit_code == 3 and MARK + "no-py-spy" in r.stdout:
-        r = run(node_argv(job_id, attempt, "-"), timeout=180, stdin=binary())
+        r = run(node_argv(job_id, attempt, node, "-"), timeout=180, stdin=binary())
     if MARK + "done" not in r.stdout:
         raise RuntimeError(f"stack collection failed (exit {r.exit_code}): "
                            f"{(r.stderr.strip() or r.stdout.strip())[-300:]}")

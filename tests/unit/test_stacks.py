@@ -103,9 +103,9 @@ def test_where_library_frames():
 
 
 def test_node_script_passes_values_as_argv():
-    argv = stacks.node_argv("job-1", 3)
+    argv = stacks.node_argv("job-1", 3, "gpu 7")
     assert argv[:2] == ["sh", "-c"] and argv[2] == stacks.NODE_SCRIPT
-    assert argv[3:] == ["clusterctl-stacks", "job-1", "3", "py-spy", str(stacks.DUMP_TIMEOUT_S)]
+    assert argv[3:] == ["clusterctl-stacks", "job-1", "3", "py-spy", str(stacks.DUMP_TIMEOUT_S), "gpu 7"]
     assert "job-1" not in stacks.NODE_SCRIPT
 
 
