@@ -174,13 +174,14 @@ def exec_cmd(ctx, inventory, limit, job, node, in_container, timeout, output, ac
     """Run COMMAND (after --) on every host, or on a job's nodes; identical results are grouped.
 
     The argv is quoted: no shell unless you write `sh -c '...'`. Exit 0 when every host exited 0, else 1."""
-    from clusterctl import hostpattern, jobnodes, remote_exec
-    from clusterctl import inventory as inv_mod
+    from clusterctl import remote_exec
     from clusterctl.errors import UserError
     from clusterctl.transport import connect
 
     wrap = None
-    if job:
+    if job:   # (imports per branch: the job's record needs pydantic, a plain exec does not)
+        from clusterctl import jobnodes
+
         if limit or inventory:
             raise UserError("--job takes its hosts from the job: use --node instead of --limit/-i")
         jn = _job_nodes(ctx, job)
@@ -188,6 +189,9 @@ def exec_cmd(ctx, inventory, limit, job, node, in_container, timeout, output, ac
         if in_container:
             wrap = lambda h, argv: jobnodes.in_job_argv(jn, h.name, argv)  # noqa: E731
     else:
+        from clusterctl import hostpattern
+        from clusterctl import inventory as inv_mod
+
         if node or in_container:
             raise UserError("--node and --in-container need --job")
         hosts = hostpattern.select(inv_mod.load(inventory), limit)
