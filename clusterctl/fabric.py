@@ -47,7 +47,8 @@ class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             check_host_key(self.host_name, hostname, key, known_keys(self.known_files, hostname), self.known_files,
                            self.record_file, self.accept_new)
         except HostKeyError as e:
-            raise RefusedHostKey(e.host, e.message) from None
+            raise RefusedHostKey(e.host, e.message.replace("rerun with --accept-new-host-keys",
+                                                           "pass accept_new_host_keys=True")) from None
 
 
 def _fabric():
