@@ -1,4 +1,6 @@
-"""stacks: the pure parser of py-spy output (golden fixtures in tests/fixtures/stacks) and the grouping."""
+"""stacks: the pure parser of py-spy output and the grouping. Fixtures (tests/fixtures/stacks): threads.txt,
+gloo_all_reduce.txt and own_code.txt are real py-spy 0.4.3 dumps; synthetic_two_threads.txt is written by hand
+(a second thread, full paths) for the parser's edge cases."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,7 +25,7 @@ def test_parse_dump_threads_innermost_first():
 
 
 def test_parse_dump_full_filenames_and_odd_lines():
-    text = (FIX / "hang_gloo.txt").read_text() + "\n    frame without line (<string>)\n        x = 1\n"
+    text = (FIX / "synthetic_two_threads.txt").read_text() + "\n    frame without line (<string>)\n        x = 1\n"
     main = stacks.main_thread(stacks.parse_dump(text))
     assert main.frames[0] == Frame("all_reduce", "/work/.venv/lib/python3.11/site-packages/torch/distributed/"
                                                  "distributed_c10d.py", 2806)
@@ -42,7 +44,7 @@ def _node_output(*ranks: tuple[int, int, str, int]) -> str:
 
 
 def test_parse_node_and_errors():
-    gloo = (FIX / "hang_gloo.txt").read_text()
+    gloo = (FIX / "synthetic_two_threads.txt").read_text()
     out = _node_output((11, 1, gloo, 0), (10, 0, gloo, 0),
                        (12, 2, "Error: Failed to get process executable name. Check that the process is running.\n"
                                "\nCaused by:\n    0: No such file", 1))
@@ -120,7 +122,7 @@ def test_collect_ships_py_spy_only_when_missing(tmp_path, monkeypatch):
     binary.chmod(0o755)
     monkeypatch.setattr(stacks, "spy_binary", lambda: binary)
     calls = []
-    dump = (FIX / "hang_gloo.txt").read_text()
+    dump = (FIX / "synthetic_two_threads.txt").read_text()
 
     def run_on(node):
         def run(argv, timeout, stdin=None):
