@@ -524,6 +524,19 @@ class ClusterOps:
     def stop_requested(self) -> bool:
         return self.store.get_job(self.job_id).state == JobState.STOPPED
 
+    def stacks(self, attempt: int, nodes: Sequence[str]) -> str:
+        """Where every rank waits (py-spy, see ``stacks``): one line per group of ranks; the full stacks are kept
+        as JSON in the job's directory (``stacks-<attempt>.json``)."""
+        from clusterctl import stacks
+
+        found, errors = stacks.collect(nodes, lambda n: lambda argv, **kw: self._run(n, argv, **kw),
+                                       self.job_id, attempt, host_timeout=60)
+        try:
+            (self.sink.path.parent / f"stacks-{attempt}.json").write_text(stacks.dump_json(found, errors))
+        except OSError:
+            pass
+        return stacks.hang_record(found, errors)
+
     # ------------------------------------------------------------------------------------------ logs
     def _follow(self, attempt: int, node: str) -> None:
         """Copy the node's log of ``attempt`` into the sink. Every (re)connect streams the node's whole log and

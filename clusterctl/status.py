@@ -49,7 +49,7 @@ def job_view(store: Store, job: Job, now: float | None = None, supervision: dict
         "failures": [{"time": e.time, "attempt": e.attempt, "class": e.klass, "node": e.node, "rank": e.rank,
                       "exit_code": e.exit_code, "signal": e.signal, "oom": bool(e.oom), "message": e.message,
                       "found_by": "status" if e.kind == "reconciled" else "supervisor",
-                      "error_tail": _tail(store, job.job_id, e)} for e in failures],
+                      "error_tail": _tail(store, job.job_id, e), "stacks": _stacks(events, e)} for e in failures],
         "checkpoint": checkpoint,
         "restarts": budget_view(events, restarts, now),
         "supervised": sup["supervised"],
@@ -85,6 +85,17 @@ def _tail(store: Store, job_id: str, event) -> str | None:
     for n in store.nodes(job_id, event.attempt):
         if n.node == event.node:
             return n.error_tail
+    return None
+
+
+def _stacks(events, failure) -> list[str] | None:
+    """For a hang: where each group of ranks waited ("ranks 0-6: all_reduce <- train_step train.py:88"), from the
+    ``stacks`` event the supervisor recorded before it stopped the attempt."""
+    if failure.klass != "hang":
+        return None
+    for e in events:
+        if e.kind == "stacks" and e.attempt == failure.attempt and e.id > failure.id:
+            return e.message.splitlines()
     return None
 
 

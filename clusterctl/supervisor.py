@@ -153,6 +153,9 @@ class NodeOps(Protocol):
 
     def stop_requested(self) -> bool: ...
 
+    # optional: ``stacks(attempt, nodes) -> str``, where every rank waits (one line per group of ranks); called on
+    # a hang before the gang-stop and stored as a ``stacks`` event (``launcher.ClusterOps.stacks``)
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -351,6 +354,8 @@ class Supervisor:
     def _act(self, d: Decision, attempt: int, nodes: list[str], excluded: set[str]) -> JobState | None:
         self.event("verdict", d.message, attempt=attempt, klass=d.verdict.value, node=d.node,
                    exit_code=d.exit_code, signal=d.signal, rank=d.rank, oom=d.oom or None)
+        if d.verdict == Verdict.HANG:
+            self._take_stacks(attempt, nodes)      # where every rank waits: before anything is stopped
         if d.verdict == Verdict.SUCCESS:
             self.store.end_attempt(self.job_id, attempt, "succeeded")
             self._cleanup(attempt, nodes)
@@ -378,6 +383,17 @@ class Supervisor:
             self._cleanup(None, self.all_nodes)
             return self.store.get_job(self.job_id).state
         return None
+
+    def _take_stacks(self, attempt: int, nodes: list[str]) -> None:
+        """Record every rank's stack as a ``stacks`` event (optional ``NodeOps.stacks(attempt, nodes) -> str``)."""
+        take = getattr(self.ops, "stacks", None)
+        if take is None:
+            return
+        try:
+            text = take(attempt, nodes)
+        except Exception as e:  # noqa: BLE001 - the stacks are a diagnosis: never in the way of the recovery
+            text = f"could not take the stacks: {e}"
+        self.event("stacks", text, attempt=attempt)
 
     def _spend(self, verdict: Verdict, message: str) -> bool:
         """Charge one failure to the matching budget; sleep the backoff. False when the budget is exhausted.

@@ -422,6 +422,15 @@ class SSHTransport:
     def put(self, data: bytes, path: str, mode: int = 0o600) -> None:
         put_via_run(self, data, path, mode)
 
+    def session(self, timeout: float | None = None) -> paramiko.Channel:
+        """A new session channel on this host's connection (interactive use: ``clusterctl shell``)."""
+        self.connect()
+        try:
+            return self._t.open_session(timeout=timeout or self.options.connect_timeout)
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            self.close()
+            raise ConnectError(self.host.name, f"connection lost: {e or e.__class__.__name__}") from None
+
     def stream(self, argv: Sequence[str], on_data: Callable[[bytes], None], stop: threading.Event) -> None:
         self.connect()
         try:
