@@ -119,7 +119,8 @@ def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions,
     policy = Policy(min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, max_failures=r.max_failures,
                     max_node_failures=r.max_node_failures, backoff_s=r.backoff_s, backoff_max_s=r.backoff_max_s,
                     probe_interval_s=s.probe_interval_s, probe_failures=s.probe_failures,
-                    hang_timeout_s=s.hang_timeout_s, wait_for_nodes_s=float(spec.rendezvous.join_timeout))
+                    hang_timeout_s=s.hang_timeout_s, wait_for_nodes_s=float(spec.rendezvous.join_timeout),
+                    cordon_after=s.cordon_after)
     return ops, policy, list(payload["hosts"])
 
 
@@ -130,6 +131,9 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
     if not store.claim_supervisor(job_id, os.getpid()):
         raise UserError(f"job {job_id} already has a live supervisor (pid {store.get_job(job_id).supervisor_pid})")
     ops, policy, nodes = build_ops(root, store, job_id, options)
+    from clusterctl import notify
+
+    notifier = notify.for_job(store, job_id, ops.spec)    # webhooks/commands on state changes, on its own thread
     try:
         sup = Supervisor(job_id, store, ops, policy, nodes, wait=ops.wait_for_change,
                          on_event=lambda m: echo(f"clusterctl: {m}"))
@@ -143,6 +147,7 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
         return sup.run(adopt_attempt=attempt)
     finally:
         ops.close()
+        notifier.close()
         store.release_supervisor(job_id, os.getpid())
 
 

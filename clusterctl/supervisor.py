@@ -139,6 +139,7 @@ class Policy:
     wait_for_nodes_s: float = 300.0
     checkpoint_every_probes: int = 5     # look for a new latest valid checkpoint every N probe rounds
     settle_s: float = 3.0                # a non-zero exit waits this long for a dead peer before it is a user error
+    cordon_after: int = 3                # node_lost/hang failures of one host within 24 h before it is cordoned (0: never)
 
 
 class Supervisor:
@@ -191,7 +192,7 @@ class Supervisor:
                        first: bool = False) -> tuple[list[str], str, int] | None:
         p = self.policy
         while True:
-            candidates = [n for n in self.all_nodes if n not in excluded]
+            candidates = [n for n in self._uncordoned(self.all_nodes) if n not in excluded]
             healthy = self.ops.reachable(candidates)
             if len(healthy) < p.min_nodes:
                 healthy = self._wait_for_nodes(excluded)
@@ -233,7 +234,7 @@ class Supervisor:
             if self.ops.stop_requested():
                 self._finish(JobState.STOPPED, "stopped by user")
                 return None
-            healthy = self.ops.reachable(self.all_nodes)
+            healthy = self.ops.reachable(self._uncordoned(self.all_nodes))
             if len(healthy) >= p.min_nodes:
                 excluded.difference_update(healthy)
                 return healthy
@@ -280,6 +281,8 @@ class Supervisor:
     def _act(self, d: Decision, attempt: int, nodes: list[str], excluded: set[str]) -> JobState | None:
         self.event("verdict", d.message, attempt=attempt, klass=d.verdict.value, node=d.node,
                    exit_code=d.exit_code, signal=d.signal, rank=d.rank)
+        if d.verdict in INFRA and d.node:
+            self._maybe_cordon(d.node, d.verdict)
         if d.verdict == Verdict.SUCCESS:
             self.store.end_attempt(self.job_id, attempt, "succeeded")
             self._cleanup(attempt, nodes)
@@ -355,6 +358,23 @@ class Supervisor:
         self.store.set_state(self.job_id, state, reason)
         self.event("end", f"job {state.value}: {reason}")
         return state
+
+    def _uncordoned(self, nodes: Sequence[str]) -> list[str]:
+        """``nodes`` without the cordoned ones (`clusterctl cordon`, or cordoned here after repeated failures)."""
+        cordoned = self.store.cordons()
+        return [n for n in nodes if n not in cordoned]
+
+    def _maybe_cordon(self, node: str, verdict: Verdict) -> None:
+        """Cordon ``node`` after ``cordon_after`` node_lost/hang failures within 24 h (every job counts)."""
+        n = self.policy.cordon_after
+        if not n or node in self.store.cordons():
+            return
+        count = self.store.host_failures(node, [v.value for v in INFRA], 24 * 3600)
+        if count >= n:
+            reason = f"{count} node_lost/hang failures within 24 h (last: {verdict.value} in job {self.job_id})"
+            self.store.cordon(node, reason, by=f"supervisor (job {self.job_id})")
+            self.event("cordon", f"{node} cordoned: {reason}; launches skip it until `clusterctl uncordon {node}`",
+                       node=node)
 
     def _name(self) -> str:
         return self.store.get_job(self.job_id).name
