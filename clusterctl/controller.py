@@ -6,6 +6,7 @@ follows the job's log copy and state, and Ctrl-C detaches.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import subprocess
@@ -13,10 +14,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from clusterctl import inventory as inventory_mod
-from clusterctl import paths
+from clusterctl import nodehealth, paths
 from clusterctl import yamlfile
 from clusterctl.errors import InputError, UserError
 from clusterctl.yamlfile import line_of
@@ -35,18 +36,24 @@ class JobContext:
     spec: JobSpec
     inventory: Inventory
     hosts: list[Host]
+    excluded: tuple[tuple[str, str], ...] = ()     # (cordoned host, reason), left out of hosts
 
 
-def load_context(job_path: str, inventory_path: str | None) -> JobContext:
-    """The job and the hosts it will use, checked against each other (errors at the job file's line)."""
+def load_context(job_path: str, inventory_path: str | None, cordons: Mapping[str, Any] | None = None) -> JobContext:
+    """The job and the hosts it will use, checked against each other (errors at the job file's line).
+    ``cordons``: host -> cordon (``Store.cordons()``); those hosts are left out (``excluded``)."""
     spec = load_job(job_path)
     inv = inventory_mod.load(inventory_path)
+    data = yamlfile.load_yaml_with_lines(job_path)
 
     def bad(key: str, message: str) -> InputError:
-        return InputError(job_path, line_of(yamlfile.load_yaml_with_lines(job_path), key), message, key=key)
+        return InputError(job_path, line_of(data, key), message, key=key)
 
-    hosts = inv.select(spec.hosts) if spec.hosts else list(inv.hosts)
+    hosts = _job_hosts(spec, inv, data, job_path) if spec.hosts else list(inv.hosts)
+    hosts, excluded = nodehealth.split(hosts, cordons or {})
     if len(hosts) < spec.min_nodes:
+        if excluded:
+            raise nodehealth.too_few(spec.min_nodes, len(hosts), excluded)
         raise bad("nodes", f"the job needs at least {spec.min_nodes} node(s) but the inventory {inv.source} "
                            f"offers {len(hosts)}: {', '.join(h.name for h in hosts)}")
     for h in hosts:
@@ -54,12 +61,36 @@ def load_context(job_path: str, inventory_path: str | None) -> JobContext:
             raise bad("nproc_per_node", f"\"gpu\" but {h.name} has no GPUs (clusterctl_gpus)")
         if isinstance(spec.nproc_per_node, int) and h.gpus and spec.nproc_per_node > h.gpus:
             raise bad("nproc_per_node", f"{spec.nproc_per_node} > {h.gpus} GPUs on {h.name}")
-    return JobContext(spec, inv, hosts[: spec.max_nodes] if spec.hosts is None else hosts)
+    chosen = hosts[: spec.max_nodes] if spec.hosts is None else hosts
+    rdzv = spec.rendezvous.host
+    if rdzv is not None and rdzv not in [h.name for h in chosen[: spec.max_nodes]]:
+        why = (" (it is cordoned)" if rdzv in dict(excluded) else " (it is a spare: beyond nodes' MAX)"
+               if rdzv in [h.name for h in chosen] else "")
+        rdzv_node = data.get("rendezvous") if isinstance(data, dict) else None
+        raise InputError(job_path, line_of(rdzv_node, "host"),
+                         f"{rdzv!r} is not one of the job's hosts{why}: "
+                         f"{', '.join(h.name for h in chosen[: spec.max_nodes])}; pick one of them or leave it "
+                         "out (the first node holds the rendezvous)", key="rendezvous.host")
+    return JobContext(spec, inv, chosen, tuple(excluded))
+
+
+def _job_hosts(spec: JobSpec, inv: Inventory, data: Any, job_path: str) -> list[Host]:
+    """The job's ``hosts:`` resolved; an unknown name is an error at its line with the nearest name."""
+    known = [*inv.groups, *(h.name for h in inv.hosts)]
+    for i, p in enumerate(spec.hosts or ()):
+        if p not in known:
+            hint = difflib.get_close_matches(p, known, 1)
+            raise InputError(job_path, line_of(data.get("hosts"), i),
+                             f"no host or group {p!r} in the inventory {inv.source}"
+                             + (f" (did you mean {hint[0]!r}?)" if hint else
+                                f"; it has {', '.join(h.name for h in inv.hosts[:8])}"), key=f"hosts[{i}]")
+    return inv.select(spec.hosts or ())
 
 
 def dry_run_plan(ctx: JobContext, interfaces: dict[str, str] | None = None):
     hosts = ctx.hosts[: ctx.spec.max_nodes]
-    return build_plan(ctx.spec, hosts, job_id=f"{ctx.spec.name}-DRYRUN", attempt=1, interfaces=interfaces)
+    return build_plan(ctx.spec, hosts, job_id=f"{ctx.spec.name}-DRYRUN", attempt=1, interfaces=interfaces,
+                      spares=[h.name for h in ctx.hosts[ctx.spec.max_nodes:]], excluded=ctx.excluded)
 
 
 def open_store(state_dir: str | None, secrets: Sequence[str] = ()) -> tuple[Path, Store]:
