@@ -87,6 +87,24 @@ def _job_hosts(spec: JobSpec, inv: Inventory, data: Any, job_path: str) -> list[
     return inv.select(spec.hosts or ())
 
 
+def check_environment(job_path: str, spec: JobSpec, environ: Mapping[str, str]) -> None:
+    """Every ``secret_env`` name and ``notify[].webhook_env`` set in clusterctl's environment, else an error at its
+    line (a launch needs them; ``--dry-run`` does not: it shows ***)."""
+    data = yamlfile.load_yaml_with_lines(job_path)
+    for i, name in enumerate(spec.secret_env):
+        if name not in environ:
+            raise InputError(job_path, line_of(data.get("secret_env"), i),
+                             f"{name} is not set in clusterctl's environment: `export {name}=...` before the "
+                             "launch (the value is sent to the nodes on stdin, never printed or stored)",
+                             key=f"secret_env[{i}]")
+    for i, t in enumerate(spec.notify):
+        if t.webhook_env is not None and not environ.get(t.webhook_env):
+            entry = data["notify"][i]
+            raise InputError(job_path, line_of(entry, "webhook_env"),
+                             f"{t.webhook_env} is not set in clusterctl's environment: `export "
+                             f"{t.webhook_env}=https://...` before the launch", key=f"notify[{i}].webhook_env")
+
+
 def dry_run_plan(ctx: JobContext, interfaces: dict[str, str] | None = None):
     hosts = ctx.hosts[: ctx.spec.max_nodes]
     return build_plan(ctx.spec, hosts, job_id=f"{ctx.spec.name}-DRYRUN", attempt=1, interfaces=interfaces,

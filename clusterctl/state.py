@@ -537,9 +537,10 @@ class Store:
                           " AND kind IN ('verdict', 'start_failed')", (host, since, *klasses))
         return int(rows[0]["n"])
 
-    def all_events(self, *, since: float = 0.0) -> list[Event]:
-        """Every job's events from ``since`` on (for the per-host view of `clusterctl nodes`)."""
-        return [_row(Event, r) for r in self._read("SELECT * FROM events WHERE time >= ? ORDER BY id", (since,))]
+    def node_events(self, *, since: float = 0.0) -> list[Event]:
+        """Every job's classified events that name a node, from ``since`` on (for `clusterctl nodes`)."""
+        return [_row(Event, r) for r in self._read("SELECT * FROM events WHERE time >= ? AND node IS NOT NULL"
+                                                   " AND klass IS NOT NULL ORDER BY id", (since,))]
 
     def all_attempts(self) -> list[Attempt]:
         return [_attempt(r) for r in self._read("SELECT * FROM attempts ORDER BY job_id, attempt")]
