@@ -81,14 +81,16 @@ def inventory_cmd(inventory: Optional[str], output: str) -> int:
         print_json({"source": inv.source, "hosts": [h.to_dict() for h in inv.hosts],
                     "groups": {g: list(h) for g, h in inv.groups.items()}})
         return 0
-    table = Table(title=f"inventory: {inv.source}", title_justify="left")
-    for col in ("host", "address", "port", "user", "connection", "runtime", "gpus", "interface", "groups"):
-        # headers never break (80 columns: `connec/tion`); long values fold, groups first
-        table.add_column(col, no_wrap=col in ("host", "address"), overflow="fold", min_width=len(col))
-    for h in inv.hosts:
-        table.add_row(h.name, h.address, str(h.port or "-"), h.user or "-", h.connection, h.runtime,
-                      "-" if h.gpus is None else str(h.gpus), h.interface or "-", ",".join(h.groups))
-    out.print(table)
+    from clusterctl.columns import Column, fit
+
+    # plain columns that fit 80: headers never break, names and addresses never cut; groups shrink first
+    cols = [Column("host"), Column("address"), Column("port"), Column("user", min=4), Column("connection"),
+            Column("runtime"), Column("gpus"), Column("interface", min=9), Column("groups", min=6)]
+    rows = [[h.name, h.address, str(h.port or "-"), h.user or "-", h.connection, h.runtime,
+             "-" if h.gpus is None else str(h.gpus), h.interface or "-", ",".join(h.groups)] for h in inv.hosts]
+    out.print(f"inventory: {inv.source}", markup=False)
+    for line in fit(cols, rows, out.width, shrink_order=[(8, 12)]):
+        out.print(line, markup=False)
     return 0
 
 
@@ -294,20 +296,16 @@ def status_cmd(ctx, job, show_all, states, since, watch, output) -> int:
             err.print("no jobs yet. Launch one: `clusterctl launch JOB.yaml` (a commented job file to start "
                       "from: `clusterctl init job.yaml`)", markup=False)
         return 0
-    table = Table(box=None, pad_edge=False, show_edge=False)
-    table.add_column("job", no_wrap=True)             # the full id: other commands take it
-    table.add_column("name", overflow="fold")
-    table.add_column("state", no_wrap=True)
-    table.add_column("att", justify="right", no_wrap=True)
-    table.add_column("nodes", overflow="fold")
-    for col in ("started", "ended", "elapsed"):
-        table.add_column(col, no_wrap=True)
-    table.add_column("reason", no_wrap=True, overflow="ellipsis", max_width=40)   # one line; `status JOB`: all
-    for r in rows:
-        table.add_row(r["job_id"], r["name"], r["state"], str(r["attempt"]), ",".join(r["nodes"]) or "-",
-                      history.clock(r["started_at"], now), history.clock(r["ended_at"], now),
-                      history.duration(r["elapsed_s"]), r["short_reason"])
-    out.print(table)
+    from clusterctl.columns import Column, fit
+
+    cols = [Column("job"), Column("name", min=4, max=24), Column("state"), Column("attempt", right=True),
+            Column("nodes", min=5, max=40), Column("started"), Column("ended"), Column("elapsed", right=True),
+            Column("reason", min=10, max=60)]     # the full job id (other commands take it); a one-line reason
+    table = [[r["job_id"], r["name"], r["state"], str(r["attempt"]), ",".join(r["nodes"]) or "-",
+              history.clock(r["started_at"], now), history.clock(r["ended_at"], now),
+              history.duration(r["elapsed_s"]), r["short_reason"]] for r in rows]
+    for line in fit(cols, table, out.width, shrink_order=[(8, 24), (4, 12), (1, 8), (8, 12)]):
+        out.print(line, markup=False)
     return 0
 
 
@@ -580,20 +578,19 @@ def nodes_cmd(ctx, inventory, output) -> int:
     if output == "json":
         print_json(rows)
         return 0
-    table = Table(box=None, pad_edge=False, show_edge=False)
-    table.add_column("host", no_wrap=True)
-    table.add_column("state", no_wrap=True)
-    table.add_column("jobs", justify="right", no_wrap=True)
-    table.add_column("failures 7d", overflow="fold")
-    table.add_column("last failure", overflow="fold")
-    table.add_column("cordon", overflow="fold")
+    from clusterctl.columns import Column, fit
+
+    cols = [Column("host"), Column("state"), Column("jobs", right=True), Column("failures 7d", min=11),
+            Column("last failure", min=12), Column("cordon", min=12)]
+    table = []
     for r in rows:
         lf = r["last_failure"]
-        table.add_row(r["host"] + ("" if r["in_inventory"] else " (not in inventory)"), r["state"], str(r["jobs"]),
+        table.append([r["host"] + ("" if r["in_inventory"] else " (not in inventory)"), r["state"], str(r["jobs"]),
                       ", ".join(f"{k} {v}" for k, v in sorted(r["failures_7d"].items())) or "-",
                       f"{history.clock(lf['time'], now)} {lf['class']} {lf['job_id']}" if lf else "-",
-                      f"since {history.clock(r['since'], now)} by {r['by']}: {r['reason']}" if r["reason"] else "")
-    out.print(table)
+                      f"{r['reason']} (since {history.clock(r['since'], now)}, {r['by']})" if r["reason"] else ""])
+    for line in fit(cols, table, out.width, shrink_order=[(5, 30), (4, 30)]):
+        out.print(line, markup=False)
     return 0
 
 
