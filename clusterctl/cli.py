@@ -298,13 +298,13 @@ def status_cmd(ctx, job, show_all, states, since, watch, output) -> int:
         return 0
     from clusterctl.columns import Column, fit
 
-    cols = [Column("job"), Column("name", min=4, max=24), Column("state"), Column("attempt", right=True),
-            Column("nodes", min=5, max=40), Column("started"), Column("ended"), Column("elapsed", right=True),
-            Column("reason", min=10, max=60)]     # the full job id (other commands take it); a one-line reason
+    cols = [Column("job"), Column("name", min=3, max=24), Column("state"), Column("attempt", right=True),
+            Column("nodes", min=3, max=40), Column("started"), Column("ended"), Column("elapsed", right=True),
+            Column("reason", min=16, max=60)]     # the full job id (other commands take it); a one-line reason
     table = [[r["job_id"], r["name"], r["state"], str(r["attempt"]), ",".join(r["nodes"]) or "-",
               history.clock(r["started_at"], now), history.clock(r["ended_at"], now),
               history.duration(r["elapsed_s"]), r["short_reason"]] for r in rows]
-    for line in fit(cols, table, out.width, shrink_order=[(8, 24), (4, 12), (1, 8), (8, 12)]):
+    for line in fit(cols, table, out.width, shrink_order=[(8, 24), (4, 12), (1, 8)], spill=8):
         out.print(line, markup=False)
     return 0
 

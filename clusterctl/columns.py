@@ -23,7 +23,27 @@ def cut(text: str, width: int) -> str:
 
 
 def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int,
-        shrink_order: Sequence[tuple[int, int]] = ()) -> list[str]:
+        shrink_order: Sequence[tuple[int, int]] = (), spill: int | None = None) -> list[str]:
+    """Like ``_fit``; when even the narrowest table is wider than ``width``, column ``spill`` (a long free text,
+    e.g. a reason) leaves the table and goes, cut to one line, under each row."""
+    rows = [[" ".join(str(v).split()) for v in r] for r in rows]
+    if spill is not None:
+        narrowest = sum(c.min or max([len(c.header), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns))
+        if narrowest + len(columns) - 1 > width:
+            keep = [i for i in range(len(columns)) if i != spill]
+            order = [(keep.index(i), w) for i, w in shrink_order if i != spill]
+            table = _fit([columns[i] for i in keep], [[r[i] for i in keep] for r in rows], width, order)
+            out = [table[0]]
+            for line, r in zip(table[1:], rows):
+                out.append(line)
+                if r[spill]:
+                    out.append("  " + cut(r[spill], max(10, width - 2)))
+            return out
+    return _fit(columns, rows, width, shrink_order)
+
+
+def _fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int,
+         shrink_order: Sequence[tuple[int, int]] = ()) -> list[str]:
     """The table as lines of at most ``width`` characters when the fixed columns allow it (one space between
     columns). Flexible columns shrink step by step as ``shrink_order`` says ((index, down to) pairs), then each
     to its ``min``."""
