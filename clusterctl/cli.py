@@ -298,8 +298,9 @@ def status_cmd(ctx, job, show_all, states, since, watch, output) -> int:
         return 0
     from clusterctl.columns import Column, fit
 
-    cols = [Column("job"), Column("name", min=4, max=24), Column("state"), Column("attempt", right=True),
-            Column("nodes", min=5, max=40), Column("started"), Column("ended"), Column("elapsed", right=True),
+    cols = [Column("job"), Column("name", min=4, max=24), Column("state"), Column("attempt", right=True, short="att"),
+            Column("nodes", min=5, max=40), Column("started", short="start"), Column("ended"),
+            Column("elapsed", right=True, short="took"),
             Column("reason", min=16, max=60)]     # the full job id (other commands take it); a one-line reason
     table = [[r["job_id"], r["name"], r["state"], str(r["attempt"]), ",".join(r["nodes"]) or "-",
               history.clock(r["started_at"], now), history.clock(r["ended_at"], now),

@@ -6,7 +6,7 @@ the flexible ones shrink in the order given, ending in ``…``. Pure: lines in, 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 
@@ -16,6 +16,7 @@ class Column:
     min: int | None = None        # None: never shrunk (the value is needed whole)
     max: int | None = None        # cap even when there is room
     right: bool = False
+    short: str | None = None      # header used when the table is too wide (e.g. "att" for "attempt")
 
 
 def cut(text: str, width: int) -> str:
@@ -32,7 +33,11 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int,
         if narrowest + len(columns) - 1 > width:
             keep = [i for i in range(len(columns)) if i != spill]
             order = [(keep.index(i), w) for i, w in shrink_order if i != spill]
-            table = _fit([columns[i] for i in keep], [[r[i] for i in keep] for r in rows], width, order)
+            narrow = [replace(columns[i], header=columns[i].short or columns[i].header,
+                              min=None if columns[i].min is None else min(columns[i].min, len(columns[i].short or
+                                                                                               columns[i].header)))
+                      for i in keep]
+            table = _fit(narrow, [[r[i] for i in keep] for r in rows], width, order)
             out = [table[0]]
             for line, r in zip(table[1:], rows):
                 out.append(line)
