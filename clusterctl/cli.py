@@ -153,9 +153,6 @@ def preflight_cmd(ctx, inventory, job, limit, output, strict, pull, accept_new) 
 
 
 # ---------------------------------------------------------------------------------------------- jobs
-QUICK_CHECKS = {"ssh", "container_runtime", "nvidia_toolkit", "image", "ports", "interface"}
-
-
 @app.command("launch")
 @click.argument("job")
 @inventory_option
@@ -191,7 +188,9 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
     if skip_preflight:   # the supervisor would see a bad host key only as an unreachable node
         controller.verify_host_keys(jc.hosts, connect_options(ctx, accept_new))
     else:
-        report = _preflight(ctx, jc.hosts, jc.spec, only=QUICK_CHECKS, accept_new=accept_new,
+        from clusterctl.checks.job import LAUNCH_CHECKS
+
+        report = _preflight(ctx, jc.hosts, jc.spec, only=LAUNCH_CHECKS, accept_new=accept_new,
                             show_progress=output != "json")
         if not report.ok:
             render_table(report, err)
@@ -215,17 +214,19 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
     return _attach(root, store, job_id, jc.spec.name, output)
 
 
-def _attach(root, store, job_id, name, output, extra=None) -> int:
+def _attach(root, store, job_id, name, output, extra=None, from_start=True) -> int:
     from clusterctl import controller, status
     from clusterctl.state import JobState
 
     try:
-        state = controller.follow(root, store, job_id, lambda line: out.print(line, markup=False))
+        state = controller.follow(root, store, job_id, lambda line: out.print(line, markup=False),
+                                  from_start=from_start)
     except KeyboardInterrupt:
         err.print(f"\ndetached; job {name} keeps running. Re-attach: clusterctl logs -f {name}   "
                   f"stop: clusterctl stop {name}", markup=False)
         return 0
-    view = status.job_view(store, store.get_job(job_id))
+    view = status.job_view(store, store.get_job(job_id),
+                           supervision=controller.supervision(root, store.get_job(job_id)))
     if output == "json":
         print_json({**(extra or {}), **view})
     else:
@@ -258,34 +259,44 @@ def supervise_cmd(ctx, job_id, adopt) -> int:
               help="Only jobs alive since WHEN: a duration (30m, 2h, 3d) or a UTC date (2026-12-01[T08:00]).")
 @click.option("--watch", "-w", is_flag=True, help="With JOB: refresh every 2 s until the job ends.")
 @output_option
+@accept_option
 @click.pass_context
-def status_cmd(ctx, job, show_all, states, since, watch, output) -> int:
-    """Jobs and their state (active ones, then the 20 newest finished); with JOB, what happened and where it
-    stands."""
+def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> int:
+    """Jobs and their state (the active ones, then the 20 newest finished); with JOB, what happened and where it
+    stands (and, when clusterctl's supervisor of an active job is gone, what the nodes say now)."""
     import time
 
     from clusterctl import controller, history, status
 
-    _, store = controller.open_store(ctx.obj.state_dir)
+    root, store = controller.open_store(ctx.obj.state_dir)
     if watch and not job:
         raise click.UsageError("--watch needs a JOB")
     if job:
-        j = store.get_job(job)
+        job_id = store.get_job(job).job_id
+
+        def view():
+            j = store.get_job(job_id)
+            if not j.terminal and not controller.supervision(root, j)["supervised"]:
+                controller.reconcile_job(root, store, job_id, connect_options(ctx, accept_new))
+                j = store.get_job(job_id)
+            return status.job_view(store, j, supervision=controller.supervision(root, j))
+
         if watch:
-            return _watch(store, j.job_id, output)
-        view = status.job_view(store, j)
+            return _watch(view, output)
+        v = view()
         if output == "json":
-            print_json(view)
+            print_json(v)
         else:
-            for line in _status_lines(view):
+            for line in _status_lines(v):
                 out.print(line, markup=False)
         return 0
     now = time.time()
     chosen = history.select(store, store.list_jobs(), states=history.parse_states(states),
                             since=history.parse_since(since, now) if since else None, show_all=show_all)
+    views = [status.job_view(store, j, now, supervision=controller.supervision(root, j)) for j in chosen]
     rows = [history.row(store, j, now) for j in chosen]
     if output == "json":
-        print_json({"jobs": [{**status.job_view(store, j, now), **r} for j, r in zip(chosen, rows)]})
+        print_json({"jobs": [{**v, **r} for v, r in zip(views, rows)]})
         return 0
     if not rows:
         if states or since:
@@ -298,16 +309,30 @@ def status_cmd(ctx, job, show_all, states, since, watch, output) -> int:
         return 0
     from clusterctl.columns import Column, fit
 
+    unsupervised = [v["supervised"] is False and v["state"] not in ("SUCCEEDED", "FAILED", "STOPPED")
+                    for v in views]
+    for v, lost in zip(views, unsupervised):
+        if lost:
+            err.print(_unsupervised_line(v), markup=False)
     cols = [Column("job"), Column("name", min=4, max=24), Column("state"), Column("attempt", right=True, short="att"),
             Column("nodes", min=5, max=40), Column("started", short="start"), Column("ended"),
             Column("elapsed", right=True, short="took"),
             Column("reason", min=16, max=60)]     # the full job id (other commands take it); a one-line reason
-    table = [[r["job_id"], r["name"], r["state"], str(r["attempt"]), ",".join(r["nodes"]) or "-",
-              history.clock(r["started_at"], now), history.clock(r["ended_at"], now),
-              history.duration(r["elapsed_s"]), r["short_reason"]] for r in rows]
+    table = [[r["job_id"], r["name"], r["state"] + ("!" if lost else ""), str(r["attempt"]),
+              ",".join(r["nodes"]) or "-", history.clock(r["started_at"], now), history.clock(r["ended_at"], now),
+              history.duration(r["elapsed_s"]), ("UNSUPERVISED: " if lost else "") + r["short_reason"]]
+             for r, lost in zip(rows, unsupervised)]
     for line in fit(cols, table, out.width, shrink_order=[(8, 24), (4, 12), (1, 8)], spill=8):
         out.print(line, markup=False)
     return 0
+
+
+def _unsupervised_line(v) -> str:
+    sup = v["supervisor"]
+    seen = f"last seen {_ago(sup['last_seen'])}" if sup["last_seen"] else "never seen"
+    return (f"UNSUPERVISED: job {v['job_id']} is {v['state']} but clusterctl's supervisor is not running "
+            f"(pid {sup['pid'] or '-'}, {seen}): nothing restarts it on failure. "
+            f"Run: clusterctl resume {v['name']}")
 
 
 def _ago(t) -> str:
@@ -320,39 +345,54 @@ def _ago(t) -> str:
 
 
 def _status_lines(v) -> list:
-    lines = []
+    lines: list = []
     p = lines.append
+    if v["supervised"] is False and v["state"] not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        p(_unsupervised_line(v))
     p(f"job       {v['job_id']}  ({v['name']})")
     p(f"state     {v['state']}" + (f"  — {v['reason']}" if v["reason"] else ""))
+    sup = v["supervisor"]
+    p(f"supervisor pid {sup['pid'] or '-'} " + ("alive" if sup["alive"] else "not running")
+      + (f", last heartbeat {_ago(sup['last_seen'])}" if sup["last_seen"] else ""))
     p(f"attempt   {v['attempt']}  started {_ago(v['started_at'])}  rendezvous {v['rendezvous_host'] or '-'}")
-    p("nodes     " + ", ".join(f"{n['node']}={n['state'] or '?'}" + (f"(exit {n['exit_code']})"
-                                if n.get("exit_code") not in (None, 0) else "") for n in v["nodes"]))
+    p("nodes     " + ", ".join(_node_text(n) for n in v["nodes"]))
     ck = v["checkpoint"]
     p("checkpoint " + (f"{ck['path']} (step {ck['step']})" if ck else "none"))
     r = v["restarts"]
     p(f"restarts  user errors {r['failures_used']}/{r['max_failures']}, "
       f"infrastructure {r['node_failures_used']}/{r['max_node_failures']}")
     for f in v["failures"]:
-        p(f"failure   attempt {f['attempt']} [{f['class']}] node {f['node'] or '-'} rank {f['rank'] or '-'} "
-          f"exit {f['exit_code'] if f['exit_code'] is not None else '-'} signal {f['signal'] or '-'}: {f['message']}")
+        rank = f["rank"] if f["rank"] is not None else "-"
+        p(f"failure   attempt {f['attempt']} [{f['class']}] node {f['node'] or '-'} rank {rank} "
+          f"exit {f['exit_code'] if f['exit_code'] is not None else '-'} signal {f['signal'] or '-'}"
+          + (" OOM" if f.get("oom") else "") + f": {f['message']}")
         for line in (f["error_tail"] or "").splitlines()[-10:]:
             p(f"          | {line}")
     return lines
 
 
-def _watch(store, job_id: str, output: str, interval_s: float = 2.0) -> int:
-    """`status JOB --watch`: rich Live on a terminal, else one line (json: one object) per change; exit 0 when
-    the job succeeded, 1 when it failed or was stopped."""
+def _print_status(v) -> None:
+    for line in _status_lines(v):
+        out.print(line, markup=False)
+
+
+def _node_text(n) -> str:
+    state = n["state"] or "?"
+    if n.get("signal"):
+        state += f"({n['signal']})"
+    elif n.get("exit_code") not in (None, 0) or state == "exited":
+        state += f"(exit {n['exit_code'] if n.get('exit_code') is not None else '?'})"
+    return f"{n['node']}={state}"
+
+
+def _watch(view, output: str, interval_s: float = 2.0) -> int:
+    """`status JOB --watch`: rich Live on a terminal, else one line (json: one object) per change, until the job
+    ends; exit 0 when it succeeded, 1 when it failed or was stopped. ``view()``: the job's current status view."""
     import datetime
     import time
 
     from rich.live import Live
     from rich.text import Text
-
-    from clusterctl import status
-
-    def view():
-        return status.job_view(store, store.get_job(job_id))
 
     def ended(v) -> bool:
         return v["state"] in ("SUCCEEDED", "FAILED", "STOPPED")
@@ -438,29 +478,33 @@ def events_cmd(ctx, job, follow, output) -> int:
 @click.argument("job")
 @click.option("--node", default=None, help="Only this node.")
 @click.option("--rank", default=None, type=int, help="Only this global rank.")
-@click.option("--tail", default=None, type=int, help="Only the last N lines.")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the job ends.")
+@click.option("--attempt", default=None, type=click.IntRange(min=1), help="Only this attempt.")
+@click.option("--tail", default=None, type=click.IntRange(min=0), help="Only the last N lines (0: none).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines and events until the job ends.")
+@accept_option
 @click.pass_context
-def logs_cmd(ctx, job, node, rank, tail, follow) -> int:
-    """Every rank's output, prefixed [node/rank] (the controller's copy; nodes keep the full logs)."""
-    from clusterctl import controller, paths
+def logs_cmd(ctx, job, node, rank, attempt, tail, follow, accept_new) -> int:
+    """Every rank's output, prefixed [node/rank] (the controller's copy, completed from the nodes' own logs for
+    any stretch no supervisor followed)."""
+    from clusterctl import controller, logs
 
     root, store = controller.open_store(ctx.obj.state_dir)
     j = store.get_job(job)
-    path = paths.job_dir(root, j.job_id) / "output.log"
-
-    def keep(line: str) -> bool:
-        head = line.split("] ", 1)[0].lstrip("[")
-        n, _, r = head.partition("/")
-        return (node is None or n == node) and (rank is None or r == str(rank))
-
-    lines = [ln for ln in (path.read_text(errors="replace").splitlines() if path.exists() else []) if keep(ln)]
-    for line in lines[-tail:] if tail else lines:
+    sel = logs.Selection.check(store, j, node=node, rank=rank, attempt=attempt)
+    if not controller.live_supervisor(root, j) and store.attempts(j.job_id):
+        for n, msg in controller.fill_logs(root, store, j.job_id, connect_options(ctx, accept_new),
+                                           attempt=attempt).items():
+            err.print(f"{n}: could not read its own log ({msg}); lines it printed since the last copy may be "
+                      "missing", markup=False)
+    path = logs.path(root, j.job_id)
+    lines = logs.read(path, sel, tail)
+    for line in lines:
         out.print(line, markup=False)
     if follow:
         try:
             controller.follow(root, store, j.job_id,
-                              lambda ln: keep(ln) and out.print(ln, markup=False), from_start=False)
+                              lambda ln: (sel.keeps(ln) or ln.startswith("clusterctl: ")) and out.print(ln, markup=False),
+                              from_start=False)
         except KeyboardInterrupt:
             pass
     return 0
@@ -498,31 +542,35 @@ def stop_cmd(ctx, job, grace, output, accept_new) -> int:
 @accept_option
 @click.pass_context
 def resume_cmd(ctx, job, exclude, checkpoint, detach, output, accept_new) -> int:
-    """Bring a job back: re-attach if it still runs, else relaunch from its newest valid checkpoint."""
+    """Bring a job back: re-attach if it still runs, else relaunch from its newest valid checkpoint. A job that
+    finished well while unsupervised becomes SUCCEEDED; nothing is relaunched."""
     from clusterctl import controller
 
     root, store = controller.open_store(ctx.obj.state_dir)
     j = store.get_job(job)
     _check_cordons(store, j, exclude)
     accept = accept_new or ctx.obj.accept_new_host_keys
-    outcome, pid = controller.resume(root, store, j.job_id, connect_options(ctx, accept_new), accept_new=accept,
-                                     exclude=exclude, checkpoint=checkpoint)
-    err.print(f"job {j.job_id}: {outcome} (supervisor pid {pid})", markup=False)
-    if detach:
+    outcome = controller.resume(root, store, j.job_id, connect_options(ctx, accept_new), accept_new=accept,
+                                exclude=exclude, checkpoint=checkpoint)
+    err.print(f"job {j.job_id}: {outcome.message}", markup=False)
+    extra = {"job_id": j.job_id, "outcome": outcome.action, "message": outcome.message,
+             "supervisor_pid": outcome.pid}
+    if detach or outcome.pid is None or outcome.action == "already_supervised":
         if output == "json":
-            print_json({"job_id": j.job_id, "outcome": outcome, "supervisor_pid": pid})
+            print_json({**extra, "state": store.get_job(j.job_id).state.value})
         return 0
-    return _attach(root, store, j.job_id, j.name, output, extra={"outcome": outcome})
+    return _attach(root, store, j.job_id, j.name, output, extra=extra, from_start=False)
 
 
 def _check_cordons(store, job, exclude) -> None:
     """resume: exit 2 naming the cordoned hosts when the job's MIN cannot be met without them."""
     from clusterctl import nodehealth
 
-    payload = json.loads(job.spec_json)
-    nodes = str(payload["spec"].get("nodes", 1))
-    min_nodes = int(nodes.split(":")[0])
-    usable, excluded = nodehealth.split([h for h in payload["hosts"] if h not in exclude], store.cordons())
+    from clusterctl import record
+
+    rec = record.load(store, job)
+    usable, excluded = nodehealth.split([h for h in rec.host_names if h not in exclude], store.cordons())
+    min_nodes = rec.spec.min_nodes
     if excluded and len(usable) < min_nodes:
         raise nodehealth.too_few(min_nodes, len(usable), excluded)
     for host, why in excluded:

@@ -7,10 +7,10 @@ follows the job's log copy and state, and Ctrl-C detaches.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +18,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 from clusterctl import inventory as inventory_mod
 from clusterctl import nodehealth, paths
+from clusterctl import record as record_mod
 from clusterctl import yamlfile
 from clusterctl.errors import InputError, UserError
 from clusterctl.yamlfile import line_of
 from clusterctl.inventory import Host, Inventory
 from clusterctl.launcher import ClusterOps, LogSink
 from clusterctl.plan import build_plan, read_secrets
-from clusterctl.spec import JobSpec, load_job, parse_job
+from clusterctl.reconcile import Reconciled, reconcile
+from clusterctl.record import JobRecord
+from clusterctl.spec import JobSpec, load_job
 from clusterctl.state import JobState, Store, pid_alive
 from clusterctl.supervisor import Policy, Supervisor
 from clusterctl.transport import ConnectOptions
@@ -116,12 +119,16 @@ def open_store(state_dir: str | None, secrets: Sequence[str] = ()) -> tuple[Path
     return root, Store(paths.db_path(root), secrets=secrets)
 
 
+HEARTBEAT_S = 1.0           # the supervisor's heartbeat period (status: unsupervised after STALE_S without one)
+STALE_S = 10.0
+
+
 def record_job(store: Store, ctx: JobContext, job_path: str, inventory_path: str | None,
                interfaces: dict[str, str]) -> str:
-    payload = {"spec": ctx.spec.model_dump(mode="json"), "source": os.path.abspath(job_path),
-               "interfaces": interfaces, "hosts": [h.name for h in ctx.hosts]}
+    rec = JobRecord(spec=ctx.spec, source=os.path.abspath(job_path), hosts=tuple(ctx.hosts),
+                    interfaces=dict(interfaces))
     inv = ctx.inventory.source
-    return store.create_job(ctx.spec.name, json.dumps(payload),
+    return store.create_job(ctx.spec.name, rec.to_json(),
                             None if inv == inventory_mod.EMBEDDED_DEFAULT else os.path.abspath(inv),
                             os.path.abspath(job_path))
 
@@ -147,38 +154,44 @@ def spawn_supervisor(root: Path, job_id: str, *, accept_new: bool, adopt: bool =
 def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions,
               *, starts: bool = True) -> tuple[ClusterOps, Policy, list[str]]:
     """The job's ClusterOps. ``starts``: it may start attempts, so the secret_env values must be present."""
-    job = store.get_job(job_id)
-    payload = json.loads(job.spec_json)
-    spec = parse_job(payload["spec"], payload["source"])
-    inv = inventory_mod.load(job.inventory_path) if job.inventory_path else inventory_mod.default_inventory()
-    hosts = {h.name: h for h in inv.hosts if h.name in payload["hosts"]}
-    missing = [n for n in payload["hosts"] if n not in hosts]
-    if missing:
-        raise UserError(f"hosts {', '.join(missing)} are no longer in the inventory {inv.source}")
+    rec = record_mod.load(store, store.get_job(job_id))
+    spec = rec.spec
+    hosts = rec.hosts_by_name
     check_key_files(list(hosts.values()))
     secrets = read_secrets(spec.secret_env, os.environ) if starts else {}
     store.add_secrets(secrets.values())
     sink = LogSink(paths.job_dir(root, job_id) / "output.log")
     ops = ClusterOps(spec=spec, hosts=hosts, job_id=job_id, store=store, sink=sink, options=options,
-                     secrets=secrets, interfaces=payload.get("interfaces") or {},
+                     secrets=secrets, interfaces=dict(rec.interfaces),
                      probe_timeout_s=max(3.0, spec.supervisor.probe_interval_s * 2),
                      heartbeat_timeout_s=max(2.0, spec.supervisor.probe_interval_s * 2),
-                     checkpoint_override=payload.get("checkpoint_override"))
+                     checkpoint_override=rec.checkpoint_override)
     s, r = spec.supervisor, spec.restarts
     policy = Policy(min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, max_failures=r.max_failures,
                     max_node_failures=r.max_node_failures, backoff_s=r.backoff_s, backoff_max_s=r.backoff_max_s,
                     probe_interval_s=s.probe_interval_s, probe_failures=s.probe_failures,
                     hang_timeout_s=s.hang_timeout_s, wait_for_nodes_s=float(spec.rendezvous.join_timeout),
-                    cordon_after=s.cordon_after)
-    return ops, policy, list(payload["hosts"])
+                    checkpoint_dir=spec.checkpoint.dir, cordon_after=s.cordon_after)
+    return ops, policy, rec.host_names
+
+
+def _heartbeat(store: Store, job_id: str, stop: threading.Event) -> None:
+    pid = os.getpid()
+    while not stop.wait(HEARTBEAT_S):
+        try:
+            store.heartbeat(job_id, pid)
+        except Exception:  # noqa: BLE001 - a busy DB now and then must not end the heartbeat
+            pass
 
 
 def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool = False,
               echo: Callable[[str], None] = print) -> JobState:
-    """The body of ``clusterctl _supervise``: claim the job, run the loop, release."""
+    """The body of ``clusterctl _supervise``: claim the job, beat, run the loop, release."""
     store = Store(paths.db_path(root))
     if not store.claim_supervisor(job_id, os.getpid()):
         raise UserError(f"job {job_id} already has a live supervisor (pid {store.get_job(job_id).supervisor_pid})")
+    beating = threading.Event()
+    threading.Thread(target=_heartbeat, args=(store, job_id, beating), daemon=True, name="heartbeat").start()
     ops, policy, nodes = build_ops(root, store, job_id, options)
     from clusterctl import notify
 
@@ -188,13 +201,13 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
                          on_event=lambda m: echo(f"clusterctl: {m}"))
         job = store.get_job(job_id)
         attempt = job.attempt if adopt and job.attempt else None
-        if adopt and attempt:
-            ops.plan = ops.make_plan(attempt, list(store.attempts(job_id)[-1].nodes),
-                                     store.attempts(job_id)[-1].rdzv_host, ("", 0))
-            for n in ops.plan.nodes:
-                ops._follow(attempt, n.host)
+        if attempt:
+            last = store.attempts(job_id)[-1]
+            ops.adopt(attempt, list(last.nodes), last.rdzv_host)
+            ops.attach(attempt)
         return sup.run(adopt_attempt=attempt)
     finally:
+        beating.set()
         ops.close()
         notifier.close()
         store.release_supervisor(job_id, os.getpid())
@@ -202,10 +215,12 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
 
 def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *, from_start: bool = True,
            poll_s: float = 0.3, stop_when_done: bool = True) -> JobState:
-    """Print the job's log copy as it grows; return the job's state once it is terminal."""
+    """Print the job's log copy and its events as they grow (``from_start=False``: only what comes after this
+    call); return the job's state once it is terminal."""
     path = paths.job_dir(root, job_id) / "output.log"
     offset = 0 if from_start else (path.stat().st_size if path.exists() else 0)
-    printed_events = 0
+    seen = store.events(job_id)
+    printed_events = 0 if from_start or not seen else seen[-1].id
     while True:
         if path.exists():
             with open(path, "rb") as f:
@@ -228,7 +243,8 @@ def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *
 
 
 def stop_job(root: Path, store: Store, job_id: str, options: ConnectOptions, grace_s: float = 10.0) -> dict[str, str]:
-    """SIGTERM to torchrun everywhere, kill after the grace period, remove exactly this job's containers."""
+    """SIGTERM to torchrun everywhere, kill after the grace period, remove exactly this job's containers; the
+    nodes' end is recorded (``stopped``, or how they had ended before)."""
     job = store.get_job(job_id)
     if not job.terminal:
         store.set_state(job_id, JobState.STOPPED, "stopped by user")
@@ -238,8 +254,17 @@ def stop_job(root: Path, store: Store, job_id: str, options: ConnectOptions, gra
         attempts = store.attempts(job_id)
         if attempts:
             a = attempts[-1]
-            ops.plan = ops.make_plan(a.attempt, list(a.nodes), a.rdzv_host, ("", 0))
-        return ops.stop(None, nodes, grace_s=grace_s)
+            ops.adopt(a.attempt, list(a.nodes), a.rdzv_host)
+        errors = ops.stop(None, nodes, grace_s=grace_s)
+        if attempts:
+            a = attempts[-1]
+            ended = {n.node: n.state for n in store.nodes(job_id, a.attempt)}
+            for node in a.nodes:
+                if node not in errors and ended.get(node) not in ("exited", "killed", "gone"):
+                    store.set_node(job_id, a.attempt, node, state="stopped")
+            if a.ended_at is None:
+                store.end_attempt(job_id, a.attempt, "stopped")
+        return errors
     finally:
         ops.close()
 
@@ -287,46 +312,124 @@ def verify_host_keys(hosts: Sequence[Host], options: ConnectOptions) -> None:
         raise ClusterctlError("cannot connect safely:\n" + "\n".join(f"  {e}" for e in bad))
 
 
+def supervision(root: Path, job, now: float | None = None) -> dict:
+    """Is clusterctl's own supervisor of ``job`` alive? ``{"pid", "alive", "last_seen", "supervised"}``.
+    An active job is supervised when a live process is its supervisor and its heartbeat is at most ``STALE_S``
+    old (a supervisor still starting up has a pid file but no heartbeat yet: it counts as alive)."""
+    now = time.time() if now is None else now
+    live = live_supervisor(root, job)
+    seen = job.supervisor_seen_at
+    fresh = seen is None or now - seen <= STALE_S
+    alive = bool(live) and (fresh or job.supervisor_pid != live)
+    return {"pid": live or job.supervisor_pid, "alive": alive, "last_seen": seen,
+            "supervised": alive if not job.terminal else False}
+
+
+def reconcile_job(root: Path, store: Store, job_id: str, options: ConnectOptions) -> Reconciled | None:
+    """``status JOB`` of an active job whose supervisor is gone: ask the nodes (bounded by the connect timeout
+    + 5 s) and record what they say."""
+    ops, _, _ = build_ops(root, store, job_id, options, starts=False)
+    try:
+        return reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5)
+    finally:
+        ops.close()
+
+
+def complete_logs(ops: ClusterOps, store: Store, job_id: str, attempt: int | None = None,
+                  deadline_s: float = 30.0) -> dict[str, str]:
+    """Copy into the controller's log whatever the nodes printed that it lacks (a stretch no supervisor
+    followed). Only lines after those already copied, so nothing is held twice. Returns {node: error}."""
+    attempts = [a for a in store.attempts(job_id) if attempt is None or a.attempt == attempt]
+    if not attempts:
+        return {}
+    a = attempts[-1]
+
+    def fetch(host) -> None:
+        rt = ops._runtime(host.name)
+        argv = rt.logs_argv(ops._ref(host.name, a.attempt))
+        r = ops._run(host.name, ["sh", "-c", '"$@" 2>&1', "clusterctl-logs", *argv], timeout=deadline_s)
+        if not r.ok and not r.stdout:
+            raise RuntimeError(r.stderr.strip()[-200:] or f"exit code {r.exit_code}")
+        ops.sink.begin(host.name, a.attempt)
+        ops.sink.feed(host.name, r.stdout.encode() if isinstance(r.stdout, str) else r.stdout)
+
+    from clusterctl.transport import fan_out
+
+    results = fan_out([ops.hosts[n] for n in a.nodes if n in ops.hosts], fetch, host_timeout=deadline_s + 5)
+    return {r.host.name: str(r.error) for r in results if r.error is not None}
+
+
+def fill_logs(root: Path, store: Store, job_id: str, options: ConnectOptions,
+              attempt: int | None = None) -> dict[str, str]:
+    """``logs`` of a job no supervisor follows: complete the controller's copy from the nodes first."""
+    ops, _, _ = build_ops(root, store, job_id, options, starts=False)
+    try:
+        return complete_logs(ops, store, job_id, attempt, deadline_s=options.connect_timeout + 10)
+    finally:
+        ops.close()
+
+
+@dataclass(frozen=True)
+class Resumed:
+    action: str          # already_supervised | succeeded | reattached | relaunched
+    message: str         # one line for the user
+    pid: int | None = None
+
+
 def resume(root: Path, store: Store, job_id: str, options: ConnectOptions, *, accept_new: bool,
-           exclude: Sequence[str] = (), checkpoint: str | None = None) -> tuple[str, int]:
-    """Re-attach when the job still runs and only the controller died; else clean up and relaunch.
-    Idempotent: with a live supervisor it only reports it."""
+           exclude: Sequence[str] = (), checkpoint: str | None = None,
+           wait: Callable[[float], None] = time.sleep) -> Resumed:
+    """Bring a job back. Idempotent: with a live supervisor it only reports it. An active job whose nodes all
+    still run is re-attached; one whose attempt finished well while nobody watched becomes SUCCEEDED; otherwise
+    the cause is recorded, the last attempt cleaned up, and the job relaunched from its latest valid checkpoint."""
     job = store.get_job(job_id)
     pid = live_supervisor(root, job)
     if pid:
-        return "already supervised", pid
+        return Resumed("already_supervised", f"already supervised (supervisor pid {pid}); nothing to do", pid)
     if job.state == JobState.SUCCEEDED:
-        raise UserError(f"job {job_id} already succeeded; launch it again to start over")
-    payload = json.loads(job.spec_json)
-    unknown = [h for h in exclude if h not in payload["hosts"]]
+        return Resumed("succeeded", "the job already SUCCEEDED; nothing relaunched (launch it again to start over)")
+    rec = record_mod.load(store, job)
+    unknown = [h for h in exclude if h not in rec.host_names]
     if unknown:
-        raise UserError(f"--exclude: {', '.join(unknown)} not among the job's hosts {', '.join(payload['hosts'])}")
+        raise UserError(f"--exclude: {', '.join(unknown)} not among the job's hosts {', '.join(rec.host_names)}")
     attempts = store.attempts(job_id)
     ops, _, nodes = build_ops(root, store, job_id, options)
     verify_host_keys([ops.hosts[n] for n in nodes if n not in exclude], options)
     try:
-        if attempts and not job.terminal and not exclude and not checkpoint:
+        if attempts and not job.terminal:
             a = attempts[-1]
-            # two looks, a moment apart: a container whose processes were just killed can still be listed as
-            # running by the runtime for a second, and re-attaching to a dead attempt would wait for nothing
-            still_running = True
-            for look in range(2):
-                obs = ops.observe(a.attempt, list(a.nodes))
-                still_running = still_running and bool(obs) and all(o.state == "running" for o in obs)
-                if look == 0 and still_running:
-                    time.sleep(2.0)
-            if still_running:
-                return "re-attached to the running attempt", spawn_supervisor(root, job_id, accept_new=accept_new,
-                                                                                adopt=True)
+            found = reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5)
+            if found is not None and found.state == JobState.SUCCEEDED:
+                complete_logs(ops, store, job_id, a.attempt)
+                return Resumed("succeeded", f"attempt {a.attempt} had finished with exit code 0 on every node while "
+                                            "unsupervised: the job is SUCCEEDED, nothing relaunched")
+            if found is not None and found.decision is None and not exclude and not checkpoint:
+                # a second look a moment later: a container whose processes were just killed can still be listed
+                # as running for a second, and re-attaching to a dead attempt would wait for nothing
+                wait(2.0)
+                again = ops.observe(a.attempt, list(a.nodes), watch=False, deadline_s=options.connect_timeout + 5)
+                if again and all(o.state == "running" for o in again):
+                    pid = spawn_supervisor(root, job_id, accept_new=accept_new, adopt=True)
+                    return Resumed("reattached", f"attempt {a.attempt} still runs on {', '.join(a.nodes)}: "
+                                                 f"re-attached (supervisor pid {pid})", pid)
+        if attempts:
+            complete_logs(ops, store, job_id, attempts[-1].attempt)
         errors = ops.stop(None, nodes)
         for node, msg in errors.items():
             store.add_event(job_id, "cleanup_pending", f"could not clean up {node}: {msg}", node=node)
+        keep = [n for n in nodes if n not in exclude]
+        latest = ops.latest_checkpoint([n for n in keep if n not in errors]) if not checkpoint else None
     finally:
         ops.close()
-    payload["hosts"] = [h for h in payload["hosts"] if h not in exclude]
-    payload["checkpoint_override"] = checkpoint
-    store.update_job(job_id, spec_json=json.dumps(payload), failures_used=0, node_failures_used=0)
+    rec = rec.replace(hosts=tuple(h for h in rec.hosts if h.name not in exclude), checkpoint_override=checkpoint)
+    record_mod.save(store, job_id, rec)
+    store.update_job(job_id, failures_used=0, node_failures_used=0)
     store.set_state(job_id, JobState.RECOVERING, "resumed by user")
-    store.add_event(job_id, "resume", "resumed by user" + (f" from {checkpoint}" if checkpoint else "")
+    start = (f"checkpoint {checkpoint}" if checkpoint else
+             f"checkpoint step {latest[1]} ({latest[0]})" if latest and latest[0] else
+             "the start (no valid checkpoint)" if latest else "the latest valid checkpoint")
+    store.add_event(job_id, "resume", f"resumed by user from {start}"
                     + (f", excluding {', '.join(exclude)}" if exclude else ""))
-    return "relaunching from the latest valid checkpoint", spawn_supervisor(root, job_id, accept_new=accept_new)
+    pid = spawn_supervisor(root, job_id, accept_new=accept_new)
+    return Resumed("relaunched", f"relaunching attempt {store.get_job(job_id).attempt + 1} from {start}"
+                   + (f" without {', '.join(exclude)}" if exclude else "") + f" (supervisor pid {pid})", pid)

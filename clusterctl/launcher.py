@@ -9,10 +9,13 @@ import json
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from clusterctl import causes
 from clusterctl import checkpoint as checkpoint_mod
 from clusterctl import runtimes
 from clusterctl.errors import TransportError
@@ -26,43 +29,90 @@ from clusterctl.transport import ConnectOptions, Transport, connect, fan_out
 # `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
 CHECKPOINT_INSTALLER = checkpoint_installer(Path(checkpoint_mod.__file__).read_text())
 RANK_PREFIX = re.compile(rb"^\[(\d+)\]:")
-SIGNALS = {129: "SIGHUP", 130: "SIGINT", 134: "SIGABRT", 137: "SIGKILL", 139: "SIGSEGV", 143: "SIGTERM"}
+TAIL_LINES = 200          # lines of a node's own log read to explain its end
 
 
 # a container whose init the watch has seen gone this long while the runtime still lists it as running was killed
 # with its conmon (a normal exit is recorded by conmon within milliseconds)
 GONE_CONFIRM_S = 0.5
 
-ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+root_cause, signal_of = causes.root_cause, causes.signal_of
 
 
-def root_cause(text: str) -> tuple[int, int] | None:
-    """(rank, exit code) from torchrun's failure summary ("Root Cause (first observed failure)")."""
-    m = ROOT_CAUSE.search(text)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def signal_of(exit_code: int | None) -> str | None:
-    return SIGNALS.get(exit_code) if exit_code is not None else None
+@dataclass(frozen=True)
+class _Ref:
+    """What the runtimes' stop/logs/pid builders need about a node of an attempt (a ``runtimes.NodeRef``)."""
+    container_name: str
+    node_dir: str
+    log_path: str | None
 
 
 class LogSink:
-    """The controller's copy of every node's output: ``[node/rank] line`` in one file (0600)."""
+    """The controller's copy of every node's output: ``[node/rank] line`` in one file (0600).
+
+    Each node's output of an attempt is a section that starts with ``[node/-] === attempt N ===``. A node's log is
+    always streamed from its first line; ``begin``/``restart`` make the sink drop the lines it already holds, so a
+    reconnect or a re-attached supervisor (``resume``) neither loses nor repeats a line."""
+
+    MARKER = "=== attempt {} ==="
 
     def __init__(self, path: Path, echo: Callable[[str], None] | None = None):
         self.path, self.echo = path, echo
         self.lock = threading.Lock()
         self.partial: dict[str, bytes] = {}
+        self.copied: dict[str, int] = {}     # lines of the node's current section in the file
+        self._skip: dict[str, int] = {}      # lines of the stream now starting that the file already holds
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         path.touch(mode=0o600, exist_ok=True)
+
+    def begin(self, node: str, attempt: int) -> int:
+        """Open (or continue) ``node``'s section of ``attempt``; returns the lines it already holds."""
+        count = self.section_lines(node, attempt)
+        with self.lock:
+            self.copied[node] = count or 0
+        if count is None:
+            self.write(node, [self.MARKER.format(attempt).encode()], count=False)
+        self.restart(node)
+        return count or 0
+
+    def restart(self, node: str) -> None:
+        """A new stream of ``node``'s whole log starts: skip what the file holds, forget a partial line."""
+        with self.lock:
+            self._skip[node] = self.copied.get(node, 0)
+            self.partial[node] = b""
+
+    def section_lines(self, node: str, attempt: int) -> int | None:
+        """Lines of ``node``'s section of ``attempt`` in the file (None: no such section)."""
+        marker, head = f"[{node}/-] {self.MARKER.format(attempt)}", f"[{node}/"
+        count, inside = None, False
+        try:
+            with open(self.path, errors="replace") as f:
+                for line in f:
+                    if not line.startswith(head):
+                        continue
+                    line = line.rstrip("\n")
+                    if line == marker:
+                        count, inside = 0, True
+                    elif line.startswith(f"[{node}/-] === attempt ") and line.endswith(" ==="):
+                        inside = False
+                    elif inside:
+                        count += 1
+        except OSError:
+            return None
+        return count
 
     def feed(self, node: str, data: bytes) -> None:
         buf = self.partial.get(node, b"") + data
         *lines, rest = buf.split(b"\n")
         self.partial[node] = rest
+        skip = self._skip.get(node, 0)
+        if skip:
+            dropped = min(skip, len(lines))
+            self._skip[node] = skip - dropped
+            lines = lines[dropped:]
         self.write(node, lines)
 
-    def write(self, node: str, lines: Sequence[bytes]) -> None:
+    def write(self, node: str, lines: Sequence[bytes], *, count: bool = True) -> None:
         out = []
         for line in lines:
             m = RANK_PREFIX.match(line)
@@ -70,8 +120,11 @@ class LogSink:
             text = line[m.end():] if m else line
             out.append(f"[{node}/{rank}] {text.decode(errors='replace').rstrip()}")
         if out:
-            with self.lock, open(self.path, "a") as f:
-                f.write("\n".join(out) + "\n")
+            with self.lock:
+                with open(self.path, "a") as f:
+                    f.write("\n".join(out) + "\n")
+                if count:
+                    self.copied[node] = self.copied.get(node, 0) + len(out)
             if self.echo:
                 for line in out:
                     self.echo(line)
@@ -81,8 +134,7 @@ class LogSink:
 class _Follower:
     thread: threading.Thread
     stop: threading.Event
-    bytes_seen: int = 0
-    last_seen: int = 0
+    last_seen: int = 0              # the sink's line count for the node when progress was last asked
 
 
 @dataclass
@@ -92,6 +144,7 @@ class _Watch:
     last: float | None = None       # monotonic time of the last line; None before the first
     alive: bool = False             # the attempt's main process (container init / bare runner) is alive
     gone_at: float | None = None    # monotonic time of the first "gone" line after it was seen alive
+    checkpoint_step: int | None = None   # newest step directory with a manifest (or DCP .metadata) it saw
 
 
 @dataclass
@@ -119,6 +172,7 @@ class ClusterOps:
         self._watches: dict[str, _Watch] = {}
         self.changed = threading.Event()      # set when a watched process ends: probe now, not after the interval
         self.plan: LaunchPlan | None = None
+        self._unhealthy: set[str] = set()     # nodes whose last probe failed (asked for nothing else meanwhile)
 
     # ------------------------------------------------------------------------------------------ plumbing
     def transport(self, node: str) -> Transport:
@@ -163,6 +217,17 @@ class ClusterOps:
                           rdzv_host=self.hosts[rdzv_host], interfaces=self.interfaces, resume_from=resume[0],
                           resume_step=resume[1])
 
+    def adopt(self, attempt: int, nodes: Sequence[str], rdzv_host: str) -> LaunchPlan:
+        """Take over an attempt that was started earlier (by another supervisor, or before a ``stop``)."""
+        self.plan = self.make_plan(attempt, nodes, rdzv_host, ("", 0))
+        return self.plan
+
+    def attach(self, attempt: int) -> None:
+        """Follow the logs and watch every node of the adopted/started attempt."""
+        for n in self.plan.nodes:
+            self._follow(attempt, n.host)
+            self._watch(attempt, n.host)
+
     def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> dict[str, str]:
         plan = self.plan = self.make_plan(attempt, nodes, rdzv_host, resume)
 
@@ -184,18 +249,19 @@ class ClusterOps:
         if errors:
             self.stop(attempt, nodes)   # roll back what this attempt started (by job id), half-created ones too
             return errors
-        for n in nodes:
-            self._follow(attempt, n)
-            self._watch(attempt, n)
+        self.attach(attempt)
         return {}
 
-    def observe(self, attempt: int, nodes: Sequence[str]) -> list[Observation]:
+    def observe(self, attempt: int, nodes: Sequence[str], *, watch: bool = True,
+                deadline_s: float | None = None) -> list[Observation]:
         """One probe round. Each node's watch (a line every 0.5 s over its persistent connection) answers for
         the common cases without a remote command: silent for ``heartbeat_timeout_s`` -> unreachable (a probe
         would only hang until its timeout); fresh and alive -> running. Otherwise (the process ended, no watch
-        line yet) the node is probed: the runtime's listing gives the state and exit code."""
+        line yet) the node is probed: the runtime's listing gives the state and exit code, and for a failure the
+        tail of the node's own log says why. ``watch=False``: probe only (``status``/``resume`` of a job whose
+        supervisor is gone). ``deadline_s``: the whole round's bound (default: three probe timeouts)."""
         known: dict[str, Observation] = {}
-        for n in nodes:
+        for n in nodes if watch else ():
             w = self._watch(attempt, n)
             if w.last is None:
                 continue
@@ -228,33 +294,80 @@ class ClusterOps:
                 return Observation(host.name, "running", progress=progress)
             if inst.state == "dead":
                 return Observation(host.name, "missing", progress=progress)
-            code = inst.exit_code
-            tail, rank, cause = "", None, None
-            if code:
-                tail = self._tail(host.name, 80)
-                cause = root_cause(tail)
-                rank = cause[0] if cause else None
-                mine = [ln for ln in tail.splitlines() if rank is not None and ln.startswith(f"[{host.name}/{rank}]")]
-                tail = "\n".join((mine or tail.splitlines())[-20:])
-            sig = signal_of(code)
-            if cause and cause[1] < 0:   # torchrun reports a rank killed by signal N as exit code -N
-                sig = SIGNALS.get(128 - cause[1], f"signal {-cause[1]}")
-            return Observation(host.name, "exited", exit_code=code, signal=sig, progress=progress,
-                               error_tail=tail, rank=rank)
+            return self._ended(host.name, attempt, inst, progress)
 
         out = dict(known)
         for r in fan_out([self.hosts[n] for n in nodes if n not in known], probe,
-                         host_timeout=self.probe_timeout_s + 2):
+                         host_timeout=deadline_s or self.probe_timeout_s * 3 + 2):
             out[r.host.name] = r.value if r.ok else Observation(r.host.name, "unreachable", error_tail=str(r.error))
+        for n in nodes:
+            (self._unhealthy.add if out[n].state == "unreachable" else self._unhealthy.discard)(n)
         return [out[n] for n in nodes]
+
+    def _ended(self, node: str, attempt: int, inst, progress: bool) -> Observation:
+        """An exited node: exit code, signal, the failing rank and its last lines (from the node's own log),
+        a configuration error no retry can fix, and whether the OOM killer did it."""
+        code = inst.exit_code
+        sig = signal_of(code)
+        if not code:
+            return Observation(node, "exited", exit_code=code, signal=sig, progress=progress)
+        lines = self._node_log(node, self._ref(node, attempt, inst.name))
+        text = "\n".join(lines)
+        cause = causes.root_cause_of(text)
+        rank = cause.rank if cause else None
+        if cause and cause.signal:     # torchrun reports a rank killed by signal N as exit code -N
+            sig = cause.signal
+        cfg = causes.config_error(code, text, script=self.spec.script, module=self.spec.module,
+                                  torchrun=self.spec.torchrun[0])
+        oom = sig == "SIGKILL" and self._oom(node, inst.name, cause.pid if cause else None)
+        return Observation(node, "exited", exit_code=code, signal=sig, progress=progress,
+                           error_tail=causes.error_tail(lines, node, rank), rank=rank,
+                           config_error=f"{cfg.message}. Fix: {cfg.fix}" if cfg else None, oom=oom)
+
+    def _ref(self, node: str, attempt: int, name: str | None = None) -> _Ref:
+        if self.plan is not None and self.plan.attempt == attempt and node in [n.host for n in self.plan.nodes]:
+            p = self.plan.node(node)
+            return _Ref(name or p.container_name, p.node_dir, p.log_path)
+        ndir = runtimes.node_dir(self._jobs_root(node), self.job_id, attempt)
+        bare = self.hosts[node].runtime == "bare"
+        return _Ref(name or runtimes.container_name(self.spec.name, node), ndir, f"{ndir}/node.log" if bare else None)
+
+    def _node_log(self, node: str, ref: _Ref, lines: int = TAIL_LINES) -> list[str]:
+        """The last ``lines`` lines of the node's own log (stdout and stderr), as ``[node/rank] text``."""
+        argv = self._runtime(node).logs_argv(ref, tail=lines)
+        try:
+            r = self._run(node, ["sh", "-c", '"$@" 2>&1', "clusterctl-tail", *argv], timeout=self.probe_timeout_s)
+        except TransportError:
+            return []
+        return causes.node_lines(r.stdout, node)
+
+    def _oom(self, node: str, name: str, pid: int | None) -> bool:
+        """Did the OOM killer do it? bare: the kernel log names the rank's pid; containers: the runtime's
+        OOMKilled flag (the rank's pid is the container's own)."""
+        rt = self._runtime(node)
+        if rt.name == "bare":
+            argv = ["sh", "-c", "dmesg 2>/dev/null | tail -n 500"]
+        else:
+            argv = [rt.program, "inspect", "--format", "oomkilled={{.State.OOMKilled}}", name]
+        try:
+            r = self._run(node, argv, timeout=self.probe_timeout_s)
+        except TransportError:
+            return False
+        return "oomkilled=true" in r.stdout if rt.name != "bare" else (pid is not None and
+                                                                      causes.oom_killed(r.stdout, pid))
 
     def _progress(self, node: str) -> bool:
         """New log output from the node since the last time this was asked."""
         f = self._followers.get(node)
         if f is None:
             return False
-        seen, f.last_seen = f.last_seen, f.bytes_seen
-        return f.bytes_seen != seen
+        seen, f.last_seen = f.last_seen, self.sink.copied.get(node, 0)
+        return f.last_seen != seen
+
+    def checkpoint_hint(self) -> int | None:
+        """The newest checkpoint step any watch has seen on the shared storage (cheap, unverified)."""
+        steps = [w.checkpoint_step for w in self._watches.values() if w.checkpoint_step is not None]
+        return max(steps) if steps else None
 
     # ------------------------------------------------------------------------------------------ watch
     def _watch(self, attempt: int, node: str) -> "_Watch":
@@ -265,15 +378,20 @@ class ClusterOps:
         if w is not None:
             w.stop.set()
         w = self._watches[node] = _Watch(attempt)
-        argv = runtimes.watch_argv(self._runtime(node), self.plan.node(node)) if self.plan else None
+        argv = (runtimes.watch_argv(self._runtime(node), self.plan.node(node), self.spec.checkpoint.dir)
+                if self.plan else None)
 
         def on_data(data: bytes) -> None:
-            line = data.rstrip().rsplit(b"\n", 1)[-1]
-            alive, now = line == b"1", time.monotonic()
+            fields = data.rstrip().rsplit(b"\n", 1)[-1].split()
+            alive, now = bool(fields) and fields[0] == b"1", time.monotonic()
             if w.alive and not alive:
                 w.gone_at = now
                 self.changed.set()
             w.alive, w.last = alive, now
+            step = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+            if step is not None and step != w.checkpoint_step:
+                w.checkpoint_step = step
+                self.changed.set()    # a new checkpoint: the supervisor records it now, not rounds later
 
         def run() -> None:
             while argv and not w.stop.is_set():
@@ -309,15 +427,6 @@ class ClusterOps:
         r = self._run(node, ["sh", "-c", script, rt.program, name, str(GONE_CONFIRM_S)], timeout=self.probe_timeout_s)
         return r.exit_code != 3
 
-    def _tail(self, node: str, lines: int = 20) -> str:
-        """The last lines this node printed (from the controller's copy)."""
-        try:
-            text = self.sink.path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        mine = [line for line in text if line.startswith(f"[{node}/")]
-        return "\n".join(mine[-lines:])
-
     def stop(self, attempt: int | None, nodes: Sequence[str], grace_s: float = 0.0) -> dict[str, str]:
         """Stop this job on ``nodes``: TERM + grace when ``grace_s``, then kill and remove by label/job id."""
         self.stop_followers(nodes)
@@ -348,8 +457,13 @@ class ClusterOps:
                           host_timeout=self.probe_timeout_s + self.options.connect_timeout + 1)
         return [r.host.name for r in results if r.ok and r.value.ok]
 
-    def latest_checkpoint(self, nodes: Sequence[str]) -> tuple[str, int]:
-        """Ask a node (checkpoints live on the nodes' shared storage) for the latest valid checkpoint."""
+    def latest_checkpoint(self, nodes: Sequence[str]) -> tuple[str, int] | None:
+        """The latest valid checkpoint (checkpoints live on the nodes' shared storage): ``(path, step)``,
+        ``("", 0)`` when there is none, ``None`` when no node could tell (never read as "start from scratch").
+
+        Asks every given node that passed its last probe, in parallel; the first answer wins, and nothing waits
+        longer than the probe timeout (a node that just lost its link cannot stall the supervisor). Verifying
+        sha256 sums reads whole checkpoints, so that mode gets more time."""
         if self.checkpoint_override:
             path, self.checkpoint_override = self.checkpoint_override, None
             m = re.search(r"step-(\d+)", path)
@@ -357,52 +471,66 @@ class ClusterOps:
         root = self.spec.checkpoint.dir
         if not root:
             return "", 0
+        candidates = [n for n in nodes if n not in self._unhealthy]
+        if not candidates:
+            return None
+        deadline = self.probe_timeout_s if self.spec.checkpoint.verify != "sha256" else max(self.probe_timeout_s, 120)
         source = Path(checkpoint_mod.__file__).read_bytes()
         argv = ["python3", "-", "latest", "--root", root, "--verify", self.spec.checkpoint.verify, "--json"]
-        for node in nodes:
-            try:
-                r = self._run(node, argv, timeout=60, stdin=source)
-            except TransportError:
-                continue
-            if r.ok:
-                info = json.loads(r.stdout or "{}")
-                if info.get("path"):
-                    return info["path"], int(info.get("step") or 0)
-                return "", 0
-        return "", 0
+
+        def ask(node: str) -> tuple[str, int]:
+            r = self._run(node, argv, timeout=deadline, stdin=source)
+            if not r.ok:
+                raise RuntimeError(r.stderr.strip()[-200:])
+            info = json.loads(r.stdout or "{}")
+            return (info["path"], int(info.get("step") or 0)) if info.get("path") else ("", 0)
+
+        pool = ThreadPoolExecutor(max_workers=len(candidates), thread_name_prefix="checkpoint")
+        try:
+            for fut in as_completed([pool.submit(ask, n) for n in candidates], timeout=deadline + 1):
+                try:
+                    return fut.result()
+                except Exception:  # noqa: BLE001 - that node could not tell; another may
+                    continue
+        except FuturesTimeout:
+            pass
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        return None
 
     def stop_requested(self) -> bool:
         return self.store.get_job(self.job_id).state == JobState.STOPPED
 
     # ------------------------------------------------------------------------------------------ logs
     def _follow(self, attempt: int, node: str) -> None:
+        """Copy the node's log of ``attempt`` into the sink. Every (re)connect streams the node's whole log and
+        the sink drops the lines it already holds: nothing is lost while a link is down, nothing is copied twice
+        (a re-attached supervisor continues the section a dead one started)."""
         self.stop_followers([node])
-        plan_node = self.plan.node(node)
+        ref = self._ref(node, attempt)
         rt = self._runtime(node)
         stop = threading.Event()
-        self.sink.write(node, [f"=== attempt {attempt} ===".encode()])
+        self.sink.begin(node, attempt)
+
+        def on_data(data: bytes) -> None:
+            if not stop.is_set():     # a stream being torn down must not write into the next attempt's section
+                self.sink.feed(node, data)
 
         def run() -> None:
             first = True
             while not stop.is_set():
+                if not first:
+                    self.sink.restart(node)
                 try:
-                    # after a reconnect, only new lines (the node keeps the full log)
-                    argv = rt.logs_argv(plan_node, follow=True, tail=None if first else 0)
-                    self.transport(node).stream(argv, lambda data: self._on_data(node, data), stop)
+                    self.transport(node).stream(rt.logs_argv(ref, follow=True), on_data, stop)
                 except TransportError:
                     self.drop(node)
                 first = False
                 stop.wait(1.0)
 
         t = threading.Thread(target=run, daemon=True, name=f"logs-{node}")
-        self._followers[node] = _Follower(t, stop)
+        self._followers[node] = _Follower(t, stop, last_seen=self.sink.copied.get(node, 0))
         t.start()
-
-    def _on_data(self, node: str, data: bytes) -> None:
-        f = self._followers.get(node)
-        if f:
-            f.bytes_seen += len(data)
-        self.sink.feed(node, data)
 
     def stop_followers(self, nodes: Sequence[str] | None = None) -> None:
         for node in list(self._followers if nodes is None else nodes):

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from clusterctl.errors import ClusterctlError, UserError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 30.0
 REDACTED = "***"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -104,6 +104,7 @@ class Job:
     supervisor_pid: int | None
     failures_used: int              # restarts spent on user errors
     node_failures_used: int         # restarts spent on lost nodes / infrastructure
+    supervisor_seen_at: float | None = None   # the supervisor's last heartbeat (epoch s)
 
     @property
     def terminal(self) -> bool:
@@ -162,12 +163,13 @@ class Event:
     signal: str | None
     checkpoint_step: int | None
     message: str                    # redacted
+    oom: bool | None = None         # a kill the kernel's OOM killer did (seen in its log / the memory cgroup)
 
 
 JOB_FIELDS = frozenset({"spec_json", "inventory_path", "job_path", "attempt", "reason", "supervisor_pid",
-                        "failures_used", "node_failures_used"})
+                        "failures_used", "node_failures_used", "supervisor_seen_at"})
 NODE_FIELDS = ("address", "container", "state", "exit_code", "signal", "rank", "error_tail")
-EVENT_FIELDS = frozenset({"attempt", "klass", "node", "rank", "exit_code", "signal", "checkpoint_step"})
+EVENT_FIELDS = frozenset({"attempt", "klass", "node", "rank", "exit_code", "signal", "checkpoint_step", "oom"})
 
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # 0 -> 1
@@ -192,7 +194,11 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             checkpoint_step INTEGER, message TEXT NOT NULL)""",
         "CREATE INDEX events_job ON events(job_id, id)",
     ),
-    (  # 1 -> 2: cordoned hosts (`clusterctl cordon`, the supervisor's own cordons); active 0 = uncordoned at ``since``
+    (  # 1 -> 2: the supervisor's heartbeat; OOM kills on events
+        "ALTER TABLE jobs ADD COLUMN supervisor_seen_at REAL",
+        "ALTER TABLE events ADD COLUMN oom INTEGER",
+    ),
+    (  # 2 -> 3: cordoned hosts (`clusterctl cordon`, the supervisor's own cordons); active 0 = uncordoned at ``since``
         """CREATE TABLE cordons (
             host TEXT PRIMARY KEY, active INTEGER NOT NULL, reason TEXT NOT NULL, since REAL NOT NULL,
             by TEXT NOT NULL)""",
@@ -556,9 +562,18 @@ class Store:
             current = row["supervisor_pid"]
             if current is not None and current != pid and self._pid_alive(current):
                 return False
-            db.execute("UPDATE jobs SET supervisor_pid = ?, updated_at = ? WHERE job_id = ?",
-                       (pid, self._clock(), job_id))
+            now = self._clock()
+            db.execute("UPDATE jobs SET supervisor_pid = ?, supervisor_seen_at = ?, updated_at = ? WHERE job_id = ?",
+                       (pid, now, now, job_id))
             return True
+
+    def heartbeat(self, job_id: str, pid: int) -> bool:
+        """The supervisor ``pid`` is alive now (``status`` calls a job unsupervised when this gets old).
+        False when ``pid`` is no longer the job's supervisor."""
+        with self._write() as db:
+            cur = db.execute("UPDATE jobs SET supervisor_seen_at = ? WHERE job_id = ? AND supervisor_pid = ?",
+                             (self._clock(), job_id, pid))
+            return cur.rowcount > 0
 
     def release_supervisor(self, job_id: str, pid: int) -> bool:
         """Clear the supervisor pid if it is still ``pid``; returns whether it was."""
@@ -573,7 +588,10 @@ def _opt_str(value: Any) -> str | None:
 
 
 def _row(cls: type, row: sqlite3.Row) -> Any:
-    return cls(**{f.name: row[f.name] for f in dataclass_fields(cls)})
+    values = {f.name: row[f.name] for f in dataclass_fields(cls)}
+    if "oom" in values and values["oom"] is not None:
+        values["oom"] = bool(values["oom"])
+    return cls(**values)
 
 
 def _job(row: sqlite3.Row) -> Job:

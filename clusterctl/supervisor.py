@@ -6,6 +6,7 @@ loop with a fake fed a scripted sequence of observations.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -18,6 +19,8 @@ class Verdict(str, Enum):
     CONTINUE = "continue"
     SUCCESS = "success"
     USER_ERROR = "user_error"        # a rank exited non-zero while every node is healthy
+    KILLED = "killed"                # a rank was killed by a signal (e.g. SIGKILL from the OOM killer)
+    CONFIG_ERROR = "config_error"    # no retry can help: torchrun/the entry point missing, the script can't be opened
     NODE_LOST = "node_lost"          # unreachable K times, container/process gone, killed by a signal
     RDZV_LOST = "rendezvous_lost"    # the lost node was the rendezvous host
     HANG = "hang"                    # no progress for hang_timeout
@@ -38,6 +41,18 @@ class Observation:
     progress: bool = False           # new log output or a new checkpoint since the last probe
     error_tail: str = ""
     rank: int | None = None          # the failing rank (torchrun's "Root Cause" summary), when known
+    config_error: str | None = None  # what no retry can fix, and the fix (causes.config_error)
+    oom: bool = False                # the OOM killer sent the signal
+
+
+def node_state(o: Observation) -> str:
+    """The state shown for a node: running | exited | killed (by a signal) | gone (no container/process) |
+    unreachable."""
+    if o.state == "missing":
+        return "gone"
+    if o.state == "exited" and o.signal:
+        return "killed"
+    return o.state
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,7 @@ class Decision:
     error_tail: str = ""
     rank: int | None = None
     unreachable: tuple[str, ...] = ()   # the lost nodes that were lost by not answering (cannot be cleaned up now)
+    oom: bool = False
 
 
 @dataclass
@@ -95,9 +111,17 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
     if failed:
         if any(o.state == "running" for o in obs) and now - health.failed_since < settle_s:
             return Decision(Verdict.CONTINUE)   # is a peer about to be found dead? (then it is not a user error)
+        cfg = next((o for o in failed if o.config_error), None)
+        if cfg is not None:
+            return Decision(Verdict.CONFIG_ERROR, (), cfg.node, cfg.exit_code, cfg.signal, cfg.config_error,
+                            cfg.error_tail, cfg.rank)
         # the culprit: a node whose rank was killed by a signal (the others failed because of it), else the first
         f = next((o for o in failed if o.signal), failed[0])
         where = f"node {f.node}" + (f" rank {f.rank}" if f.rank is not None else "")
+        if f.signal and f.rank is not None:
+            why = " by the OOM killer (out of memory)" if f.oom else ""
+            return Decision(Verdict.KILLED, (), f.node, f.exit_code, f.signal,
+                            f"{where} was killed by {f.signal}{why}", f.error_tail, f.rank, oom=f.oom)
         return Decision(Verdict.USER_ERROR, (), f.node, f.exit_code, f.signal,
                         f"{where} exited with code {f.exit_code}", f.error_tail, f.rank)
     if obs and all(o.state == "exited" and o.exit_code == 0 for o in obs):
@@ -120,7 +144,11 @@ class NodeOps(Protocol):
 
     def reachable(self, nodes: Sequence[str]) -> list[str]: ...
 
-    def latest_checkpoint(self, nodes: Sequence[str]) -> tuple[str, int]: ...
+    def latest_checkpoint(self, nodes: Sequence[str]) -> tuple[str, int] | None:
+        """(path, step); ("", 0) when there is none; None when no node could tell."""
+
+    def checkpoint_hint(self) -> int | None:
+        """Optional: the newest checkpoint step seen (unverified), so a new one is verified at once."""
 
     def stop_requested(self) -> bool: ...
 
@@ -137,7 +165,9 @@ class Policy:
     probe_failures: int = 2
     hang_timeout_s: float = 300.0
     wait_for_nodes_s: float = 300.0
-    checkpoint_every_probes: int = 5     # look for a new latest valid checkpoint every N probe rounds
+    checkpoint_every_probes: int = 5     # without a hint from the ops: look for a new checkpoint every N rounds
+    checkpoint_lookup_tries: int = 10    # a relaunch waits this many probe intervals for a node to read the storage
+    checkpoint_dir: str | None = None    # for messages only
     settle_s: float = 3.0                # a non-zero exit waits this long for a dead peer before it is a user error
     cordon_after: int = 3                # node_lost/hang failures of one host within 24 h before it is cordoned (0: never)
 
@@ -153,6 +183,7 @@ class Supervisor:
         self.clock, self.sleep, self.wait = clock, sleep, wait or sleep
         self.on_event = on_event or (lambda msg: None)
         self._last_checkpoint_step: int | None = None
+        self._last_hint: int | None = None
         self._unclean: set[str] = set()   # nodes not cleaned up yet (unreachable, or the runtime refused)
 
     def event(self, kind: str, message: str, **fields) -> None:
@@ -200,7 +231,10 @@ class Supervisor:
                     return None
             nodes = healthy[: p.max_nodes]
             rdzv = nodes[0]
-            path, step = self.ops.latest_checkpoint(nodes)
+            checkpoint = self._checkpoint_for_start(nodes)
+            if checkpoint is None:
+                return None
+            path, step = checkpoint
             self.store.set_state(self.job_id, JobState.STARTING)
             self.store.start_attempt(self.job_id, attempt, rdzv, f"{self.job_id}-{attempt}", nodes, path or None,
                                      step if path else None)
@@ -224,6 +258,22 @@ class Supervisor:
             if not self._spend(Verdict.NODE_LOST, f"{len(errors)} node(s) failed to start"):
                 return None
             attempt += 1
+
+    def _checkpoint_for_start(self, nodes: list[str]) -> tuple[str, int] | None:
+        """The checkpoint a new attempt resumes from. An unknown answer is asked again, never taken as "none":
+        starting from scratch would train over the job's progress."""
+        for _ in range(self.policy.checkpoint_lookup_tries):
+            found = self.ops.latest_checkpoint(nodes)
+            if found is not None:
+                return found
+            if self.ops.stop_requested():
+                self._finish(JobState.STOPPED, "stopped by user")
+                return None
+            self.sleep(self.policy.probe_interval_s)
+        self._finish(JobState.FAILED, f"no node of {', '.join(nodes)} could read the checkpoint directory "
+                                      f"{self.policy.checkpoint_dir or ''} (shared storage down?); fix it, then "
+                                      f"`clusterctl resume {self.job_id}`")
+        return None
 
     def _wait_for_nodes(self, excluded: set[str]) -> list[str] | None:
         p = self.policy
@@ -252,13 +302,13 @@ class Supervisor:
                 return Decision(Verdict.STOPPED, message="stopped by user")
             obs = self.ops.observe(attempt, nodes)
             rounds += 1
-            if rounds % self.policy.checkpoint_every_probes == 0 and self._checkpoint_progress(attempt, nodes):
-                obs = [Observation(o.node, o.state, o.exit_code, o.signal, True, o.error_tail, o.rank) for o in obs]
+            if self._checkpoint_due(rounds) and self._checkpoint_progress(attempt, nodes):
+                obs = [dataclasses.replace(o, progress=True) for o in obs]
             now = self.clock()
             d = classify(obs, health, rdzv_host=rdzv, probe_failures=self.policy.probe_failures,
                          hang_timeout_s=self.policy.hang_timeout_s, now=now, settle_s=self.policy.settle_s)
             for o in obs:
-                self.store.set_node(self.job_id, attempt, o.node, state=o.state, exit_code=o.exit_code,
+                self.store.set_node(self.job_id, attempt, o.node, state=node_state(o), exit_code=o.exit_code,
                                     signal=o.signal, error_tail=o.error_tail or None, rank=o.rank)
             if d.verdict != Verdict.CONTINUE:
                 if self.ops.stop_requested():   # `clusterctl stop` killed the nodes: not a failure
@@ -268,9 +318,24 @@ class Supervisor:
                 return d
             self.wait(self.policy.probe_interval_s)
 
+    def _checkpoint_due(self, rounds: int) -> bool:
+        """Verify the latest checkpoint now? When the watches saw a new step directory (so ``status`` shows it
+        within a probe interval), else every ``checkpoint_every_probes`` rounds."""
+        hint_of = getattr(self.ops, "checkpoint_hint", None)
+        hint = hint_of() if hint_of else None
+        if hint is None:
+            return rounds % self.policy.checkpoint_every_probes == 0
+        if hint != self._last_hint:
+            self._last_hint = hint
+            return True
+        return False
+
     def _checkpoint_progress(self, attempt: int, nodes: list[str]) -> bool:
         """Record a new latest valid checkpoint as an event; True when there is one (progress)."""
-        path, step = self.ops.latest_checkpoint(nodes)
+        found = self.ops.latest_checkpoint(nodes)
+        if found is None:
+            return False
+        path, step = found
         if path and step != self._last_checkpoint_step:
             self._last_checkpoint_step = step
             self.store.add_event(self.job_id, "checkpoint", f"latest valid checkpoint: {path}", attempt=attempt,
@@ -280,7 +345,7 @@ class Supervisor:
 
     def _act(self, d: Decision, attempt: int, nodes: list[str], excluded: set[str]) -> JobState | None:
         self.event("verdict", d.message, attempt=attempt, klass=d.verdict.value, node=d.node,
-                   exit_code=d.exit_code, signal=d.signal, rank=d.rank)
+                   exit_code=d.exit_code, signal=d.signal, rank=d.rank, oom=d.oom or None)
         if d.verdict in INFRA and d.node:
             self._maybe_cordon(d.node, d.verdict)
         if d.verdict == Verdict.SUCCESS:
@@ -291,6 +356,10 @@ class Supervisor:
             self.store.end_attempt(self.job_id, attempt, "stopped")
             self._cleanup(None, self.all_nodes)
             return self._finish(JobState.STOPPED, d.message)
+        if d.verdict == Verdict.CONFIG_ERROR:     # the same failure again on every retry: stop here, with the fix
+            self.store.end_attempt(self.job_id, attempt, d.verdict.value)
+            self._cleanup(None, self.all_nodes)
+            return self._finish(JobState.FAILED, f"{d.message} (config_error: not retried)")
         self.store.set_state(self.job_id, JobState.RECOVERING, d.message)
         self.store.end_attempt(self.job_id, attempt, d.verdict.value)
         # every node that answers is stopped, the lost ones too when they answer (their processes died but the
@@ -376,5 +445,3 @@ class Supervisor:
             self.event("cordon", f"{node} cordoned: {reason}; launches skip it until `clusterctl uncordon {node}`",
                        node=node)
 
-    def _name(self) -> str:
-        return self.store.get_job(self.job_id).name

@@ -16,12 +16,15 @@ HOST_CHECKS: tuple[str, ...] = (
     "ssh", "gpu_driver", "gpu_count", "gpu_health", "container_runtime", "nvidia_toolkit", "image", "ports",
     "disk", "clock", "interface",
 )
+# Checks of the job's entry point, reported only for the hosts they apply to (see checks/entry.py).
+ENTRY_CHECKS: tuple[str, ...] = ("torchrun", "script")
 CLUSTER_CHECKS: tuple[str, ...] = (
     "rendezvous_reachable", "shared_storage", "consistency", "hostnames", "rendezvous_exposure",
 )
-ALL_CHECKS: FrozenSet[str] = frozenset(HOST_CHECKS + CLUSTER_CHECKS)
+ALL_CHECKS: FrozenSet[str] = frozenset(HOST_CHECKS + ENTRY_CHECKS + CLUSTER_CHECKS)
 # The subset the launcher runs before every launch (one round trip per host).
-LAUNCH_CHECKS: FrozenSet[str] = frozenset({"ssh", "container_runtime", "nvidia_toolkit", "image", "ports", "interface"})
+LAUNCH_CHECKS: FrozenSet[str] = frozenset({"ssh", "container_runtime", "nvidia_toolkit", "image", "ports", "interface",
+                                           "torchrun", "script"})
 
 
 def _get(obj: Any, *path: str) -> Any:
@@ -39,6 +42,11 @@ class PreflightJob:
     rdzv_port: int = DEFAULT_RDZV_PORT
     checkpoint_dir: str | None = None
     ports: tuple[int, ...] = ()                # extra ports that must be free (the rendezvous port is added)
+    torchrun: tuple[str, ...] = ("torchrun",)  # the job's torchrun command
+    script: str | None = None                  # the job's script (None: a module)
+    workdir: str | None = None                 # bare: where the script runs (the job file's dir by default)
+    container_workdir: str | None = None       # containers: the job's `workdir:` (None: the image's)
+    mounts: tuple[str, ...] = ()               # containers: HOST:CONTAINER[:OPTS]
 
     def __post_init__(self) -> None:
         if not isinstance(self.rdzv_port, int) or not 0 < self.rdzv_port < 65536:
@@ -62,8 +70,12 @@ class PreflightJob:
         if ckpt is None:
             ckpt = _get(spec, "checkpoint_dir")
         ports = tuple(int(p) for p in (_get(spec, "ports") or ()))
+        workdir = _get(spec, "workdir")
         return cls(image=str(image), nproc_per_node=nproc if nproc is not None else "gpu", rdzv_port=int(port),
-                   checkpoint_dir=str(ckpt) if ckpt else None, ports=ports)
+                   checkpoint_dir=str(ckpt) if ckpt else None, ports=ports,
+                   torchrun=tuple(str(a) for a in (_get(spec, "torchrun") or ("torchrun",))),
+                   script=_get(spec, "script"), workdir=workdir or _get(spec, "source_dir"),
+                   container_workdir=workdir, mounts=tuple(str(m) for m in (_get(spec, "mounts") or ())))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from clusterctl.checks import cluster as cl
+from clusterctl.checks.entry import check_script, check_torchrun
 from clusterctl.checks.gpu import check_gpu_count, check_gpu_driver, check_gpu_health
 from clusterctl.checks.job import ALL_CHECKS, CLUSTER_CHECKS, HOST_CHECKS, PreflightJob, PreflightOptions
 from clusterctl.checks.network import check_interface, check_ports
@@ -34,6 +35,11 @@ HOST_CHECK_FUNCS: Mapping[str, Callable[["HostProbe"], CheckResult]] = {
     "ssh": check_ssh, "gpu_driver": check_gpu_driver, "gpu_count": check_gpu_count, "gpu_health": check_gpu_health,
     "container_runtime": check_container_runtime, "nvidia_toolkit": check_nvidia_toolkit, "image": check_image,
     "ports": check_ports, "disk": check_disk, "clock": check_clock, "interface": check_interface,
+}
+
+
+ENTRY_CHECK_FUNCS: Mapping[str, Callable[["HostProbe"], CheckResult | None]] = {
+    "torchrun": check_torchrun, "script": check_script,
 }
 
 
@@ -76,6 +82,10 @@ def evaluate_host(probe: HostProbe) -> dict[str, CheckResult]:
     for cid, fn in HOST_CHECK_FUNCS.items():
         if cid != "ssh":
             out[cid] = fn(probe)
+    for cid, fn in ENTRY_CHECK_FUNCS.items():     # only where they apply to this host
+        result = fn(probe)
+        if result is not None:
+            out[cid] = result
     return out
 
 

@@ -11,6 +11,7 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
+from clusterctl.checks import entry
 from clusterctl.checks.job import DEFAULT_IMAGE, PreflightJob, PreflightOptions
 
 if TYPE_CHECKING:
@@ -79,6 +80,8 @@ def wanted_sections(host: "Host", job: PreflightJob | None, options: PreflightOp
         out.discard("df_checkpoint")
     if is_ip(host.address) or host.interface:
         out.discard("getent")
+    if (options.wants("torchrun") or options.wants("script")) and entry.applies(host, job):
+        out.add(entry.SECTION)
     return out
 
 
@@ -135,6 +138,9 @@ def build_probe_script(host: "Host", job: PreflightJob | None, options: Prefligh
         add("b ssh_conn; printf '%s' \"${SSH_CONNECTION:-}\"; e ssh_conn 0\n")
     if "getent" in want:
         add(f"b getent; {_cmd(t, ('getent', 'hosts', host.address))}; e getent $?\n")
+    if entry.SECTION in want:
+        assert job is not None
+        add(f"b {entry.SECTION}; {entry.snippet(host, job, t)}; e {entry.SECTION} $?\n")
     if nonce and job is not None and job.checkpoint_dir:
         d = shlex.quote(job.checkpoint_dir)
         p = shlex.quote(nonce_path(job.checkpoint_dir, nonce))

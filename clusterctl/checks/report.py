@@ -9,7 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from clusterctl.checks.job import HOST_CHECKS
+from clusterctl.checks.job import ENTRY_CHECKS, HOST_CHECKS
 from clusterctl.checks.results import PreflightReport
 
 CELLS = {"pass": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "bold red"), "skip": ("–", "dim")}
@@ -17,7 +17,7 @@ CELLS = {"pass": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "bol
 # the problem lines below the table use the full check ids.
 LABELS = {"ssh": "ssh", "gpu_driver": "driver", "gpu_count": "gpus", "gpu_health": "health",
           "container_runtime": "runtime", "nvidia_toolkit": "toolkit", "image": "image", "ports": "ports",
-          "disk": "disk", "clock": "clock", "interface": "nic"}
+          "disk": "disk", "clock": "clock", "interface": "nic", "torchrun": "torchrun", "script": "script"}
 
 
 def _cell(status: str) -> Text:
@@ -26,7 +26,7 @@ def _cell(status: str) -> Text:
 
 
 def render_table(report: PreflightReport, console: Console) -> None:
-    ids = [cid for cid in HOST_CHECKS if any(h.get(cid) for h in report.hosts)]
+    ids = [cid for cid in HOST_CHECKS + ENTRY_CHECKS if any(h.get(cid) for h in report.hosts)]
     table = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
     table.add_column("host", no_wrap=True)
     for cid in ids:

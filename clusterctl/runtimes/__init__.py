@@ -148,15 +148,23 @@ PID_ALIVE = ('alive() { [ "${1:-0}" -gt 0 ] 2>/dev/null && [ -r "/proc/$1/status
              'while read -r k v _; do [ "$k" = State: ] && { [ "$v" != Z ] && [ "$v" != X ]; return; }; '
              'done <"/proc/$1/status"; return 1; }')
 
-# $1... a pid_argv: prints "1" every 0.5 s while that pid lives, "0" once it is gone (or never was)
-WATCH = (PID_ALIVE + '; p=$("$@" 2>/dev/null); while :; do '
-         'if alive "$p"; then echo 1; else echo 0; fi; sleep 0.5; done')
+# Shell function: the newest step N of a complete-looking checkpoint ``$1/step-N`` (a MANIFEST.json or DCP's
+# .metadata in it; the supervisor then verifies it). Builtins only: a glob, no process per call.
+NEWEST_STEP = ('newest() { n=; [ -n "$1" ] || return; for m in "$1"/step-*/MANIFEST.json "$1"/step-*/.metadata; do '
+               '[ -e "$m" ] || continue; x=${m%/*}; x=${x##*/step-}; case $x in ""|*[!0-9]*) continue;; esac; '
+               'x=${x#"${x%%[!0]*}"}; x=${x:-0}; if [ -z "$n" ] || [ "$x" -gt "$n" ]; then n=$x; fi; done; }')
+
+# $1 checkpoint root ("" for none)  $2... a pid_argv: prints "1 [STEP]" every 0.5 s while that pid lives, "0 [STEP]"
+# once it is gone (or never was); STEP: the newest checkpoint step seen under the root, when there is one
+WATCH = (PID_ALIVE + '; ' + NEWEST_STEP + '; c=$1; shift; p=$("$@" 2>/dev/null); while :; do '
+         'newest "$c"; if alive "$p"; then echo 1 $n; else echo 0 $n; fi; sleep 0.5; done')
 
 
-def watch_argv(runtime: "Runtime", node: NodeRef) -> list[str]:
-    """A long-running command for the node's persistent connection: its heartbeat and the liveness of the
-    attempt's main process in one line every 0.5 s (see ``launcher.ClusterOps.observe``)."""
-    return ["sh", "-c", WATCH, "clusterctl-watch", *runtime.pid_argv(node)]
+def watch_argv(runtime: "Runtime", node: NodeRef, checkpoint_dir: str | None = None) -> list[str]:
+    """A long-running command for the node's persistent connection: its heartbeat, the liveness of the
+    attempt's main process and the newest checkpoint step on the shared storage, in one line every 0.5 s (see
+    ``launcher.ClusterOps.observe``)."""
+    return ["sh", "-c", WATCH, "clusterctl-watch", checkpoint_dir or "", *runtime.pid_argv(node)]
 
 
 _MODULES = {"docker": "clusterctl.runtimes.docker", "podman": "clusterctl.runtimes.podman",

@@ -20,18 +20,18 @@ def store(tmp_path):
     s.close()
 
 
-def test_schema_1_database_is_migrated(tmp_path):
+def test_schema_2_database_is_migrated(tmp_path):
     path = tmp_path / "old.db"
     Store(path).close()
     raw = sqlite3.connect(path)
     raw.execute("DROP TABLE cordons")
     raw.execute("DROP INDEX events_node")
-    raw.execute("PRAGMA user_version = 1")
+    raw.execute("PRAGMA user_version = 2")
     raw.commit()
     raw.close()
     s = Store(path)
     s.cordon("n1", "bad")
-    assert list(s.cordons()) == ["n1"] and SCHEMA_VERSION == 2
+    assert list(s.cordons()) == ["n1"] and SCHEMA_VERSION == 3
     s.close()
 
 

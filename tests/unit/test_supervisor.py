@@ -1,4 +1,5 @@
 """The supervisor loop driven by a fake cluster fed scripted observations (no network, no sleeps)."""
+import itertools
 from collections import deque
 
 import pytest
@@ -191,3 +192,37 @@ def test_repeated_infrastructure_failures_back_off(store):
     assert state == JobState.FAILED
     assert "restarts.max_node_failures" in store.get_job(job_id).reason
     assert 2 not in sleeps                                       # the first one was relaunched at once
+
+
+def test_a_config_error_fails_after_one_attempt_without_a_retry(store):
+    bad = [Observation(n, E, exit_code=1, rank=0, error_tail="can't open file",
+                       config_error="python can't open the job's script 'tran.py'. Fix: fix `script:`")
+           for n in ("a", "b", "c")]
+    ops = FakeOps([bad] * 5)
+    job_id, state, sleeps = run(store, ops, max_failures=3, backoff_s=1)
+    assert state == JobState.FAILED and len(ops.started) == 1 and not sleeps
+    job = store.get_job(job_id)
+    assert "tran.py" in job.reason and "config_error" in job.reason and job.failures_used == 0
+    assert [e.klass for e in store.events(job_id) if e.kind == "verdict"] == ["config_error"]
+
+
+def test_a_rank_killed_by_a_signal_is_class_killed_and_spends_the_user_budget(store):
+    killed = [Observation("a", R), Observation("b", E, exit_code=1, signal="SIGKILL", rank=3, oom=True),
+              Observation("c", R)]
+    ops = FakeOps([obs(a=R, b=R, c=R), killed, obs(a=(E, 0), b=(E, 0), c=(E, 0))])
+    job_id, state, _ = run(store, ops, settle_s=0)
+    assert state == JobState.SUCCEEDED
+    v = [e for e in store.events(job_id) if e.kind == "verdict"][0]
+    assert (v.klass, v.node, v.rank, v.signal, v.oom) == ("killed", "b", 3, "SIGKILL", True)
+    assert "out of memory" in v.message
+    job = store.get_job(job_id)
+    assert (job.failures_used, job.node_failures_used) == (1, 0)
+
+
+def test_an_unknown_checkpoint_is_asked_again_never_taken_as_none(store):
+    ops = FakeOps([obs(a=(E, 0), b=(E, 0), c=(E, 0))])
+    answers = itertools.chain([None, None], itertools.repeat(("/ck/step-000000040", 40)))
+    ops.latest_checkpoint = lambda nodes: next(answers)
+    job_id, state, sleeps = run(store, ops, probe_interval_s=1)
+    assert state == JobState.SUCCEEDED and ops.started[0][3] == ("/ck/step-000000040", 40)
+    assert sleeps.count(1) == 2

@@ -60,11 +60,33 @@ def test_watch_counts_a_zombie_as_gone():
 
 
 def test_watch_prints_0_when_there_is_no_pid():
-    watch = subprocess.Popen(["sh", "-c", runtimes.WATCH, "w", "true"], stdout=subprocess.PIPE, text=True)
+    watch = subprocess.Popen(["sh", "-c", runtimes.WATCH, "w", "", "true"], stdout=subprocess.PIPE, text=True)
     try:
         assert _lines(watch, 2) == ["0", "0"]
     finally:
         watch.kill()
+
+
+def test_watch_reports_the_newest_complete_looking_checkpoint_step(tmp_path):
+    """A step directory counts once its MANIFEST.json (or DCP .metadata) exists; temp dirs never do."""
+    root = tmp_path / "ckpt"
+    (root / "step-000000010").mkdir(parents=True)
+    (root / "step-000000010" / "MANIFEST.json").write_text("{}")
+    (root / "step-000000020").mkdir()                                   # being written: no manifest yet
+    (root / ".tmp-step-000000030-x").mkdir()
+    (root / ".tmp-step-000000030-x" / "MANIFEST.json").write_text("{}")
+    target = subprocess.Popen(["sleep", "30"])
+    watch = subprocess.Popen(runtimes.watch_argv(_PidOf(target.pid), None, str(root)), stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert _lines(watch, 1) == ["1 10"]
+        (root / "step-000000020" / ".metadata").write_text("x")
+        deadline = time.monotonic() + 5
+        while _lines(watch, 1) != ["1 20"]:
+            assert time.monotonic() < deadline
+    finally:
+        watch.kill()
+        target.kill()
 
 
 def test_bare_pid_argv_reads_the_runner_pid_until_it_has_exited(tmp_path):

@@ -1,0 +1,140 @@
+"""Pure: why a node's attempt ended, read from what the node left behind.
+
+Inputs are texts fetched from the node (the tail of its own log, torchrun's error file, the kernel log); outputs
+are values the supervisor, ``status`` and ``resume`` record. No I/O here, so every rule is tested on recorded output.
+"""
+from __future__ import annotations
+
+import json
+import re
+import signal as _signal
+from dataclasses import dataclass
+
+RANK_PREFIX = re.compile(r"^\[(\d+)\]:")
+
+# torchrun's failure summary: "Root Cause (first observed failure):" then rank / exitcode (pid) lines
+ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)"
+                        r"(?:\s*\(pid:\s*(\d+)\))?", re.S)
+
+SHELL_SIGNALS = {128 + s.value: s.name for s in (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGABRT,
+                                                 _signal.SIGKILL, _signal.SIGSEGV, _signal.SIGPIPE,
+                                                 _signal.SIGTERM, _signal.SIGBUS)}
+
+
+@dataclass(frozen=True)
+class RootCause:
+    rank: int
+    exit_code: int          # torchrun's: -N when the rank was killed by signal N
+    pid: int | None = None
+
+    @property
+    def signal(self) -> str | None:
+        return signal_name(-self.exit_code) if self.exit_code < 0 else None
+
+
+def root_cause_of(text: str) -> RootCause | None:
+    m = ROOT_CAUSE.search(text)
+    if not m:
+        return None
+    return RootCause(int(m.group(1)), int(m.group(2)), int(m.group(3)) if m.group(3) else None)
+
+
+def root_cause(text: str) -> tuple[int, int] | None:
+    """(rank, exit code) from torchrun's failure summary."""
+    rc = root_cause_of(text)
+    return (rc.rank, rc.exit_code) if rc else None
+
+
+def signal_name(number: int) -> str:
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def signal_of(exit_code: int | None) -> str | None:
+    """The signal behind a shell-style exit status (128+N), e.g. 137 -> SIGKILL."""
+    return SHELL_SIGNALS.get(exit_code) if exit_code is not None else None
+
+
+def node_lines(text: str, node: str) -> list[str]:
+    """A node's raw log lines as ``[node/rank] text`` (``-`` for the agent's own lines), empty lines dropped."""
+    out = []
+    for line in text.splitlines():
+        m = RANK_PREFIX.match(line)
+        body = (line[m.end():] if m else line).rstrip()
+        if body.strip():
+            out.append(f"[{node}/{m.group(1) if m else '-'}] {body}")
+    return out
+
+
+def error_tail(lines: list[str], node: str, rank: int | None, n: int = 20) -> str:
+    """The last ``n`` non-empty lines of ``rank`` (all of the node's lines when the rank printed none)."""
+    mine = [ln for ln in lines if rank is not None and ln.startswith(f"[{node}/{rank}] ")]
+    return "\n".join((mine or lines)[-n:])
+
+
+# ------------------------------------------------------------------------------ failures a retry cannot fix
+CANT_OPEN = re.compile(r"can't open file '([^']+)': \[Errno 2\]")
+NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+@dataclass(frozen=True)
+class ConfigError:
+    message: str
+    fix: str
+
+
+def config_error(exit_code: int | None, text: str, *, script: str | None, module: str | None,
+                 torchrun: str = "torchrun") -> ConfigError | None:
+    """A failure no retry can fix: the entry point or torchrun is missing (exit 127), or python cannot open the
+    job's own script / import the job's own module. Anything else (a missing dependency, a crash) is not."""
+    if exit_code == 127:
+        return ConfigError(f"{torchrun} or the entry point was not found on the node (exit code 127)",
+                           f"install torch where the job runs, or set the job's `torchrun:` to the full path of "
+                           f"torchrun on the nodes (check with `clusterctl preflight JOB.yaml`)")
+    if script:
+        for path in CANT_OPEN.findall(text):
+            if path == script or path.endswith("/" + script.lstrip("./")) or script.endswith("/" + path.lstrip("./")):
+                return ConfigError(f"python can't open the job's script {path!r} (no such file on the node)",
+                                   "fix `script:` in the job file (relative to `workdir`; the bare runtime's "
+                                   "default workdir is the job file's directory), or put the script on the nodes")
+    if module:
+        top = module.split(".")[0]
+        for name in NO_MODULE.findall(text):
+            if name in (module, top) or module.startswith(name + "."):
+                return ConfigError(f"python cannot import the job's module {name!r}",
+                                   "fix `module:` in the job file, or install the package / set PYTHONPATH "
+                                   "in the job's `env:` so the nodes can import it")
+    return None
+
+
+# ------------------------------------------------------------------------------ OOM killer
+OOM_LINE = re.compile(r"(?:Out of memory|Memory cgroup out of memory): Killed process (\d+)|"
+                      r"oom-kill:.*?\bpid=(\d+)")
+
+
+def oom_killed(kernel_log: str, pid: int | None) -> bool:
+    """Whether the kernel log says the OOM killer killed ``pid`` (any OOM kill when the pid is unknown)."""
+    for m in OOM_LINE.finditer(kernel_log):
+        killed = int(m.group(1) or m.group(2))
+        if pid is None or killed == pid:
+            return True
+    return False
+
+
+# ------------------------------------------------------------------------------ torchrun's error file
+def error_file_message(text: str) -> str | None:
+    """The root cause message from a TORCHELASTIC_ERROR_FILE (``{"message": {"message": ..., "extraInfo": ...}}``
+    as torch.distributed.elastic writes it), or None."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    msg = data.get("message") if isinstance(data, dict) else None
+    if isinstance(msg, dict):
+        inner = msg.get("message")
+        extra = msg.get("extraInfo") or {}
+        stack = extra.get("py_callstack") if isinstance(extra, dict) else None
+        return "\n".join(x for x in (inner, stack) if isinstance(x, str) and x) or None
+    return msg if isinstance(msg, str) and msg else None

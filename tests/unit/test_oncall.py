@@ -1,0 +1,186 @@
+"""On-call truth, without a cluster: the log copy across reconnects and re-attaches, `logs` selections, the job
+record and its migration, the verdict on an attempt nobody supervised, supervisor liveness, and a checkpoint
+lookup that a dead node cannot stall."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from clusterctl import controller, logs, record
+from clusterctl.errors import UserError
+from clusterctl.inventory import Host
+from clusterctl.launcher import ClusterOps, LogSink
+from clusterctl.reconcile import judge
+from clusterctl.spec import loads_job
+from clusterctl.state import JobState, Store
+from clusterctl.supervisor import Observation, Verdict
+from clusterctl.transport.base import CommandResult
+
+JOB = """
+name: j
+nodes: "2:3"
+nproc_per_node: 2
+script: train.py
+restarts: {max_failures: 7}
+container: {ulimits: {}}
+"""
+HOSTS = tuple(Host(name=f"n{i}", address=f"10.0.0.{i}", runtime="podman", gpus=0) for i in (1, 2, 3))
+
+
+# ------------------------------------------------------------------------------------------- log copy
+def test_log_sink_continues_a_section_without_repeating_lines(tmp_path):
+    path = tmp_path / "out.log"
+    sink = LogSink(path)
+    assert sink.begin("n1", 1) == 0
+    sink.feed("n1", b"[0]:a\n[0]:b\n[1]:c")            # "c" is not complete yet
+    sink.restart("n1")                                   # reconnect: the whole log streams again
+    sink.feed("n1", b"[0]:a\n[0]:b\n[1]:c\n[0]:d\n")
+    # a new supervisor (resume re-attached): a fresh sink over the same file continues the section
+    again = LogSink(path)
+    assert again.begin("n1", 1) == 4
+    again.feed("n1", b"[0]:a\n[0]:b\n[1]:c\n[0]:d\n[0]:e\n")
+    assert path.read_text().splitlines() == ["[n1/-] === attempt 1 ===", "[n1/0] a", "[n1/0] b", "[n1/1] c",
+                                             "[n1/0] d", "[n1/0] e"]
+    assert again.begin("n1", 2) == 0 and path.read_text().splitlines()[-1] == "[n1/-] === attempt 2 ==="
+
+
+def test_logs_read_selects_attempt_node_rank_and_tail(tmp_path):
+    path = tmp_path / "out.log"
+    path.write_text("\n".join(["[n1/-] === attempt 1 ===", "[n1/0] a1", "[n2/-] === attempt 1 ===", "[n2/2] b1",
+                               "[n1/-] === attempt 2 ===", "[n1/0] a2", "[n1/1] a3"]) + "\n")
+    assert logs.read(path, logs.Selection(attempt=2)) == ["[n1/-] === attempt 2 ===", "[n1/0] a2", "[n1/1] a3"]
+    assert logs.read(path, logs.Selection(node="n1", rank=0)) == ["[n1/0] a1", "[n1/0] a2"]
+    assert logs.read(path, logs.Selection(), tail=2) == ["[n1/0] a2", "[n1/1] a3"]
+    assert logs.read(path, logs.Selection(), tail=0) == []
+
+
+def _store_with_job(tmp_path, spec_text=JOB) -> tuple[Store, str]:
+    spec = loads_job(spec_text, str(tmp_path / "job.yaml"))
+    store = Store(tmp_path / "state.db")
+    rec = record.JobRecord(spec=spec, source=str(tmp_path / "job.yaml"), hosts=HOSTS, interfaces={"n1": "eth0"})
+    job_id = store.create_job("j", rec.to_json(), None, str(tmp_path / "job.yaml"))
+    return store, job_id
+
+
+def test_logs_selection_refuses_what_the_job_never_had(tmp_path):
+    store, job_id = _store_with_job(tmp_path)
+    store.start_attempt(job_id, 1, "n1", f"{job_id}-1", ["n1", "n2", "n3"])
+    job = store.get_job(job_id)
+    assert logs.Selection.check(store, job, node="n2", rank=5, attempt=1) == logs.Selection("n2", 5, 1)
+    with pytest.raises(UserError, match=r"nodes: n1, n2, n3"):
+        logs.Selection.check(store, job, node="n9", rank=None, attempt=None)
+    with pytest.raises(UserError, match=r"ranks: 0-5"):
+        logs.Selection.check(store, job, node=None, rank=6, attempt=None)
+    with pytest.raises(UserError, match=r"attempts: 1"):
+        logs.Selection.check(store, job, node=None, rank=None, attempt=3)
+
+
+# ------------------------------------------------------------------------------------------- job record
+def test_job_record_round_trips_with_resolved_hosts(tmp_path):
+    store, job_id = _store_with_job(tmp_path)
+    rec = record.load(store, store.get_job(job_id))
+    assert rec.host_names == ["n1", "n2", "n3"] and rec.hosts_by_name["n2"].address == "10.0.0.2"
+    assert rec.spec.restarts.max_failures == 7 and rec.interfaces == {"n1": "eth0"}
+    assert json.loads(store.get_job(job_id).spec_json)["version"] == record.VERSION
+
+
+def test_a_version_1_row_is_migrated_with_the_inventory_it_was_launched_with(tmp_path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("all:\n  hosts:\n    n1: {ansible_host: 10.1.0.1}\n    n2: {ansible_host: 10.1.0.2}\n")
+    spec = loads_job(JOB, str(tmp_path / "job.yaml"))
+    v1 = json.dumps({"spec": spec.model_dump(mode="json"), "source": str(tmp_path / "job.yaml"),
+                     "interfaces": {}, "hosts": ["n2", "n1"]})
+    store = Store(tmp_path / "state.db")
+    job_id = store.create_job("j", v1, str(inv), None)
+    rec = record.load(store, store.get_job(job_id))
+    assert [(h.name, h.address) for h in rec.hosts] == [("n2", "10.1.0.2"), ("n1", "10.1.0.1")]
+    stored = json.loads(store.get_job(job_id).spec_json)
+    assert stored["version"] == 2 and stored["hosts"][0]["address"] == "10.1.0.2"
+    inv.write_text("all:\n  hosts:\n    other: {}\n")          # edited since: the record no longer depends on it
+    assert record.load(store, store.get_job(job_id)).hosts_by_name["n1"].address == "10.1.0.1"
+
+
+def test_status_shows_the_jobs_own_budgets(tmp_path):
+    from clusterctl import status
+
+    store, job_id = _store_with_job(tmp_path)
+    v = status.job_view(store, store.get_job(job_id))
+    assert v["restarts"]["max_failures"] == 7 and v["restarts"]["max_node_failures"] == 10
+
+
+# ------------------------------------------------------------------------------------------- judging
+def o(node, state, code=None, signal=None, rank=None):
+    return Observation(node, state, exit_code=code, signal=signal, rank=rank)
+
+
+def test_judge_an_unsupervised_attempt():
+    now = 100.0
+    assert judge([o("a", "running"), o("b", "running")], rdzv_host="a", now=now) is None
+    assert judge([o("a", "running"), o("b", "exited", 0)], rdzv_host="a", now=now) is None
+    assert judge([o("a", "running"), o("b", "unreachable")], rdzv_host="a", now=now) is None
+    assert judge([o("a", "exited", 0), o("b", "exited", 0)], rdzv_host="a", now=now).verdict == Verdict.SUCCESS
+    d = judge([o("a", "running"), o("b", "exited", 1, "SIGKILL", 3)], rdzv_host="a", now=now)
+    assert (d.verdict, d.node, d.rank, d.signal) == (Verdict.KILLED, "b", 3, "SIGKILL")
+    assert judge([o("a", "exited", 1), o("b", "missing")], rdzv_host="a", now=now).verdict == Verdict.NODE_LOST
+    assert judge([o("a", "missing"), o("b", "exited", 1)], rdzv_host="a", now=now).verdict == Verdict.RDZV_LOST
+
+
+# ------------------------------------------------------------------------------------------- liveness
+def test_supervision_says_unsupervised_when_the_pid_is_dead_or_the_heartbeat_is_old(tmp_path):
+    store, job_id = _store_with_job(tmp_path)
+    root = tmp_path
+    job = store.get_job(job_id)
+    assert controller.supervision(root, job)["supervised"] is False             # nobody ever claimed it
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "_supervise", job_id])
+    try:
+        store.claim_supervisor(job_id, fake.pid)
+        store.set_state(job_id, JobState.STARTING)
+        job = store.get_job(job_id)
+        sup = controller.supervision(root, job, now=job.supervisor_seen_at + 1)
+        assert sup == {"pid": fake.pid, "alive": True, "last_seen": job.supervisor_seen_at, "supervised": True}
+        old = controller.supervision(root, job, now=job.supervisor_seen_at + controller.STALE_S + 1)
+        assert old["supervised"] is False          # alive but silent: a hung supervisor is no supervisor
+    finally:
+        fake.kill()
+        fake.wait()
+    job = store.get_job(job_id)
+    assert controller.supervision(root, job, now=job.supervisor_seen_at + 1)["alive"] is False
+
+
+# ------------------------------------------------------------------------------------------- no stall
+class _Transport:
+    def __init__(self, host, hang: bool):
+        self.host, self.hang = host, hang
+
+    def run(self, argv, *, timeout, stdin=None):
+        if self.hang:                       # a node whose link just went down: the command never answers
+            time.sleep(timeout)
+            raise TimeoutError("no answer")
+        return CommandResult(tuple(argv), 0, json.dumps({"path": "/ck/step-000000060", "step": 60}), "", 0.01)
+
+    def close(self):
+        pass
+
+
+def test_latest_checkpoint_first_answer_wins_within_the_probe_timeout(tmp_path):
+    spec = loads_job(JOB.replace("script: train.py", "script: train.py\ncheckpoint: {dir: /ck}"), "job.yaml")
+    hosts = {h.name: h for h in HOSTS}
+    ts = {"n1": _Transport(hosts["n1"], True), "n2": _Transport(hosts["n2"], False),
+          "n3": _Transport(hosts["n3"], True)}
+    ops = ClusterOps(spec=spec, hosts=hosts, job_id="j-1", store=None, sink=LogSink(tmp_path / "o.log"),
+                     connect=lambda h, _o: ts[h.name], probe_timeout_s=3.0)
+    t = time.monotonic()
+    assert ops.latest_checkpoint(["n1", "n2", "n3"]) == ("/ck/step-000000060", 60)
+    assert time.monotonic() - t < 1.0                # n1 (the rendezvous host, first) hangs: not waited for
+    ops._unhealthy = {"n2"}
+    t = time.monotonic()
+    assert ops.latest_checkpoint(["n1", "n2", "n3"]) is None     # only hanging nodes left: unknown, not "none"
+    assert time.monotonic() - t <= 3.0 + 1.5
+    ops._unhealthy = {"n1", "n2", "n3"}
+    assert ops.latest_checkpoint(["n1", "n2", "n3"]) is None
