@@ -199,10 +199,10 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE events ADD COLUMN oom INTEGER",
     ),
     (  # 2 -> 3: cordoned hosts (`clusterctl cordon`, the supervisor's own cordons); active 0 = uncordoned at ``since``
-        """CREATE TABLE cordons (
+        """CREATE TABLE IF NOT EXISTS cordons (
             host TEXT PRIMARY KEY, active INTEGER NOT NULL, reason TEXT NOT NULL, since REAL NOT NULL,
             by TEXT NOT NULL)""",
-        "CREATE INDEX events_node ON events(node, time)",
+        "CREATE INDEX IF NOT EXISTS events_node ON events(node, time)",
     ),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION
