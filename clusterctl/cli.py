@@ -630,7 +630,7 @@ def nodes_cmd(ctx, inventory, output) -> int:
     from clusterctl.columns import Column, fit
 
     cols = [Column("host"), Column("state"), Column("jobs", right=True), Column("failures 7d", min=11),
-            Column("last failure", min=12), Column("cordon", min=12)]
+            Column("last failure", min=12), Column("cordon", min=40)]
     table = []
     for r in rows:
         lf = r["last_failure"]
@@ -638,7 +638,7 @@ def nodes_cmd(ctx, inventory, output) -> int:
                       ", ".join(f"{k} {v}" for k, v in sorted(r["failures_7d"].items())) or "-",
                       f"{history.clock(lf['time'], now)} {lf['class']} {lf['job_id']}" if lf else "-",
                       f"{r['reason']} (since {history.clock(r['since'], now)}, {r['by']})" if r["reason"] else ""])
-    for line in fit(cols, table, out.width, shrink_order=[(5, 30), (4, 30)]):
+    for line in fit(cols, table, out.width, shrink_order=[(5, 30), (4, 30)], spill=5):
         out.print(line, markup=False)
     return 0
 
