@@ -5,8 +5,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from clusterctl.errors import UserError
 from clusterctl.state import Attempt, Cordon, Event
-
-FAILURE_KLASSES = ("user_error", "node_lost", "rendezvous_lost", "hang")
+from clusterctl.status import FAILURE_EVENTS, FAILURE_KLASSES
 WINDOW_S = 7 * 86400
 
 
@@ -23,7 +22,7 @@ def node_rows(hosts: Sequence[str], cordons: Mapping[str, Cordon], attempts: Ite
     failures: dict[str, dict[str, int]] = {n: {} for n in names}
     last: dict[str, dict[str, Any]] = {}
     for e in events:
-        if e.node not in failures or e.klass not in FAILURE_KLASSES or e.kind not in ("verdict", "start_failed"):
+        if e.node not in failures or e.klass not in FAILURE_KLASSES or e.kind not in FAILURE_EVENTS:
             continue
         if e.time >= now - WINDOW_S:
             failures[e.node][e.klass] = failures[e.node].get(e.klass, 0) + 1
