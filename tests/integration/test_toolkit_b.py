@@ -125,7 +125,7 @@ def test_notifications_history_and_automatic_cordon(testbed, tmp_path):
                              "time", "text"]
         assert (rec["job"], rec["job_id"], rec["state"], rec["node"]) == (name, job_id, "RECOVERING", victim)
         assert victim in rec["reason"] and rec["text"].startswith(f"clusterctl: job {name} RECOVERING")
-        assert literal[3]["state"] == "SUCCEEDED" and literal[3]["checkpoint_step"] == 60
+        assert literal[3]["state"] == "SUCCEEDED" and 10 <= literal[3]["checkpoint_step"] <= 60
         assert all(g["type"] == "application/json" for g in got)
         assert [g["body"]["event"] for g in got if g["path"] == f"/env/{secrets[1]}"] == ["succeeded"]
         assert [g["body"]["event"] for g in got if g["path"].startswith("/fail/")] == ["succeeded"] * 3  # 3 tries
@@ -155,7 +155,8 @@ def test_notifications_history_and_automatic_cordon(testbed, tmp_path):
         # --- history: watch / events -f output, the list, filters -------------------------------------------
         watch = (tmp_path / "watch.txt").read_text().splitlines()
         states = [line.split()[1] for line in watch]
-        assert states[-1] == "SUCCEEDED" and "RECOVERING" in states and "RUNNING" in states, watch
+        assert states[-1] == "SUCCEEDED" and "RUNNING" in states, watch
+        assert any(" attempt 1 " in line for line in watch) and any(" attempt 2 " in line for line in watch)
         assert len(watch) == len(set(watch)) <= 40                   # one line per change, not one per 2 s
         followed = (tmp_path / "events.txt").read_text()
         assert "verdict" in followed and "cordon" in followed and f"job SUCCEEDED" in followed
@@ -168,7 +169,7 @@ def test_notifications_history_and_automatic_cordon(testbed, tmp_path):
 
         # --- the URLs are secrets: not in the DB, the logs, or any output ------------------------------------
         state_dir = tmp_path / "state"
-        for path in [*state_dir.glob("state.db*"), *state_dir.glob("jobs/*/*")]:
+        for path in [p for p in [*state_dir.glob("state.db*"), *state_dir.glob("jobs/*/*")] if p.is_file()]:
             data = path.read_bytes()
             assert not any(s.encode() in data for s in secrets), path
         assert not any(s in o for s in secrets for o in cli.outputs)
