@@ -73,6 +73,11 @@ def _job(tb, tmp_path: Path, name: str, **kw) -> tuple[Path, Path, Path]:
     shared = Path(tb.shared) / name
     shared.mkdir(parents=True, exist_ok=True)
     inv = tb.inventory(tmp_path / "inventory.yaml", runtime="podman", hosts=HOSTS)
+    data = yaml.safe_load(inv.read_text())     # CPU hosts: the session testbed's GPUs are stubs (no usable CDI)
+    for hv in data["all"]["hosts"].values():
+        hv["clusterctl_gpus"] = 0
+    data["all"]["vars"]["clusterctl_gpus"] = 0
+    inv.write_text(yaml.safe_dump(data, sort_keys=False))
     job = rh.job_yaml(tmp_path / "job.yaml", shared, name=name, **kw)
     return inv, job, shared
 
