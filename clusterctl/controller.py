@@ -40,6 +40,7 @@ class JobContext:
     inventory: Inventory
     hosts: list[Host]
     excluded: tuple[tuple[str, str], ...] = ()     # (cordoned host, reason), left out of hosts
+    recorded: tuple[Host, ...] = ()                # the job's hosts with the cordoned ones (usable once uncordoned)
 
 
 def load_context(job_path: str, inventory_path: str | None, cordons: Mapping[str, Any] | None = None) -> JobContext:
@@ -52,8 +53,8 @@ def load_context(job_path: str, inventory_path: str | None, cordons: Mapping[str
     def bad(key: str, message: str) -> InputError:
         return InputError(job_path, line_of(data, key), message, key=key)
 
-    hosts = _job_hosts(spec, inv, data, job_path) if spec.hosts else list(inv.hosts)
-    hosts, excluded = nodehealth.split(hosts, cordons or {})
+    everyone = _job_hosts(spec, inv, data, job_path) if spec.hosts else list(inv.hosts)
+    hosts, excluded = nodehealth.split(everyone, cordons or {})
     if len(hosts) < spec.min_nodes:
         if excluded:
             raise nodehealth.too_few(spec.min_nodes, len(hosts), excluded)
@@ -74,7 +75,9 @@ def load_context(job_path: str, inventory_path: str | None, cordons: Mapping[str
                          f"{rdzv!r} is not one of the job's hosts{why}: "
                          f"{', '.join(h.name for h in chosen[: spec.max_nodes])}; pick one of them or leave it "
                          "out (the first node holds the rendezvous)", key="rendezvous.host")
-    return JobContext(spec, inv, chosen, tuple(excluded))
+    cordoned = dict(excluded)
+    recorded = tuple(h for h in everyone if h in chosen or h.name in cordoned)
+    return JobContext(spec, inv, chosen, tuple(excluded), recorded)
 
 
 def _job_hosts(spec: JobSpec, inv: Inventory, data: Any, job_path: str) -> list[Host]:
@@ -125,7 +128,7 @@ STALE_S = 10.0
 
 def record_job(store: Store, ctx: JobContext, job_path: str, inventory_path: str | None,
                interfaces: dict[str, str]) -> str:
-    rec = JobRecord(spec=ctx.spec, source=os.path.abspath(job_path), hosts=tuple(ctx.hosts),
+    rec = JobRecord(spec=ctx.spec, source=os.path.abspath(job_path), hosts=ctx.recorded or tuple(ctx.hosts),
                     interfaces=dict(interfaces))
     inv = ctx.inventory.source
     return store.create_job(ctx.spec.name, rec.to_json(),
