@@ -29,6 +29,7 @@ from clusterctl.state import JobState, Store
 
 TIMEOUT_S = 5.0
 TRIES = 3
+INFRA_KLASSES = ("node_lost", "rendezvous_lost", "hang")   # charged to restarts.max_node_failures
 EVENT_OF = {JobState.RUNNING: "started", JobState.RECOVERING: "recovering", JobState.FAILED: "failed",
             JobState.SUCCEEDED: "succeeded", JobState.STOPPED: "stopped"}
 PAYLOAD_KEYS = ("job", "job_id", "event", "state", "reason", "attempt", "node", "checkpoint_step", "time", "text")
@@ -145,10 +146,13 @@ class Notifier:
     def __init__(self, store: Store, job_id: str, targets: Iterable[Target], *,
                  post: Callable[..., None] = post_webhook, run: Callable[..., None] = run_command,
                  timeout_s: float = TIMEOUT_S, tries: int = TRIES, backoff_s: float = 1.0,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time):
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
+                 budgets: tuple[int, int] | None = None):
+        """``budgets``: (restarts.max_failures, restarts.max_node_failures); with them, a RECOVERING that is about
+        to become FAILED (the failure exhausts its budget) is not announced as ``recovering``: ``failed`` follows."""
         self.store, self.job_id, self.targets = store, job_id, list(targets)
         self._post, self._run, self._timeout_s, self._tries = post, run, timeout_s, tries
-        self._backoff_s, self._sleep, self._clock = backoff_s, sleep, clock
+        self._backoff_s, self._sleep, self._clock, self._budgets = backoff_s, sleep, clock, budgets
         self._queue: queue.Queue = queue.Queue()
         self._last: JobState | None = store.get_job(job_id).state
         self._thread: threading.Thread | None = None
@@ -161,7 +165,7 @@ class Notifier:
         self._last = new
         event = EVENT_OF.get(new)
         wanted = [t for t in self.targets if event in t.on]
-        if not wanted:
+        if not wanted or (event == "recovering" and self._exhausted()):
             return
         payload = self.payload(event)
         for t in wanted:
@@ -169,6 +173,19 @@ class Notifier:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="clusterctl-notify", daemon=True)
             self._thread.start()
+
+    def _exhausted(self) -> bool:
+        """Whether the failure just recorded spends the last restart of its budget (the job fails next)."""
+        if self._budgets is None:
+            return False
+        verdict = next((e for e in reversed(self.store.events(self.job_id)) if e.kind == "verdict"), None)
+        if verdict is None or verdict.klass is None:
+            return False
+        job = self.store.get_job(self.job_id)
+        infra = verdict.klass in INFRA_KLASSES
+        used, budget = ((job.node_failures_used, self._budgets[1]) if infra else
+                        (job.failures_used, self._budgets[0]))
+        return used + 1 > budget
 
     def payload(self, event: str) -> dict[str, Any]:
         job = self.store.get_job(self.job_id)
@@ -239,7 +256,8 @@ def for_job(store: Store, job_id: str, spec: Any, environ: Mapping[str, str] = o
         except Exception:  # noqa: BLE001 - reported as notify_failed below
             file_targets = None
     targets, problems = resolve(spec.notify, environ, file_targets)
-    notifier = Notifier(store, job_id, targets)
+    notifier = Notifier(store, job_id, targets,
+                        budgets=(spec.restarts.max_failures, spec.restarts.max_node_failures))
     for p in problems:
         notifier.problem(p)
     store.on_state = notifier.on_state

@@ -170,3 +170,21 @@ def test_command_target_gets_the_event_in_its_environment(tmp_path):
         notify.run_command(["sh", "-c", "echo boom >&2; exit 3"], p)
     with pytest.raises(notify.DeliveryError, match="killed"):
         notify.run_command(["sleep", "5"], p, timeout_s=0.3)
+
+
+def test_a_failure_that_exhausts_the_budget_is_announced_as_failed_only(store):
+    job_id = store.create_job("demo", "{}", None, None)
+    posted = []
+    n = notify.Notifier(store, job_id, [notify.Target(0, frozenset({"recovering", "failed"}), url=URL)],
+                        post=lambda url, p, t: posted.append((p["event"], p["attempt"])), budgets=(1, 10))
+    store.on_state = n.on_state
+    for attempt in (1, 2):
+        store.start_attempt(job_id, attempt, "n1", "r", ["n1"])
+        store.set_state(job_id, JobState.STARTING)
+        store.set_state(job_id, JobState.RUNNING)
+        store.add_event(job_id, "verdict", "rank 0 exited with code 1", klass="user_error", attempt=attempt)
+        store.set_state(job_id, JobState.RECOVERING, "rank 0 exited with code 1")
+        store.update_job(job_id, failures_used=attempt)
+    store.set_state(job_id, JobState.FAILED, "budget exhausted")
+    n.close(timeout_s=10)
+    assert posted == [("recovering", 1), ("failed", 2)]
