@@ -548,7 +548,8 @@ def resume_cmd(ctx, job, exclude, checkpoint, detach, output, accept_new) -> int
 
     root, store = controller.open_store(ctx.obj.state_dir)
     j = store.get_job(job)
-    _check_cordons(store, j, exclude)
+    if not controller.live_supervisor(root, j):    # a relaunch is coming: cordoned hosts must leave >= MIN
+        _check_cordons(store, j, exclude)
     accept = accept_new or ctx.obj.accept_new_host_keys
     outcome = controller.resume(root, store, j.job_id, connect_options(ctx, accept_new), accept_new=accept,
                                 exclude=exclude, checkpoint=checkpoint)
