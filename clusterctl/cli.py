@@ -31,7 +31,8 @@ class Globals:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--state-dir", envvar="CLUSTERCTL_STATE_DIR", default=None,
-              help="State directory (jobs DB, logs). Default: platformdirs' user state dir.")
+              help="State directory (jobs DB, logs). Default: $CLUSTERCTL_STATE_DIR, else platformdirs' user "
+                   "state dir (e.g. ~/.local/state/clusterctl).")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.option("--accept-new-host-keys", is_flag=True, help="Record unknown SSH host keys (never changed ones).")
 @click.version_option(__version__, "--version", prog_name="clusterctl", message="%(prog)s %(version)s")
@@ -80,13 +81,16 @@ def inventory_cmd(inventory: Optional[str], output: str) -> int:
         print_json({"source": inv.source, "hosts": [h.to_dict() for h in inv.hosts],
                     "groups": {g: list(h) for g, h in inv.groups.items()}})
         return 0
-    table = Table(title=f"inventory: {inv.source}")
-    for col in ("host", "address", "port", "user", "connection", "runtime", "gpus", "interface", "groups"):
-        table.add_column(col, no_wrap=col in ("host", "address"), overflow="fold")
-    for h in inv.hosts:
-        table.add_row(h.name, h.address, str(h.port or "-"), h.user or "-", h.connection, h.runtime,
-                      "-" if h.gpus is None else str(h.gpus), h.interface or "-", ",".join(h.groups))
-    out.print(table)
+    from clusterctl.columns import Column, fit
+
+    # plain columns that fit 80: headers never break, names and addresses never cut; groups shrink first
+    cols = [Column("host"), Column("address"), Column("port"), Column("user", min=4), Column("connection"),
+            Column("runtime"), Column("gpus"), Column("interface", min=9), Column("groups", min=6)]
+    rows = [[h.name, h.address, str(h.port or "-"), h.user or "-", h.connection, h.runtime,
+             "-" if h.gpus is None else str(h.gpus), h.interface or "-", ",".join(h.groups)] for h in inv.hosts]
+    out.print(f"inventory: {inv.source}", markup=False)
+    for line in fit(cols, rows, out.width, shrink_order=[(8, 12)]):
+        out.print(line, markup=False)
     return 0
 
 
@@ -280,19 +284,18 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
 
     from clusterctl import controller
     from clusterctl.checks.report import render_table
-    from clusterctl.plan import read_secrets
     from clusterctl.state import JobActive
 
-    jc = controller.load_context(job, inventory)
-    read_secrets(jc.spec.secret_env, os.environ)        # fail early (exit 2) when a secret is missing
-    if dry_run:
+    root, store = controller.open_store(ctx.obj.state_dir)
+    jc = controller.load_context(job, inventory, cordons=store.cordons())   # cordoned hosts left out
+    if dry_run:   # needs no secret values: they show as ***
         plan = controller.dry_run_plan(jc)
         if output == "json":
             print_json(plan.to_dict())
         else:
             out.print(plan.render(), markup=False)
         return 0
-    root, store = controller.open_store(ctx.obj.state_dir)
+    controller.check_environment(job, jc.spec, os.environ)   # exit 2 at the line of a secret/webhook_env not set
     active = store.find_job(jc.spec.name)
     if active is not None and not active.terminal:
         raise JobActive(active)   # before the preflight, whose port check would trip over the running job
@@ -318,8 +321,11 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
     if output == "json" and detach:
         print_json({"job_id": job_id, "name": jc.spec.name, "supervisor_pid": pid})
         return 0
-    err.print(f"job {job_id} launched on {', '.join(h.name for h in jc.hosts)} (supervisor pid {pid})",
-              markup=False)
+    err.print(f"job {job_id} launched on {', '.join(h.name for h in jc.hosts[: jc.spec.max_nodes])} "
+              f"(supervisor pid {pid})" + (f"; spares {', '.join(h.name for h in jc.hosts[jc.spec.max_nodes:])}"
+                                           if len(jc.hosts) > jc.spec.max_nodes else ""), markup=False)
+    for host, why in jc.excluded:
+        err.print(f"excluded {host}: cordoned: {why}", markup=False)
     if detach:
         err.print(f"follow it: clusterctl logs -f {jc.spec.name}   stop it: clusterctl stop {jc.spec.name}",
                   markup=False)
@@ -364,38 +370,79 @@ def supervise_cmd(ctx, job_id, adopt) -> int:
 
 @app.command("status")
 @click.argument("job", required=False)
+@click.option("--all", "show_all", is_flag=True, help="Every finished job (default: the 20 newest).")
+@click.option("--state", "states", multiple=True, metavar="STATE",
+              help="Only jobs in this state (repeatable): PENDING STARTING RUNNING RECOVERING SUCCEEDED FAILED "
+                   "STOPPED.")
+@click.option("--since", default=None, metavar="WHEN",
+              help="Only jobs alive since WHEN: a duration (30m, 2h, 3d) or a UTC date (2026-12-01[T08:00]).")
+@click.option("--watch", "-w", is_flag=True, help="With JOB: refresh every 2 s until the job ends.")
 @output_option
 @accept_option
 @click.pass_context
-def status_cmd(ctx, job, output, accept_new) -> int:
-    """Jobs and their state; with JOB, what happened and where it stands (and, when clusterctl's supervisor of
-    an active job is gone, what the nodes say now)."""
-    from clusterctl import controller, status
+def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> int:
+    """Jobs and their state (the active ones, then the 20 newest finished); with JOB, what happened and where it
+    stands (and, when clusterctl's supervisor of an active job is gone, what the nodes say now)."""
+    import time
+
+    from clusterctl import controller, history, status
 
     root, store = controller.open_store(ctx.obj.state_dir)
-    jobs = [store.get_job(job)] if job else store.list_jobs()
-    if job and not jobs[0].terminal and not controller.supervision(root, jobs[0])["supervised"]:
-        controller.reconcile_job(root, store, jobs[0].job_id, connect_options(ctx, accept_new))
-        jobs = [store.get_job(jobs[0].job_id)]
-    views = [status.job_view(store, j, supervision=controller.supervision(root, j)) for j in jobs]
+    if watch and not job:
+        raise click.UsageError("--watch needs a JOB")
+    if job:
+        job_id = store.get_job(job).job_id
+
+        def view():
+            j = store.get_job(job_id)
+            if not j.terminal and not controller.supervision(root, j)["supervised"]:
+                controller.reconcile_job(root, store, job_id, connect_options(ctx, accept_new))
+                j = store.get_job(job_id)
+            return status.job_view(store, j, supervision=controller.supervision(root, j))
+
+        if watch:
+            return _watch(view, output)
+        v = view()
+        if output == "json":
+            print_json(v)
+        else:
+            for line in _status_lines(v):
+                out.print(line, markup=False)
+        return 0
+    now = time.time()
+    chosen = history.select(store, store.list_jobs(), states=history.parse_states(states),
+                            since=history.parse_since(since, now) if since else None, show_all=show_all)
+    views = [status.job_view(store, j, now, supervision=controller.supervision(root, j)) for j in chosen]
+    rows = [history.row(store, j, now) for j in chosen]
     if output == "json":
-        print_json(views[0] if job else {"jobs": views})
+        print_json({"jobs": [{**v, **r} for v, r in zip(views, rows)]})
         return 0
-    if not job:
-        for v in views:
-            if v["supervised"] is False and v["state"] not in ("SUCCEEDED", "FAILED", "STOPPED"):
-                err.print(_unsupervised_line(v), markup=False)
-        table = Table()
-        for col in ("job", "state", "attempt", "nodes", "started", "reason"):
-            table.add_column(col, no_wrap=col == "job")
-        for v in views:
-            state = v["state"] + (" (unsupervised)" if v["supervised"] is False and v["state"] not in
-                                  ("SUCCEEDED", "FAILED", "STOPPED") else "")
-            table.add_row(v["job_id"], state, str(v["attempt"]), ",".join(n["node"] for n in v["nodes"]),
-                          _ago(v["started_at"]), v["reason"] or "")
-        out.print(table)
+    if not rows:
+        if states or since:
+            err.print("no job matches" + (f" --state {' '.join(states)}" if states else "")
+                      + (f" --since {since}" if since else "") + " (`clusterctl status --all` lists every job)",
+                      markup=False)
+        else:
+            err.print("no jobs yet. Launch one: `clusterctl launch JOB.yaml` (a commented job file to start "
+                      "from: `clusterctl init job.yaml`)", markup=False)
         return 0
-    _print_status(views[0])
+    from clusterctl.columns import Column, fit
+
+    unsupervised = [v["supervised"] is False and v["state"] not in ("SUCCEEDED", "FAILED", "STOPPED")
+                    for v in views]
+    for v, lost in zip(views, unsupervised):
+        if lost:
+            err.print(_unsupervised_line(v), markup=False)
+    cols = [Column("job"), Column("name", min=4, max=24), Column("state"), Column("attempt", right=True, short="att"),
+            Column("nodes", min=5, max=40), Column("started", short="start"), Column("ended"),
+            Column("elapsed", right=True, short="took"),
+            Column("reason", min=16, max=60)]     # the full job id (other commands take it); a one-line reason
+    table = [[r["job_id"], r["name"], r["state"] + ("!" if lost else ""), str(r["attempt"]),
+              ",".join(r["nodes"]) or "-", history.clock(r["started_at"], now), history.clock(r["ended_at"], now),
+              history.duration(r["elapsed_s"]), ("UNSUPERVISED: " if lost else "") + r["short_reason"]]
+             for r, lost in zip(rows, unsupervised)]
+    for line in fit(cols, table, out.width, shrink_order=[(8, 24), (4, 12), (1, 8)], spill=8):
+        out.print(line, markup=False)
     return 0
 
 
@@ -416,8 +463,9 @@ def _ago(t) -> str:
     return f"{s}s ago" if s < 120 else f"{s // 60}m ago" if s < 7200 else f"{s // 3600}h ago"
 
 
-def _print_status(v) -> None:
-    p = lambda s: out.print(s, markup=False)  # noqa: E731
+def _status_lines(v) -> list:
+    lines: list = []
+    p = lines.append
     if v["supervised"] is False and v["state"] not in ("SUCCEEDED", "FAILED", "STOPPED"):
         p(_unsupervised_line(v))
     p(f"job       {v['job_id']}  ({v['name']})")
@@ -442,6 +490,12 @@ def _print_status(v) -> None:
             p(f"          | {line}")
         for line in f.get("stacks") or []:
             p(f"          waiting: {line}")
+    return lines
+
+
+def _print_status(v) -> None:
+    for line in _status_lines(v):
+        out.print(line, markup=False)
 
 
 def _node_text(n) -> str:
@@ -453,25 +507,93 @@ def _node_text(n) -> str:
     return f"{n['node']}={state}"
 
 
+def _watch(view, output: str, interval_s: float = 2.0) -> int:
+    """`status JOB --watch`: rich Live on a terminal, else one line (json: one object) per change, until the job
+    ends; exit 0 when it succeeded, 1 when it failed or was stopped. ``view()``: the job's current status view."""
+    import datetime
+    import time
+
+    from rich.live import Live
+    from rich.text import Text
+
+    def ended(v) -> bool:
+        return v["state"] in ("SUCCEEDED", "FAILED", "STOPPED")
+
+    if output == "table" and out.is_terminal:
+        with Live(Text(""), console=out, auto_refresh=False) as live:
+            while True:
+                v = view()
+                stamp = datetime.datetime.now().strftime("%H:%M:%S")
+                live.update(Text("\n".join([*_status_lines(v), f"(every {interval_s:g}s, {stamp}; Ctrl-C to "
+                                                                 "stop watching)"])), refresh=True)
+                if ended(v):
+                    break
+                time.sleep(interval_s)
+    else:
+        last = None
+        while True:
+            v = view()
+            ck = v["checkpoint"] or {}
+            key = (v["state"], v["attempt"], v["reason"], tuple((n["node"], n["state"]) for n in v["nodes"]),
+                   ck.get("step"))
+            if key != last:
+                last = key
+                if output == "json":
+                    sys.stdout.write(json.dumps(v, default=str) + "\n")
+                    sys.stdout.flush()
+                else:
+                    stamp = datetime.datetime.now().strftime("%H:%M:%S")
+                    nodes = ",".join(f"{n['node']}={n['state'] or '?'}" for n in v["nodes"]) or "-"
+                    out.print(f"{stamp} {v['state']} attempt {v['attempt']} nodes {nodes} checkpoint "
+                              f"{ck.get('step', '-')}" + (f" — {v['reason']}" if v["reason"] else ""), markup=False)
+            if ended(v):
+                break
+            time.sleep(interval_s)
+    return 0 if v["state"] == "SUCCEEDED" else 1
+
+
 @app.command("events")
 @click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new events until the job ends.")
 @output_option
 @click.pass_context
-def events_cmd(ctx, job, output) -> int:
+def events_cmd(ctx, job, follow, output) -> int:
     """The job's timeline: every decision the supervisor took."""
     import datetime
+    import time
 
     from clusterctl import controller, status
 
-    _, store = controller.open_store(ctx.obj.state_dir)
-    evs = status.events_view(store, store.get_job(job))
-    if output == "json":
-        print_json(evs)
+    root, store = controller.open_store(ctx.obj.state_dir)
+    j = store.get_job(job)
+    if output == "json" and not follow:
+        print_json(status.events_view(store, j))
         return 0
-    for e in evs:
-        t = datetime.datetime.fromtimestamp(e["time"]).strftime("%H:%M:%S")
-        out.print(f"{t}  attempt {e['attempt'] or '-'}  {e['kind']:<14} {e['message']}", markup=False)
-    return 0
+
+    def show(e) -> None:
+        if output == "json":   # -f with json: one object per line
+            sys.stdout.write(json.dumps({"time": e.time, "attempt": e.attempt, "kind": e.kind, "class": e.klass,
+                                         "node": e.node, "rank": e.rank, "exit_code": e.exit_code,
+                                         "signal": e.signal, "checkpoint_step": e.checkpoint_step,
+                                         "message": e.message}) + "\n")
+            sys.stdout.flush()
+            return
+        t = datetime.datetime.fromtimestamp(e.time).strftime("%H:%M:%S")
+        out.print(f"{t}  attempt {e.attempt or '-'}  {e.kind:<14} {e.message}", markup=False)
+
+    last = 0
+    while True:
+        for e in store.events(j.job_id, after_id=last):
+            show(e)
+            last = e.id
+        if not follow:
+            return 0
+        current = store.get_job(j.job_id)
+        if current.terminal and not controller.live_supervisor(root, current):
+            for e in store.events(j.job_id, after_id=last):   # what the supervisor wrote while it ended
+                show(e)
+            return 0
+        time.sleep(0.5)
 
 
 @app.command("logs")
@@ -536,7 +658,8 @@ def stop_cmd(ctx, job, grace, output, accept_new) -> int:
 @click.argument("job")
 @click.option("--exclude", multiple=True, help="Do not use this host (repeatable).")
 @click.option("--checkpoint", default=None, help="Resume from this checkpoint instead of the latest valid one.")
-@click.option("--detach", "-d", is_flag=True, help="Return once the job is resumed; the supervisor runs on.")
+@click.option("--detach", "-d", is_flag=True,
+              help="Return once the job is relaunched (or re-attached); the supervisor runs on.")
 @output_option
 @accept_option
 @click.pass_context
@@ -547,6 +670,8 @@ def resume_cmd(ctx, job, exclude, checkpoint, detach, output, accept_new) -> int
 
     root, store = controller.open_store(ctx.obj.state_dir)
     j = store.get_job(job)
+    if not controller.live_supervisor(root, j):    # a relaunch is coming: cordoned hosts must leave >= MIN
+        _check_cordons(store, j, exclude)
     accept = accept_new or ctx.obj.accept_new_host_keys
     outcome = controller.resume(root, store, j.job_id, connect_options(ctx, accept_new), accept_new=accept,
                                 exclude=exclude, checkpoint=checkpoint)
@@ -558,6 +683,165 @@ def resume_cmd(ctx, job, exclude, checkpoint, detach, output, accept_new) -> int
             print_json({**extra, "state": store.get_job(j.job_id).state.value})
         return 0
     return _attach(root, store, j.job_id, j.name, output, extra=extra, from_start=False)
+
+
+def _check_cordons(store, job, exclude) -> None:
+    """resume: exit 2 naming the cordoned hosts when the job's MIN cannot be met without them."""
+    from clusterctl import nodehealth
+
+    from clusterctl import record
+
+    rec = record.load(store, job)
+    usable, excluded = nodehealth.split([h for h in rec.host_names if h not in exclude], store.cordons())
+    min_nodes = rec.spec.min_nodes
+    if excluded and len(usable) < min_nodes:
+        raise nodehealth.too_few(min_nodes, len(usable), excluded)
+    for host, why in excluded:
+        err.print(f"excluded {host}: cordoned: {why}", markup=False)
+
+
+@app.command("forget")
+@click.argument("jobs", nargs=-1, required=True)
+@output_option
+@click.pass_context
+def forget_cmd(ctx, jobs, output) -> int:
+    """Delete finished jobs' records and controller-side logs (never checkpoints, never an active job)."""
+    import shutil
+
+    from clusterctl import controller, paths
+    from clusterctl.errors import UserError
+
+    root, store = controller.open_store(ctx.obj.state_dir)
+    found = list({j.job_id: j for j in (store.get_job(ref) for ref in jobs)}.values())
+    active = [j for j in found if not j.terminal or controller.live_supervisor(root, j)]
+    if active:
+        raise UserError("not forgetting active job(s) " + ", ".join(f"{j.job_id} ({j.state})" for j in active)
+                        + ": stop them first (`clusterctl stop JOB`); nothing was deleted")
+    done = []
+    for j in found:
+        ckpt = (json.loads(j.spec_json).get("spec") or {}).get("checkpoint", {}).get("dir")
+        store.delete_job(j.job_id)
+        shutil.rmtree(paths.job_dir(root, j.job_id), ignore_errors=True)
+        done.append({"job_id": j.job_id, "name": j.name, "checkpoint_dir_kept": ckpt})
+        if output != "json":
+            err.print(f"forgot {j.job_id}: its records and controller-side logs"
+                      + (f" (checkpoints in {ckpt} are kept)" if ckpt else ""), markup=False)
+    if output == "json":
+        print_json({"forgotten": done})
+    return 0
+
+
+@app.command("nodes")
+@inventory_option
+@output_option
+@click.pass_context
+def nodes_cmd(ctx, inventory, output) -> int:
+    """Per host: ok or cordoned (reason, since), jobs run, failures by class in the last 7 days, the last one."""
+    import time
+
+    from clusterctl import controller, history, nodehealth
+    from clusterctl import inventory as inv_mod
+
+    inv = inv_mod.load(inventory)
+    _, store = controller.open_store(ctx.obj.state_dir)
+    now = time.time()
+    rows = nodehealth.node_rows([h.name for h in inv.hosts], store.cordons(), store.all_attempts(),
+                                store.node_events(), now)
+    if output == "json":
+        print_json(rows)
+        return 0
+    from clusterctl.columns import Column, fit
+
+    cols = [Column("host"), Column("state"), Column("jobs", right=True), Column("failures 7d", min=11),
+            Column("last failure", min=12), Column("cordon", min=40)]
+    table = []
+    for r in rows:
+        lf = r["last_failure"]
+        table.append([r["host"] + ("" if r["in_inventory"] else " (not in inventory)"), r["state"], str(r["jobs"]),
+                      ", ".join(f"{k} {v}" for k, v in sorted(r["failures_7d"].items())) or "-",
+                      f"{history.clock(lf['time'], now)} {lf['class']} {lf['job_id']}" if lf else "-",
+                      f"{r['reason']} (since {history.clock(r['since'], now)}, {r['by']})" if r["reason"] else ""])
+    for line in fit(cols, table, out.width, shrink_order=[(5, 30), (4, 30)], spill=5):
+        out.print(line, markup=False)
+    return 0
+
+
+def _host_names(hosts) -> list:
+    from clusterctl.errors import UserError
+    from clusterctl.inventory import HOSTNAME_RE
+
+    for h in hosts:
+        if not HOSTNAME_RE.match(h):
+            raise UserError(f"invalid host name {h!r} (the inventory name, e.g. gpu01)")
+    return list(dict.fromkeys(hosts))
+
+
+@app.command("cordon")
+@click.argument("hosts", nargs=-1, required=True)
+@click.option("--reason", required=True, help="Why (shown by `nodes`, in plans and in launch errors).")
+@output_option
+@click.pass_context
+def cordon_cmd(ctx, hosts, reason, output) -> int:
+    """Keep HOSTs out of every launch, resume and relaunch (running attempts are not touched)."""
+    from clusterctl import controller
+    from clusterctl.errors import UserError
+
+    if not reason.strip() or "\n" in reason:
+        raise UserError("--reason must be one non-empty line")
+    _, store = controller.open_store(ctx.obj.state_dir)
+    done = [store.cordon(h, reason.strip(), by="user") for h in _host_names(hosts)]
+    if output == "json":
+        print_json([{"host": c.host, "state": "cordoned", "reason": c.reason, "since": c.since, "by": c.by}
+                    for c in done])
+    else:
+        for c in done:
+            err.print(f"{c.host} cordoned: {c.reason} (launch, resume and relaunches skip it; "
+                      f"`clusterctl uncordon {c.host}` to undo)", markup=False)
+    return 0
+
+
+@app.command("uncordon")
+@click.argument("hosts", nargs=-1, required=True)
+@output_option
+@click.pass_context
+def uncordon_cmd(ctx, hosts, output) -> int:
+    """Let HOSTs be used again; their earlier failures no longer count toward an automatic cordon."""
+    from clusterctl import controller
+
+    _, store = controller.open_store(ctx.obj.state_dir)
+    result = {h: store.uncordon(h) for h in _host_names(hosts)}
+    if output == "json":
+        print_json([{"host": h, "state": "ok", "was_cordoned": was} for h, was in result.items()])
+    else:
+        for h, was in result.items():
+            err.print(f"{h} uncordoned" if was else f"{h} was not cordoned", markup=False)
+    return 0
+
+
+@app.command("init")
+@click.argument("file", default="job.yaml", required=False)
+def init_cmd(file) -> int:
+    """Write the commented job file template to FILE (default job.yaml; - for stdout); never overwrites."""
+    import os
+    from importlib import resources
+
+    from clusterctl.errors import UserError
+
+    text = resources.files("clusterctl.templates").joinpath("job.yaml").read_text(encoding="utf-8")
+    if file == "-":
+        sys.stdout.write(text)
+        return 0
+    try:
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise UserError(f"{file} already exists; not overwritten (pick another name, or remove it first)") from None
+    except OSError as e:
+        raise UserError(f"{file}: cannot write: {e.strerror or e}") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    err.print(f"wrote {file}: set name and script, then `clusterctl launch {file} --dry-run` to see the plan",
+              markup=False)
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------- entry point

@@ -6,6 +6,7 @@ follows the job's log copy and state, and Ctrl-C detaches.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import subprocess
 import sys
@@ -13,10 +14,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from clusterctl import inventory as inventory_mod
-from clusterctl import paths
+from clusterctl import nodehealth, paths
 from clusterctl import record as record_mod
 from clusterctl import yamlfile
 from clusterctl.errors import InputError, UserError
@@ -38,18 +39,25 @@ class JobContext:
     spec: JobSpec
     inventory: Inventory
     hosts: list[Host]
+    excluded: tuple[tuple[str, str], ...] = ()     # (cordoned host, reason), left out of hosts
+    recorded: tuple[Host, ...] = ()                # the job's hosts with the cordoned ones (usable once uncordoned)
 
 
-def load_context(job_path: str, inventory_path: str | None) -> JobContext:
-    """The job and the hosts it will use, checked against each other (errors at the job file's line)."""
+def load_context(job_path: str, inventory_path: str | None, cordons: Mapping[str, Any] | None = None) -> JobContext:
+    """The job and the hosts it will use, checked against each other (errors at the job file's line).
+    ``cordons``: host -> cordon (``Store.cordons()``); those hosts are left out (``excluded``)."""
     spec = load_job(job_path)
     inv = inventory_mod.load(inventory_path)
+    data = yamlfile.load_yaml_with_lines(job_path)
 
     def bad(key: str, message: str) -> InputError:
-        return InputError(job_path, line_of(yamlfile.load_yaml_with_lines(job_path), key), message, key=key)
+        return InputError(job_path, line_of(data, key), message, key=key)
 
-    hosts = inv.select(spec.hosts) if spec.hosts else list(inv.hosts)
+    everyone = _job_hosts(spec, inv, data, job_path) if spec.hosts else list(inv.hosts)
+    hosts, excluded = nodehealth.split(everyone, cordons or {})
     if len(hosts) < spec.min_nodes:
+        if excluded:
+            raise nodehealth.too_few(spec.min_nodes, len(hosts), excluded)
         raise bad("nodes", f"the job needs at least {spec.min_nodes} node(s) but the inventory {inv.source} "
                            f"offers {len(hosts)}: {', '.join(h.name for h in hosts)}")
     for h in hosts:
@@ -57,12 +65,56 @@ def load_context(job_path: str, inventory_path: str | None) -> JobContext:
             raise bad("nproc_per_node", f"\"gpu\" but {h.name} has no GPUs (clusterctl_gpus)")
         if isinstance(spec.nproc_per_node, int) and h.gpus and spec.nproc_per_node > h.gpus:
             raise bad("nproc_per_node", f"{spec.nproc_per_node} > {h.gpus} GPUs on {h.name}")
-    return JobContext(spec, inv, hosts[: spec.max_nodes] if spec.hosts is None else hosts)
+    chosen = hosts[: spec.max_nodes] if spec.hosts is None else hosts
+    rdzv = spec.rendezvous.host
+    if rdzv is not None and rdzv not in [h.name for h in chosen[: spec.max_nodes]]:
+        why = (" (it is cordoned)" if rdzv in dict(excluded) else " (it is a spare: beyond nodes' MAX)"
+               if rdzv in [h.name for h in chosen] else "")
+        rdzv_node = data.get("rendezvous") if isinstance(data, dict) else None
+        raise InputError(job_path, line_of(rdzv_node, "host"),
+                         f"{rdzv!r} is not one of the job's hosts{why}: "
+                         f"{', '.join(h.name for h in chosen[: spec.max_nodes])}; pick one of them or leave it "
+                         "out (the first node holds the rendezvous)", key="rendezvous.host")
+    cordoned = dict(excluded)
+    recorded = tuple(h for h in everyone if h in chosen or h.name in cordoned)
+    return JobContext(spec, inv, chosen, tuple(excluded), recorded)
+
+
+def _job_hosts(spec: JobSpec, inv: Inventory, data: Any, job_path: str) -> list[Host]:
+    """The job's ``hosts:`` resolved; an unknown name is an error at its line with the nearest name."""
+    known = [*inv.groups, *(h.name for h in inv.hosts)]
+    for i, p in enumerate(spec.hosts or ()):
+        if p not in known:
+            hint = difflib.get_close_matches(p, known, 1)
+            raise InputError(job_path, line_of(data.get("hosts"), i),
+                             f"no host or group {p!r} in the inventory {inv.source}"
+                             + (f" (did you mean {hint[0]!r}?)" if hint else
+                                f"; it has {', '.join(h.name for h in inv.hosts[:8])}"), key=f"hosts[{i}]")
+    return inv.select(spec.hosts or ())
+
+
+def check_environment(job_path: str, spec: JobSpec, environ: Mapping[str, str]) -> None:
+    """Every ``secret_env`` name and ``notify[].webhook_env`` set in clusterctl's environment, else an error at its
+    line (a launch needs them; ``--dry-run`` does not: it shows ***)."""
+    data = yamlfile.load_yaml_with_lines(job_path)
+    for i, name in enumerate(spec.secret_env):
+        if name not in environ:
+            raise InputError(job_path, line_of(data.get("secret_env"), i),
+                             f"{name} is not set in clusterctl's environment: `export {name}=...` before the "
+                             "launch (the value is sent to the nodes on stdin, never printed or stored)",
+                             key=f"secret_env[{i}]")
+    for i, t in enumerate(spec.notify):
+        if t.webhook_env is not None and not environ.get(t.webhook_env):
+            entry = data["notify"][i]
+            raise InputError(job_path, line_of(entry, "webhook_env"),
+                             f"{t.webhook_env} is not set in clusterctl's environment: `export "
+                             f"{t.webhook_env}=https://...` before the launch", key=f"notify[{i}].webhook_env")
 
 
 def dry_run_plan(ctx: JobContext, interfaces: dict[str, str] | None = None):
     hosts = ctx.hosts[: ctx.spec.max_nodes]
-    return build_plan(ctx.spec, hosts, job_id=f"{ctx.spec.name}-DRYRUN", attempt=1, interfaces=interfaces)
+    return build_plan(ctx.spec, hosts, job_id=f"{ctx.spec.name}-DRYRUN", attempt=1, interfaces=interfaces,
+                      spares=[h.name for h in ctx.hosts[ctx.spec.max_nodes:]], excluded=ctx.excluded)
 
 
 def open_store(state_dir: str | None, secrets: Sequence[str] = ()) -> tuple[Path, Store]:
@@ -76,7 +128,7 @@ STALE_S = 10.0
 
 def record_job(store: Store, ctx: JobContext, job_path: str, inventory_path: str | None,
                interfaces: dict[str, str]) -> str:
-    rec = JobRecord(spec=ctx.spec, source=os.path.abspath(job_path), hosts=tuple(ctx.hosts),
+    rec = JobRecord(spec=ctx.spec, source=os.path.abspath(job_path), hosts=ctx.recorded or tuple(ctx.hosts),
                     interfaces=dict(interfaces))
     inv = ctx.inventory.source
     return store.create_job(ctx.spec.name, rec.to_json(),
@@ -122,7 +174,7 @@ def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions,
                     window_s=r.window_s, progress_after_s=r.progress_after_s,
                     probe_interval_s=s.probe_interval_s, probe_failures=s.probe_failures,
                     hang_timeout_s=s.hang_timeout_s, wait_for_nodes_s=float(spec.rendezvous.join_timeout),
-                    checkpoint_dir=spec.checkpoint.dir)
+                    checkpoint_dir=spec.checkpoint.dir, cordon_after=s.cordon_after)
     return ops, policy, rec.host_names
 
 
@@ -144,6 +196,9 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
     beating = threading.Event()
     threading.Thread(target=_heartbeat, args=(store, job_id, beating), daemon=True, name="heartbeat").start()
     ops, policy, nodes = build_ops(root, store, job_id, options)
+    from clusterctl import notify
+
+    notifier = notify.for_job(store, job_id, ops.spec)    # webhooks/commands on state changes, on its own thread
     try:
         sup = Supervisor(job_id, store, ops, policy, nodes, wait=ops.wait_for_change,
                          on_event=lambda m: echo(f"clusterctl: {redact(m, ops.secrets.values())}"))
@@ -157,6 +212,7 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
     finally:
         beating.set()
         ops.close()
+        notifier.close()
         store.release_supervisor(job_id, os.getpid())
 
 

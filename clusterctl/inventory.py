@@ -43,6 +43,7 @@ DNS_NAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_][A-Za-z0-9_-]{0,62}(\.[A-Za
 ZONE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 JUMP_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 MAX_JUMPS = 4
+DASH_RANGE_RE = re.compile(r"\[([0-9]+|[a-z])-([0-9]+|[a-z])\]")   # gpu[01-04]: a common slip for gpu[01:04]
 RANGE_RE = re.compile(r"\[([0-9]+|[a-z]):([0-9]+|[a-z])(?::([0-9]+))?\]")
 
 
@@ -248,6 +249,9 @@ class _Parser:
             self.err(parent, key_in_parent, f"group {name!r} must be a mapping with hosts/children/vars")
         for k in node:
             if k not in GROUP_KEYS:
+                if not ancestors[1:] and (str(k).startswith(("ansible_", "clusterctl_")) or name == "hosts"):
+                    self.err(node, k, f"unknown key {k!r} in group {name!r}: a flat inventory? hosts go under "
+                                      "`all: hosts:`, e.g. all: {hosts: {node1: {ansible_host: 10.0.0.1}}}")
                 hint = difflib.get_close_matches(str(k), GROUP_KEYS, 1)
                 self.err(node, k, f"unknown key {k!r} in group {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
         chain = ancestors + (name,)
@@ -290,7 +294,9 @@ class _Parser:
                                          f"repeating groups?)")
             for hn in names:
                 if not HOSTNAME_RE.match(hn):
-                    self.err(hosts, pattern, f"invalid host name {hn!r} (letters, digits, '.', '-', '_')")
+                    dashed = DASH_RANGE_RE.search(hn)
+                    hint = "; ranges use ':', e.g. " + DASH_RANGE_RE.sub(r"[\1:\2]", hn) if dashed else ""
+                    self.err(hosts, pattern, f"invalid host name {hn!r} (letters, digits, '.', '-', '_'){hint}")
                 if hn in seen_here:
                     self.err(hosts, pattern, f"duplicate host {hn!r} in group {name!r}")
                 seen_here.add(hn)
@@ -391,7 +397,9 @@ def parse_data(data: Any, file: str) -> Inventory:
     if data is None:
         raise InputError(file, None, "inventory is empty: expected 'all:' with hosts")
     if not isinstance(data, dict):
-        raise InputError(file, line_of(data) or 1, "inventory must be a mapping with an 'all' group")
+        raise InputError(file, line_of(data) or 1, "inventory must be a mapping with an 'all' group; hosts go "
+                                                   "under `all: hosts:`, e.g. all: {hosts: {node1: {ansible_host: "
+                                                   "10.0.0.1}}}")
     p = _Parser(file)
     top = data.get("all")
     if "all" in data:

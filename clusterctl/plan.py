@@ -66,6 +66,9 @@ class LaunchPlan:
     nodes: tuple[NodePlan, ...]
     nnodes: str = ""                      # "MIN:MAX" as given to torchrun
     image: str = ""
+    spares: tuple[str, ...] = ()          # the job's hosts beyond nodes' MAX: used when a node is lost
+    excluded: tuple[tuple[str, str], ...] = ()   # (host, why): cordoned hosts left out
+    notify: tuple[str, ...] = ()          # notify targets, described with webhook URLs as ***
 
     def node(self, host: str) -> NodePlan:
         for n in self.nodes:
@@ -76,23 +79,34 @@ class LaunchPlan:
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job, "job_id": self.job_id, "attempt": self.attempt,
                 "rdzv_endpoint": self.rdzv_endpoint, "nnodes": self.nnodes, "image": self.image,
-                "nodes": [n.to_dict() for n in self.nodes]}
+                "nodes": [n.to_dict() for n in self.nodes], "spares": list(self.spares),
+                "excluded": [{"host": h, "reason": why} for h, why in self.excluded], "notify": list(self.notify)}
 
     def render(self) -> str:
+        bare = all(n.runtime == "bare" for n in self.nodes)     # bare runs no image and no container
         out = [f"job {self.job}  id {self.job_id}  attempt {self.attempt}",
-               f"rendezvous {self.rdzv_endpoint}  nodes {self.nnodes}  image {self.image}", ""]
+               f"rendezvous {self.rdzv_endpoint}  nodes {self.nnodes}" + ("" if bare else f"  image {self.image}")]
+        if self.spares:
+            out.append(f"spares     {', '.join(self.spares)} (beyond nodes' MAX: used in place of a lost node)")
+        for host, why in self.excluded:
+            out.append(f"excluded   {host}: cordoned: {why}")
+        for target in self.notify:
+            out.append(f"notify     {target}")
+        out.append("")
         for n in self.nodes:
             host_mark = "  (rendezvous host)" if n.is_rdzv_host else ""
             out.append(f"[{n.host}] {n.address}  runtime {n.runtime}  {n.nproc} proc(s){host_mark}")
-            out.append(f"  name     {n.container_name}")
+            if n.runtime != "bare":
+                out.append(f"  name     {n.container_name}")
             out.append(f"  dir      {n.node_dir}")
             if n.log_path:
                 out.append(f"  log      {n.log_path}")
             out.append(f"  torchrun {shlex.join(n.torchrun_argv)}")
             out.append("  env")
             out += [f"    {k}={shlex.quote(v) if v != MASK else MASK}" for k, v in n.env.items()]
-            shown = [a if "\n" not in a else f"<script {len(a.splitlines())} lines>" for a in n.runtime_argv]
-            out.append(f"  command  {shlex.join(shown)}")
+            # the exact argv, multi-line wrapper scripts included (the env file and its mount are in there);
+            # not indented, so what is shown can be pasted as is
+            out.append(f"  command  {shlex.join(n.runtime_argv)}")
             out.append("")
         return "\n".join(out)
 
@@ -213,7 +227,8 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
                interfaces: Mapping[str, str] | None = None, resume_from: str = "", resume_step: int = 0,
                secret_names: Iterable[str] | None = None, pkg_path: str | None = None,
                infiniband: Mapping[str, bool] | None = None,
-               jobs_root: str = runtimes.DEFAULT_JOBS_ROOT) -> LaunchPlan:
+               jobs_root: str = runtimes.DEFAULT_JOBS_ROOT, spares: Iterable[str] = (),
+               excluded: Iterable[tuple[str, str]] = ()) -> LaunchPlan:
     """One attempt's launch plan. ``hosts`` are the chosen nodes in order (their count must fit ``nodes``).
 
     Rendezvous host: ``rdzv_host``, else ``spec.rendezvous.host``, else ``hosts[0]``; it must be one of ``hosts``.
@@ -275,4 +290,5 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
             node_dir=ndir, log_path=f"{ndir}/node.log" if bare else None, nproc=nproc, is_rdzv_host=is_host,
             job_id=job_id))
     return LaunchPlan(job=spec.name, job_id=job_id, attempt=attempt, rdzv_endpoint=endpoint, nodes=tuple(nodes),
-                      nnodes=nnodes_arg, image=spec.image)
+                      nnodes=nnodes_arg, image=spec.image, spares=tuple(spares), excluded=tuple(excluded),
+                      notify=tuple(t.describe() for t in spec.notify))

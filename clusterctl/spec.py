@@ -13,8 +13,8 @@ import shlex
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError,
+                      ValidationInfo, field_serializer, field_validator, model_validator)
 
 from clusterctl import budget
 from clusterctl.errors import InputError
@@ -211,6 +211,66 @@ class Supervisor(_Model):
     probe_failures: int = Field(2, ge=2)     # consecutive failed probes before a node is declared lost (one is noise)
     hang_timeout_s: float = Field(300, gt=0)  # no progress for this long -> the attempt is hung
     collective_timeout_s: int = Field(120, ge=1)  # -> CLUSTERCTL_COLLECTIVE_TIMEOUT_S (process-group timeout)
+    cordon_after: int = Field(3, ge=0)       # node_lost/hang failures of one host in 24 h before it is cordoned; 0: never
+
+
+NOTIFY_EVENTS = ("started", "recovering", "failed", "succeeded", "stopped")
+WEBHOOK_RE = re.compile(r"^https?://[^\s/]+\S*$")
+# A stored spec (the state DB) holds this instead of a webhook URL; the supervisor reads the URL from the job file.
+STORED_WEBHOOK = "***"
+
+
+class NotifyTarget(_Model):
+    """One ``notify:`` entry: exactly one of ``webhook`` (a secret: never printed or stored), ``webhook_env`` (the
+    URL read from clusterctl's environment) or ``command`` (an argv run on the controller); ``on``: the events."""
+
+    webhook: SecretStr | None = None
+    webhook_env: EnvName | None = None
+    command: list[Arg] | None = None
+    on: list[Literal["started", "recovering", "failed", "succeeded", "stopped"]] = Field(
+        default_factory=lambda: ["failed", "recovering"])
+
+    @field_validator("webhook")
+    @classmethod
+    def _webhook(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and v.get_secret_value() != STORED_WEBHOOK and not WEBHOOK_RE.match(v.get_secret_value()):
+            raise ValueError("must be an http:// or https:// URL (the value is a secret and is not shown)")
+        return v
+
+    @field_serializer("webhook")
+    def _dump_webhook(self, v: SecretStr | None) -> str | None:
+        return None if v is None else STORED_WEBHOOK
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (not v or not v[0]):
+            raise ValueError("must be a non-empty argv list, e.g. [/usr/local/bin/page, --team, ml]")
+        return v
+
+    @field_validator("on")
+    @classmethod
+    def _on(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError(f"must name at least one event: {', '.join(NOTIFY_EVENTS)}")
+        dup = sorted({e for e in v if v.count(e) > 1})
+        if dup:
+            raise ValueError(f"{', '.join(dup)} listed more than once")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> "NotifyTarget":
+        given = [k for k in ("webhook", "webhook_env", "command") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("each notify entry needs exactly one of webhook, webhook_env or command"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        return self
+
+    def describe(self) -> str:
+        """For the plan and logs: the webhook URL as ***."""
+        what = ("webhook ***" if self.webhook is not None else f"webhook from ${self.webhook_env}"
+                if self.webhook_env else f"command {shlex.join(self.command or [])}")
+        return f"{what} on {','.join(self.on)}"
 
 
 class Container(_Model):
@@ -258,6 +318,7 @@ class JobSpec(_Model):
     supervisor: Supervisor = Field(default_factory=Supervisor)
     container: Container = Field(default_factory=Container)
     hosts: list[HostName] | None = None
+    notify: list[NotifyTarget] = Field(default_factory=list)
 
     _source: str = PrivateAttr(default="")
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from clusterctl.errors import ClusterctlError, UserError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 30.0
 REDACTED = "***"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -141,6 +141,15 @@ class NodeStatus:
 
 
 @dataclass(frozen=True)
+class Cordon:
+    host: str
+    active: bool                    # False: uncordoned at ``since`` (kept so old failures do not count again)
+    reason: str
+    since: float
+    by: str                         # "user" or "supervisor (job <id>)"
+
+
+@dataclass(frozen=True)
 class Event:
     id: int
     job_id: str
@@ -189,6 +198,12 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE jobs ADD COLUMN supervisor_seen_at REAL",
         "ALTER TABLE events ADD COLUMN oom INTEGER",
     ),
+    (  # 2 -> 3: cordoned hosts (`clusterctl cordon`, the supervisor's own cordons); active 0 = uncordoned at ``since``
+        """CREATE TABLE IF NOT EXISTS cordons (
+            host TEXT PRIMARY KEY, active INTEGER NOT NULL, reason TEXT NOT NULL, since REAL NOT NULL,
+            by TEXT NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS events_node ON events(node, time)",
+    ),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
@@ -224,6 +239,8 @@ class Store:
         self._clock, self._pid_alive, self._busy_timeout_s = clock, pid_alive, busy_timeout_s
         self._lock = threading.RLock()
         self._inherited: list[sqlite3.Connection] = []   # connections from before a fork: never touched again
+        # called as on_state(job_id, old, new) after every set_state (the supervisor's notifier); must not block
+        self.on_state: Callable[[str, JobState, JobState], None] | None = None
         self._create_private_file()
         self._conn = self._connect()
         self._migrate()
@@ -393,7 +410,9 @@ class Store:
                 raise InvalidTransition(job_id, old, new)
             db.execute("UPDATE jobs SET state = ?, reason = ?, updated_at = ? WHERE job_id = ?",
                        (new.value, self._redact(reason), self._clock(), job_id))
-            return old
+        if self.on_state is not None:   # after the commit: a listener (notify.Notifier) reads the new row
+            self.on_state(job_id, old, new)
+        return old
 
     def update_job(self, job_id: str, **fields: Any) -> None:
         """Set columns in ``JOB_FIELDS`` (not ``state``: use ``set_state``)."""
@@ -481,6 +500,61 @@ class Store:
                           (job_id, after_id, -1 if limit is None else limit))
         return [_row(Event, r) for r in rows]
 
+    # -- forgetting and cordons -----------------------------------------------------------------------------------
+
+    def delete_job(self, job_id: str) -> None:
+        """Delete a finished job's records (attempts, nodes, events go with it). ``JobActive`` if not terminal."""
+        with self._write() as db:
+            row = db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise JobNotFound(job_id)
+            if not JobState(row["state"]).terminal:
+                raise JobActive(_job(row))
+            db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+
+    def cordon(self, host: str, reason: str, by: str = "user") -> Cordon:
+        """Mark ``host`` cordoned (a new reason replaces the old one; ``since`` is kept while it stays cordoned)."""
+        now = self._clock()
+        with self._write() as db:
+            db.execute("INSERT INTO cordons (host, active, reason, since, by) VALUES (?, 1, ?, ?, ?)"
+                       " ON CONFLICT (host) DO UPDATE SET reason = excluded.reason, by = excluded.by,"
+                       " since = CASE WHEN active = 1 THEN since ELSE excluded.since END, active = 1",
+                       (host, self._redact(reason) or "", now, by))
+            return _cordon(db.execute("SELECT * FROM cordons WHERE host = ?", (host,)).fetchone())
+
+    def uncordon(self, host: str) -> bool:
+        """Clear the cordon of ``host``; False when it was not cordoned."""
+        with self._write() as db:
+            cur = db.execute("UPDATE cordons SET active = 0, since = ? WHERE host = ? AND active = 1",
+                             (self._clock(), host))
+            return cur.rowcount > 0
+
+    def cordons(self, *, include_released: bool = False) -> dict[str, Cordon]:
+        """host -> Cordon of every cordoned host (with ``include_released``: the uncordoned ones too)."""
+        where = "" if include_released else " WHERE active = 1"
+        return {r["host"]: _cordon(r) for r in self._read(f"SELECT * FROM cordons{where} ORDER BY host")}
+
+    def host_failures(self, host: str, klasses: Iterable[str], window_s: float) -> int:
+        """Failures of ``host`` (verdicts and start failures of these classes) within the last ``window_s``,
+        counting only those after its last uncordon."""
+        klasses = tuple(klasses)
+        since = self._clock() - window_s
+        released = self._read("SELECT since FROM cordons WHERE host = ? AND active = 0", (host,))
+        if released:
+            since = max(since, released[0]["since"])
+        marks = ",".join("?" * len(klasses))
+        rows = self._read(f"SELECT COUNT(*) AS n FROM events WHERE node = ? AND time > ? AND klass IN ({marks})"
+                          " AND kind IN ('verdict', 'start_failed')", (host, since, *klasses))
+        return int(rows[0]["n"])
+
+    def node_events(self, *, since: float = 0.0) -> list[Event]:
+        """Every job's classified events that name a node, from ``since`` on (for `clusterctl nodes`)."""
+        return [_row(Event, r) for r in self._read("SELECT * FROM events WHERE time >= ? AND node IS NOT NULL"
+                                                   " AND klass IS NOT NULL ORDER BY id", (since,))]
+
+    def all_attempts(self) -> list[Attempt]:
+        return [_attempt(r) for r in self._read("SELECT * FROM attempts ORDER BY job_id, attempt")]
+
     # -- supervisor ownership -----------------------------------------------------------------------------------
 
     def claim_supervisor(self, job_id: str, pid: int) -> bool:
@@ -528,6 +602,11 @@ def _job(row: sqlite3.Row) -> Job:
     values = {f.name: row[f.name] for f in dataclass_fields(Job)}
     values["state"] = JobState(values["state"])
     return Job(**values)
+
+
+def _cordon(row: sqlite3.Row) -> Cordon:
+    return Cordon(host=row["host"], active=bool(row["active"]), reason=row["reason"], since=row["since"],
+                  by=row["by"])
 
 
 def _attempt(row: sqlite3.Row) -> Attempt:

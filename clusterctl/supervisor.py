@@ -175,6 +175,7 @@ class Policy:
     settle_s: float = 3.0                # a non-zero exit waits this long for a dead peer before it is a user error
     window_s: float | None = 86400.0     # budgets count failures within this window; None: since the last progress
     progress_after_s: float = 600.0      # an attempt with output for this long made progress (resets the backoff)
+    cordon_after: int = 3                # node_lost/hang failures of one host within 24 h before it is cordoned (0: never)
 
 
 class Supervisor:
@@ -231,7 +232,7 @@ class Supervisor:
                        first: bool = False) -> tuple[list[str], str, int] | None:
         p = self.policy
         while True:
-            candidates = [n for n in self.all_nodes if n not in excluded]
+            candidates = [n for n in self._uncordoned(self.all_nodes) if n not in excluded]
             healthy = self.ops.reachable(candidates)
             if len(healthy) < p.min_nodes:
                 healthy = self._wait_for_nodes(excluded)
@@ -292,7 +293,7 @@ class Supervisor:
             if self.ops.stop_requested():
                 self._finish(JobState.STOPPED, "stopped by user")
                 return None
-            healthy = self.ops.reachable(self.all_nodes)
+            healthy = self.ops.reachable(self._uncordoned(self.all_nodes))
             if len(healthy) >= p.min_nodes:
                 excluded.difference_update(healthy)
                 return healthy
@@ -356,6 +357,8 @@ class Supervisor:
                    exit_code=d.exit_code, signal=d.signal, rank=d.rank, oom=d.oom or None)
         if d.verdict == Verdict.HANG:
             self._take_stacks(attempt, nodes)      # where every rank waits: before anything is stopped
+        if d.verdict in INFRA and d.node:
+            self._maybe_cordon(d.node, d.verdict)
         if d.verdict == Verdict.SUCCESS:
             self.store.end_attempt(self.job_id, attempt, "succeeded")
             self._cleanup(attempt, nodes)
@@ -479,4 +482,21 @@ class Supervisor:
         self.store.set_state(self.job_id, state, reason)
         self.event("end", f"job {state.value}: {reason}")
         return state
+
+    def _uncordoned(self, nodes: Sequence[str]) -> list[str]:
+        """``nodes`` without the cordoned ones (`clusterctl cordon`, or cordoned here after repeated failures)."""
+        cordoned = self.store.cordons()
+        return [n for n in nodes if n not in cordoned]
+
+    def _maybe_cordon(self, node: str, verdict: Verdict) -> None:
+        """Cordon ``node`` after ``cordon_after`` node_lost/hang failures within 24 h (every job counts)."""
+        n = self.policy.cordon_after
+        if not n or node in self.store.cordons():
+            return
+        count = self.store.host_failures(node, [v.value for v in INFRA], 24 * 3600)
+        if count >= n:
+            reason = f"{count} node_lost/hang failures within 24 h (last: {verdict.value} in job {self.job_id})"
+            self.store.cordon(node, reason, by=f"supervisor (job {self.job_id})")
+            self.event("cordon", f"{node} cordoned: {reason}; launches skip it until `clusterctl uncordon {node}`",
+                       node=node)
 

@@ -40,7 +40,10 @@ def _loader_for(file: str):
         out = LineDict()
         out.line, out.lines = node.start_mark.line + 1, {}
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=True)
+            if key_node.tag == "tag:yaml.org,2002:bool" and key_node.style is None:
+                key = key_node.value   # a key `on:`/`yes:` is its text (YAML 1.1 would read the boolean True)
+            else:
+                key = loader.construct_object(key_node, deep=True)
             try:
                 hash(key)
             except TypeError:

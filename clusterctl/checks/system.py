@@ -39,12 +39,18 @@ def clock_offset(remote_start: float, remote_end: float | None, sent: float, rec
 
 def ssh_hint(err: BaseException, host: "Host") -> str:
     target = f"{host.user + '@' if host.user else ''}{host.address}"
-    port = f" -p {host.port}" if host.port else ""
+    jump = getattr(host, "proxy_jump", None)
+    port = (f" -p {host.port}" if host.port else "") + (f" -J {jump}" if jump else "")   # the same route as ours
     if isinstance(err, HostKeyError):
         kh = getattr(host, "known_hosts", None) or "~/.ssh/known_hosts"   # where the transport records keys
         if "HOST KEY CHANGED" in str(err):   # appending the new key would leave the stale one; the flag never helps
             return ("verify the new key out of band; then remove the old entry (`ssh-keygen -R` as shown above) "
                     "and rerun with --accept-new-host-keys")
+        if jump:   # ssh-keyscan cannot go through a bastion: scan from the bastion itself
+            bastion, _, bport = jump.split(",")[0].rpartition(":") if ":" in jump.split(",")[0] else (jump, "", "")
+            via = f"ssh{' -p ' + bport if bport else ''} {bastion}"
+            return (f"verify the host's fingerprint, then `{via} ssh-keyscan{' -p ' + str(host.port) if host.port else ''} "
+                    f"{host.address} >> {kh}` (or rerun with --accept-new-host-keys)")
         return (f"verify the host's fingerprint, then `ssh-keyscan{port} {host.address} >> {kh}` "
                 "(or rerun with --accept-new-host-keys)")
     if isinstance(err, AuthError):

@@ -1,0 +1,216 @@
+"""The CLI as a new user meets it (issue 13 items 5, 6, 8): real `clusterctl` processes, no network (dry-runs,
+the state DB, init). The testbed runs of the same commands are in tests/integration/test_toolkit_b.py."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clusterctl import paths
+from clusterctl.spec import load_job
+from clusterctl.state import JobState, Store
+
+URL = "https://hooks.example.com/services/T000/B000/XXXXSECRET"
+
+
+def cli(tmp_path, *args, env=None, cwd=None):
+    e = {**os.environ, "CLUSTERCTL_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "80", **(env or {})}
+    e.pop("CLUSTERCTL_INVENTORY", None)
+    return subprocess.run([sys.executable, "-m", "clusterctl.cli", *args], capture_output=True, text=True,
+                          env=e, cwd=cwd or tmp_path, timeout=60, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def inv(tmp_path):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump({"all": {"vars": {"clusterctl_runtime": "podman", "clusterctl_gpus": 0},
+                                            "hosts": {f"node{i}": {"ansible_host": f"10.9.0.{i}"}
+                                                      for i in range(1, 5)}}}))
+    return path
+
+
+def write_job(tmp_path, text):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+JOB = "name: demo\nscript: train.py\nnodes: \"2:3\"\n"
+
+
+def test_init_writes_the_template_and_never_overwrites(tmp_path):
+    r = cli(tmp_path, "init")
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "job.yaml").read_text()
+    assert "clusterctl launch job.yaml" in text and "clusterctl run" not in text
+    assert load_job(str(tmp_path / "job.yaml")).name == "my-job"       # the template is a valid job as is
+    (tmp_path / "job.yaml").write_text("mine")
+    r = cli(tmp_path, "init")
+    assert r.returncode == 2 and "already exists" in r.stderr and (tmp_path / "job.yaml").read_text() == "mine"
+    assert cli(tmp_path, "init", "other.yaml").returncode == 0 and (tmp_path / "other.yaml").read_text() == text
+    r = cli(tmp_path, "init", "-")
+    assert r.returncode == 0 and r.stdout == text
+
+
+def test_help_texts(tmp_path):
+    assert "$CLUSTERCTL_STATE_DIR" in cli(tmp_path, "--help").stdout
+    out = " ".join(cli(tmp_path, "resume", "--help").stdout.split())
+    assert "--detach Return once the job is relaunched" in out.replace("-d, ", "")
+
+
+def test_status_empty_says_how_to_launch(tmp_path):
+    r = cli(tmp_path, "status")
+    assert r.returncode == 0 and "clusterctl launch" in r.stderr and "clusterctl init" in r.stderr
+    assert cli(tmp_path, "status", "--since", "2x").returncode == 2
+    assert cli(tmp_path, "status", "--state", "done").returncode == 2
+    assert cli(tmp_path, "status", "--watch").returncode == 2
+
+
+def _finished_job(tmp_path, name, state=JobState.FAILED, reason="node node2 lost: unreachable " * 4):
+    root = paths.ensure_state_dir(tmp_path / "state")
+    with Store(paths.db_path(root)) as s:
+        j = s.create_job(name, json.dumps({"spec": {"checkpoint": {"dir": str(tmp_path / "ckpt")}}, "hosts": []}),
+                         None, None)
+        s.start_attempt(j, 1, "node1", "r", ["node1", "node2"])
+        s.set_state(j, JobState.STARTING)
+        if state is not None:
+            s.set_state(j, state, reason)
+    d = paths.ensure_job_dir(root, j)
+    (d / "output.log").write_text("[node1/0] hello\n")
+    return j
+
+
+def test_status_list_at_80_columns_keeps_the_job_id_and_one_line_reasons(tmp_path):
+    done = _finished_job(tmp_path, "bert-ft")
+    active = _finished_job(tmp_path, "bert-ft2", state=None)
+    r = cli(tmp_path, "status")
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and all(len(x) <= 80 for x in lines), r.stdout
+    assert lines[0].split()[:3] == ["job", "name", "state"]
+    assert lines[1].startswith(active + " ") and any(x.startswith(done + " ") for x in lines)
+    assert sum("node node2 lost" in x for x in lines) == 1
+    j = json.loads(cli(tmp_path, "status", "-o", "json").stdout)["jobs"]
+    assert [v["job_id"] for v in j] == [active, done]
+    assert {"ended_at", "elapsed_s", "short_reason", "started_at", "nodes", "attempt"} <= set(j[1])
+    only = json.loads(cli(tmp_path, "status", "--state", "failed", "-o", "json").stdout)["jobs"]
+    assert [v["job_id"] for v in only] == [done]
+
+
+def test_forget_deletes_records_and_logs_but_not_checkpoints_nor_active_jobs(tmp_path):
+    ck = tmp_path / "ckpt" / "step-000000010"
+    ck.mkdir(parents=True)
+    done = _finished_job(tmp_path, "old")
+    active = _finished_job(tmp_path, "live", state=None)
+    root = tmp_path / "state"
+    r = cli(tmp_path, "forget", done, active)
+    assert r.returncode == 2 and "not forgetting active" in r.stderr and active in r.stderr
+    assert (root / "jobs" / done).exists()                           # nothing was deleted
+    r = cli(tmp_path, "forget", done)
+    assert r.returncode == 0, r.stderr
+    assert "checkpoints in" in r.stderr and ck.exists()
+    assert not (root / "jobs" / done).exists() and (root / "jobs" / active).exists()
+    assert cli(tmp_path, "status", done).returncode == 2
+    with Store(paths.db_path(root)) as s:
+        assert s.events(done) == [] and s.attempts(done) == []
+    assert cli(tmp_path, "forget", "nope").returncode == 2
+
+
+def test_cordon_nodes_and_launch_exclusion(tmp_path, inv):
+    job = write_job(tmp_path, JOB)
+    r = cli(tmp_path, "cordon", "node2", "node3", "--reason", "ECC errors")
+    assert r.returncode == 0, r.stderr
+    assert cli(tmp_path, "cordon", "node1").returncode == 2                   # --reason is required
+    rows = json.loads(cli(tmp_path, "nodes", "-i", str(inv), "-o", "json").stdout)
+    assert [(x["host"], x["state"], x["reason"]) for x in rows] == [
+        ("node1", "ok", None), ("node2", "cordoned", "ECC errors"), ("node3", "cordoned", "ECC errors"),
+        ("node4", "ok", None)]
+    assert {"since", "jobs", "failures_7d", "last_failure"} <= set(rows[1])
+    plan = cli(tmp_path, "launch", str(job), "-i", str(inv), "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    assert "excluded   node2: cordoned: ECC errors" in plan.stdout and "[node2]" not in plan.stdout
+    p = json.loads(cli(tmp_path, "launch", str(job), "-i", str(inv), "--dry-run", "-o", "json").stdout)
+    assert [n["host"] for n in p["nodes"]] == ["node1", "node4"]
+    assert p["excluded"] == [{"host": "node2", "reason": "ECC errors"}, {"host": "node3", "reason": "ECC errors"}]
+    cli(tmp_path, "cordon", "node4", "--reason", "fan")
+    r = cli(tmp_path, "launch", str(job), "-i", str(inv), "--dry-run")
+    assert r.returncode == 2 and "node4 (fan)" in r.stderr and "node2 (ECC errors)" in r.stderr
+    assert cli(tmp_path, "uncordon", "node2", "node3", "node4").returncode == 0
+    assert json.loads(cli(tmp_path, "nodes", "-i", str(inv), "-o", "json").stdout)[1]["state"] == "ok"
+
+
+def test_spares_and_masked_webhook_in_the_plan(tmp_path, inv):
+    job = write_job(tmp_path, JOB + f"hosts: [node1, node2, node3, node4]\nnotify:\n  - {{webhook: {URL}}}\n"
+                                    "  - {command: [echo, hi], on: [succeeded]}\n")
+    r = cli(tmp_path, "launch", str(job), "-i", str(inv), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "spares     node4" in r.stdout and "[node4]" not in r.stdout
+    assert "notify     webhook *** on failed,recovering" in r.stdout and URL not in r.stdout + r.stderr
+    js = cli(tmp_path, "launch", str(job), "-i", str(inv), "--dry-run", "-o", "json").stdout
+    assert URL not in js and json.loads(js)["spares"] == ["node4"]
+
+
+def test_container_wrapper_shown_in_full_and_bare_without_image(tmp_path, inv):
+    r = cli(tmp_path, "launch", str(write_job(tmp_path, JOB)), "-i", str(inv), "--dry-run")
+    assert "<script" not in r.stdout and "--volume=$d:/run/clusterctl-env" in r.stdout
+    bare = write_job(tmp_path, "name: demo\nscript: train.py\n")
+    (tmp_path / "empty").mkdir()
+    r = cli(tmp_path, "launch", str(bare), "--dry-run", cwd=tmp_path / "empty")   # embedded default: bare
+    assert r.returncode == 0, r.stderr
+    assert "image" not in r.stdout and "clusterctl-demo-localhost" not in r.stdout.split("command")[0]
+
+
+@pytest.mark.parametrize("text,where,message", [
+    (JOB + "hosts:\n  - node1\n  - nod2\n", ":6: hosts[1]:", "no host or group 'nod2' in the inventory"),
+    (JOB + "rendezvous:\n  port: 29400\n  host: node9\n", ":6: rendezvous.host:", "'node9' is not one of the job's hosts"),
+    (JOB + "hosts: [node1, node2, node3, node4]\nrendezvous: {host: node4}\n", ":5: rendezvous.host:",
+     "(it is a spare"),
+])
+def test_job_errors_name_the_line(tmp_path, inv, text, where, message):
+    job = write_job(tmp_path, text)
+    r = cli(tmp_path, "launch", str(job), "-i", str(inv), "--dry-run")
+    assert r.returncode == 2 and f"{job}{where}" in r.stderr and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    if "nod2" in text:
+        assert "did you mean 'node2'?" in r.stderr
+
+
+def test_secret_env_unset_is_an_error_at_its_line_but_dry_run_needs_no_value(tmp_path, inv):
+    job = write_job(tmp_path, JOB + "secret_env:\n  - WANDB_API_KEY\n  - HF_TOKEN\n"
+                                    "notify:\n  - webhook_env: CC_TEST_HOOK\n")
+    env = {"WANDB_API_KEY": "k1"}
+    r = cli(tmp_path, "launch", str(job), "-i", str(inv), "--dry-run", env=env)
+    assert r.returncode == 0 and "HF_TOKEN=***" in r.stdout and "k1" not in r.stdout
+    r = cli(tmp_path, "launch", str(job), "-i", str(inv), "--skip-preflight", env=env)
+    assert r.returncode == 2 and f"{job}:6: secret_env[1]: HF_TOKEN is not set" in r.stderr, r.stderr
+    r = cli(tmp_path, "launch", str(job), "-i", str(inv), "--skip-preflight", env={**env, "HF_TOKEN": "x"})
+    assert r.returncode == 2 and f"{job}:8: notify[0].webhook_env: CC_TEST_HOOK is not set" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("text,hint", [
+    ("all:\n  hosts:\n    gpu[01-04]:\n", "ranges use ':', e.g. gpu[01:04]"),
+    ("node1:\n  ansible_host: 10.0.0.1\n", "hosts go under `all: hosts:`"),
+    ("- node1\n- node2\n", "hosts go under `all: hosts:`"),
+])
+def test_inventory_errors_with_hints(tmp_path, text, hint):
+    path = tmp_path / "inv.yaml"
+    path.write_text(text)
+    r = cli(tmp_path, "inventory", "-i", str(path))
+    assert r.returncode == 2 and f"{path}:" in r.stderr and hint in r.stderr, r.stderr
+
+
+def test_inventory_table_at_80_columns(tmp_path):
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"all": {"vars": {"ansible_user": "mlops", "clusterctl_gpus": 8},
+                                            "children": {"rack_a": {"hosts": {
+                                                f"gpu{i:02d}": {"ansible_host": f"10.20.0.{i}",
+                                                                "clusterctl_interface": "ens1f0np0"}
+                                                for i in range(1, 4)}}}}}))
+    r = cli(tmp_path, "inventory", "-i", str(path))
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and all(len(x) <= 80 for x in lines[1:])      # [0]: the inventory's path
+    assert lines[1].split() == ["host", "address", "port", "user", "connection", "runtime", "gpus", "interface",
+                                "groups"]
+    assert lines[2].split()[:2] == ["gpu01", "10.20.0.1"]
