@@ -2,6 +2,9 @@
 job, must refuse a host key that was not recorded before it started."""
 from __future__ import annotations
 
+import types  # noqa: F401
+from clusterctl.spec import loads_job
+
 from clusterctl import controller
 
 
@@ -33,6 +36,7 @@ def test_supervisor_log_lines_are_redacted(tmp_path, monkeypatch):
 
     class Ops:
         secrets = {"TOKEN": "s3cr3t-value"}
+        spec = loads_job("name: j\nnodes: 1\nnproc_per_node: 1\nscript: t.py\n")   # no notify targets
 
         def wait_for_change(self, timeout):
             pass
