@@ -17,7 +17,8 @@ time) runs once per fault and method:
   "hung" when they still run without one.
 
 Faults: ``kill_worker_node`` = SIGKILL everything of the job on a non-rendezvous node; ``kill_rdzv_host`` = the
-same on the rendezvous host; ``partition`` = the non-rendezvous node's link down (healed at the end).
+same on the rendezvous host; ``partition`` = the non-rendezvous node's link down (healed at the end);
+``partition_rdzv`` = the rendezvous host's link down and its job's processes killed.
 MTTR = fault -> the first step recorded by a new attempt (clusterctl) / a new restart round (torchrun); steps lost
 = steps trained more than once. Results replace the ``## recovery`` section of docs/benchmarks.md (its ``###``
 sub-sections, written by the series arm and bench/falseverdict.py, are kept).
@@ -58,7 +59,7 @@ DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## recovery"
 SERIES = "### series: N faults in one run"
 SUBSECTIONS = (SERIES, "### false verdicts under load")     # kept when the main table is rewritten
-FAULTS = ("kill_worker_node", "kill_rdzv_host", "partition")
+FAULTS = ("kill_worker_node", "kill_rdzv_host", "partition", "partition_rdzv")
 STEPS, EVERY, STEP_TIME, FAULT_AT = 100, 10, 0.1, 25
 PORT = 29500
 
@@ -76,9 +77,12 @@ def lost_steps(recs: list[dict]) -> int:
 
 
 def fault(tb, kind: str, rdzv: str, other: str) -> str:
-    victim = rdzv if kind == "kill_rdzv_host" else other
+    victim = rdzv if kind in ("kill_rdzv_host", "partition_rdzv") else other
     if kind == "partition":
         tb.partition(victim)
+    elif kind == "partition_rdzv":     # the rendezvous host loses its link and its job processes die
+        tb.partition(victim)
+        tb.kill(victim, pattern=rh.JOB_PATTERN)
     else:
         tb.kill(victim, pattern=rh.JOB_PATTERN)
     return victim
