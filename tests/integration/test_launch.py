@@ -285,8 +285,9 @@ def test_same_name_refused_while_running_and_two_jobs_side_by_side(tb3, tmp_path
     tb = tb3
     inv = write_inventory(tb, tmp_path / "inventory.yaml", runtime)
     state = tmp_path / "state"
-    job_a = write_job(tmp_path / "a.yaml", tb, "tbsidea", runtime, steps=60, step_time=0.1, port=29400)
-    job_b = write_job(tmp_path / "b.yaml", tb, "tbsideb", runtime, steps=60, step_time=0.1, port=29401)
+    # long enough that A still trains once B's launch (quick preflight included) has started it on a loaded box
+    job_a = write_job(tmp_path / "a.yaml", tb, "tbsidea", runtime, steps=200, step_time=0.1, port=29400)
+    job_b = write_job(tmp_path / "b.yaml", tb, "tbsideb", runtime, steps=200, step_time=0.1, port=29401)
 
     r = clusterctl(state, "launch", str(job_a), "-i", str(inv), "--detach", timeout=180)
     assert r.returncode == 0, r.stderr
@@ -307,7 +308,7 @@ def test_same_name_refused_while_running_and_two_jobs_side_by_side(tb3, tmp_path
     for j in ("tbsidea", "tbsideb"):
         v = wait_terminal(state, j, JOB_TIMEOUT)
         assert v["state"] == "SUCCEEDED", v
-        assert any("done: step 60" in ln for ln in logs(state, j, "--rank", "0"))
+        assert any("done: step 200" in ln for ln in logs(state, j, "--rank", "0"))
     assert_nothing_left(tb)
 
 
