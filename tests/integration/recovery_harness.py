@@ -203,3 +203,22 @@ def rdzv_host(run: Run) -> str:
 def other_host(run: Run) -> str:
     st = run.status()
     return next(n["node"] for n in st["nodes"] if n["node"] != st["rendezvous_host"])
+
+
+def cpu_testbed(n: int, base: Path, prefix: str, octets) -> "object":
+    """An ``n``-host CPU testbed (``profile(gpus=0)``) on the first free 10.<octet>.0.0/24 of ``octets``, up; the
+    test fails (never skips) with the reason when it cannot be built. The caller calls ``down()``."""
+    import pytest
+
+    from tests.testbed import Testbed, profile
+    from tests.testbed.system import address_in_use
+
+    octet = next((o for o in octets if address_in_use(f"10.{o}.0.1") is None), None)
+    if octet is None:
+        pytest.fail(f"no free 10.x.0.0/24 subnet among {list(octets)} for testbed {prefix}", pytrace=False)
+    tb = Testbed(n, base, [profile(gpus=0)] * n, prefix=prefix, subnet_octet=octet)
+    try:
+        tb.up()
+    except Exception as e:  # noqa: BLE001 - a failure with the reason, never a skip
+        pytest.fail(f"testbed could not be built: {type(e).__name__}: {e}", pytrace=False)
+    return tb

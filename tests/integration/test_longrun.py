@@ -13,8 +13,6 @@ import pytest
 
 from tests.integration import fault_series as fs
 from tests.integration import recovery_harness as rh
-from tests.testbed import Testbed as _Testbed, profile  # aliased so pytest does not try to collect it
-from tests.testbed.system import address_in_use
 
 MTTR_GOAL_S = 15        # the issue's goal (bench/recovery --series measures it)
 # What this test enforces on a 2-core CI box where 4 agents + 8 ranks restart at once: measured 9.8-19.5 s under
@@ -26,16 +24,8 @@ MTTR_BOUND_S = 25
 def ltb(tmp_path_factory, testbed_slot):
     """4 CPU hosts of our own (faults touch nobody else). Subnets 10.220-229 are outside the other fixtures'."""
     letter = string.ascii_lowercase[testbed_slot]
-    octet = next((o for o in (220 + (testbed_slot + k) % 10 for k in range(10))
-                  if address_in_use(f"10.{o}.0.1") is None), None)
-    if octet is None:
-        pytest.fail("no free 10.22x.0.0/24 subnet for the long-run testbed", pytrace=False)
-    tb = _Testbed(4, tmp_path_factory.mktemp("longrun-tb"), [profile(gpus=0)] * 4, prefix=f"tbl{letter}",
-                  subnet_octet=octet)
-    try:
-        tb.up()
-    except Exception as e:  # noqa: BLE001 - a failure with the reason, never a skip
-        pytest.fail(f"testbed could not be built: {type(e).__name__}: {e}", pytrace=False)
+    tb = rh.cpu_testbed(4, tmp_path_factory.mktemp("longrun-tb"), f"tbl{letter}",
+                        [220 + (testbed_slot + k) % 10 for k in range(10)])
     yield tb
     tb.down()
 

@@ -21,8 +21,6 @@ import pytest
 import yaml
 
 from tests.integration import recovery_harness as rh
-from tests.testbed import Testbed as _Testbed, profile  # aliased so pytest does not try to collect it
-from tests.testbed.system import address_in_use
 
 CHATTER = Path(__file__).resolve().parent / "chatter.py"
 VENV_BIN = Path(sys.executable).parent
@@ -31,13 +29,7 @@ VENV_BIN = Path(sys.executable).parent
 @pytest.fixture(scope="module")
 def otb(tmp_path_factory, testbed_slot):
     letter = string.ascii_lowercase[testbed_slot]
-    octet = next(o for o in range(220, 240) if address_in_use(f"10.{o}.0.1") is None)
-    tb = _Testbed(3, tmp_path_factory.mktemp("oncall-tb"), [profile(gpus=0)] * 3, prefix=f"tbo{letter}",
-                  subnet_octet=octet)
-    try:
-        tb.up()
-    except Exception as e:  # noqa: BLE001 - a failure with the reason, never a skip
-        pytest.fail(f"testbed could not be built: {type(e).__name__}: {e}", pytrace=False)
+    tb = rh.cpu_testbed(3, tmp_path_factory.mktemp("oncall-tb"), f"tbo{letter}", range(220, 240))
     yield tb
     tb.down()
 
