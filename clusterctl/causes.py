@@ -124,6 +124,20 @@ def oom_killed(kernel_log: str, pid: int | None) -> bool:
 
 
 # ------------------------------------------------------------------------------ torchrun's error file
+# The bare runner copies torchrun's TORCHELASTIC_ERROR_FILE into the node's log as one line with this prefix.
+ERROR_FILE_LINE = "clusterctl: torchelastic error file: "
+
+
+def error_file_in(text: str) -> str | None:
+    """The root cause message of the last error file the runner copied into a node's log, or None."""
+    found = None
+    for line in text.splitlines():
+        i = line.find(ERROR_FILE_LINE)
+        if i >= 0:
+            found = error_file_message(line[i + len(ERROR_FILE_LINE):])
+    return found
+
+
 def error_file_message(text: str) -> str | None:
     """The root cause message from a TORCHELASTIC_ERROR_FILE (``{"message": {"message": ..., "extraInfo": ...}}``
     as torch.distributed.elastic writes it), or None."""

@@ -336,8 +336,12 @@ class ClusterOps:
         cfg = causes.config_error(code, text, script=self.spec.script, module=self.spec.module,
                                   torchrun=self.spec.torchrun[0])
         oom = sig == "SIGKILL" and self._oom(node, inst.name, cause.pid if cause else None)
+        tail = causes.error_tail(lines, node, rank)
+        message = causes.error_file_in(text)   # torchrun's own error file (bare), when it wrote one
+        if message:
+            tail = f"{tail}\n[{node}/-] root cause (torchelastic error file): {message.splitlines()[0]}".lstrip()
         return Observation(node, "exited", exit_code=code, signal=sig, progress=progress,
-                           error_tail=causes.error_tail(lines, node, rank), rank=rank,
+                           error_tail=tail, rank=rank,
                            config_error=f"{cfg.message}. Fix: {cfg.fix}" if cfg else None, oom=oom)
 
     def _ref(self, node: str, attempt: int, name: str | None = None) -> _Ref:

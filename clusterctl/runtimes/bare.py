@@ -10,7 +10,8 @@ is expanded to ``$HOME`` on the node):
   SIGHUP ignored).
 * the runner writes its pid to ``NODE_DIR/pid`` (it is the session and process-group leader: pid == pgid == sid),
   applies the env script, runs torchrun as its child, forwards SIGTERM/SIGINT to it, and when torchrun ends writes
-  its exit status to ``NODE_DIR/exit`` (128+N when killed by signal N).
+  its exit status to ``NODE_DIR/exit`` (128+N when killed by signal N). torchrun's ``TORCHELASTIC_ERROR_FILE`` is
+  ``NODE_DIR/error.json``; after a failure the runner copies it into the log as one line (``ERROR_FILE_LINE``).
 * stop: nothing is signalled by pid once ``NODE_DIR/exit`` exists (the pid may be reused). TERM/INT go to the
   runner, which forwards them to the torchrun agent (the agent stops its workers). KILL
   goes to the whole process group *and* to every process of the user whose environment holds
@@ -19,6 +20,7 @@ is expanded to ``$HOME`` on the node):
 """
 from __future__ import annotations
 
+from clusterctl.causes import ERROR_FILE_LINE
 from clusterctl.runtimes import (APPLY_ENV_AND_EXEC, DEFAULT_JOBS_ROOT, ENV_SCRIPT_VAR, LABEL_ATTEMPT, LABEL_JOB_ID,
                                  LIB_DIR_VAR, Instance, NodeRef, RunRequest)
 
@@ -47,7 +49,7 @@ echo $$ >"$d/pid.tmp" && mv -f -- "$d/pid.tmp" "$d/pid" || exit 125
 c=
 trap '[ -z "$c" ] || kill -s TERM "$c" 2>/dev/null' TERM
 trap '[ -z "$c" ] || kill -s INT "$c" 2>/dev/null' INT
-{LIB_DIR_VAR}=$d/lib sh -c '{APPLY_ENV_AND_EXEC}' clusterctl-env "$@" &
+{LIB_DIR_VAR}=$d/lib TORCHELASTIC_ERROR_FILE=$d/error.json sh -c '{APPLY_ENV_AND_EXEC}' clusterctl-env "$@" &
 c=$!
 while :; do
   wait "$c"; rc=$?
@@ -55,6 +57,7 @@ while :; do
   kill -0 "$c" 2>/dev/null || break
 done
 rm -rf -- "$d/lib"
+[ "$rc" -eq 0 ] || [ ! -s "$d/error.json" ] || {{ printf '%s' "{ERROR_FILE_LINE}"; tr -d '\\n' <"$d/error.json"; echo; }}
 echo "clusterctl: torchrun exited with status $rc"
 echo "$rc" >"$d/exit"
 exit "$rc"

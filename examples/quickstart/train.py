@@ -29,6 +29,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
@@ -199,13 +200,13 @@ def find_resume_path(rank: int):
     return bytes(buf.tolist()[: int(n.item())]).decode() or None
 
 
+@record   # an exception is written to torchrun's error file (TORCHELASTIC_ERROR_FILE): its root cause
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dump_env:
         dump_env(args.dump_env)
     if args.fail_always:
-        print("fail-always: exiting with status 1", file=sys.stderr, flush=True)
-        return 1
+        raise SystemExit("fail-always: exiting with status 1")
 
     _imports()
     device = init_distributed()

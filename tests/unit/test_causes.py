@@ -57,3 +57,10 @@ def test_error_file_message():
     msg = causes.error_file_message(text("error_file.json"))
     assert msg.startswith("RuntimeError: CUDA out of memory") and "train.py" in msg
     assert causes.error_file_message("not json") is None
+
+
+def test_error_file_in_reads_the_runners_copy():
+    line = causes.ERROR_FILE_LINE + text("error_file.json").strip()
+    log = f"[0]: step 3\n{line}\nclusterctl: torchrun exited with status 1\n"
+    assert causes.error_file_in(log).startswith("RuntimeError: CUDA out of memory")
+    assert causes.error_file_in("[0]: step 3\nclusterctl: torchrun exited with status 1\n") is None

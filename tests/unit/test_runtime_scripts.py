@@ -50,3 +50,39 @@ def test_remove_job_with_nothing_to_remove(tmp_path):
     r = subprocess.run(argv, capture_output=True, text=True, env={"STATE": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0 and (tmp_path / "calls").read_text().split() == ["ps", "-aq",
                                                                              "--filter=label=clusterctl.job_id=job-1"]
+
+
+FAILING_ENTRY = """from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    raise RuntimeError("CUDA out of memory (a test)")
+
+main()
+"""
+
+
+def test_bare_runner_copies_torchruns_error_file_into_the_log(tmp_path):
+    """A real torchrun under the bare runner: the rank's @record error reaches torchrun's TORCHELASTIC_ERROR_FILE
+    (NODE_DIR/error.json), the runner copies it into node.log, and causes reads the message back from the log."""
+    import shutil
+    import sys
+    import time
+
+    from clusterctl import causes
+    from clusterctl.runtimes import bare
+
+    (tmp_path / "entry.py").write_text(FAILING_ENTRY)
+    node_dir = tmp_path / "node"
+    torchrun = shutil.which("torchrun") or str(__import__("pathlib").Path(sys.executable).parent / "torchrun")
+    argv = ["sh", "-c", bare.START, "clusterctl-start", str(node_dir), "n1", str(tmp_path), bare.RUNNER,
+            torchrun, "--standalone", "--nproc-per-node=1", str(tmp_path / "entry.py")]
+    r = subprocess.run(argv, input=b"", capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 60
+    while not (node_dir / "exit").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (node_dir / "exit").read_text().strip() == "1"
+    assert "CUDA out of memory (a test)" in (node_dir / "error.json").read_text()
+    log = (node_dir / "node.log").read_text()
+    assert causes.error_file_in(log).startswith("RuntimeError: CUDA out of memory (a test)")
