@@ -10,8 +10,7 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, as_completed
-from concurrent.futures import wait as wait_futures
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,6 @@ TAIL_LINES = 200          # lines of a node's own log read to explain its end
 # a container whose init the watch has seen gone this long while the runtime still lists it as running was killed
 # with its conmon (a normal exit is recorded by conmon within milliseconds)
 GONE_CONFIRM_S = 0.5
-SUSPECT_GRACE_S = 1.0     # reachable(): how long nodes that failed their last probe may lag the others
 
 root_cause, signal_of = causes.root_cause, causes.signal_of
 
@@ -481,33 +479,10 @@ class ClusterOps:
         return {r.host.name: str(r.error) for r in results if r.error is not None}
 
     def reachable(self, nodes: Sequence[str]) -> list[str]:
-        """The nodes that run a command now, in the given order. Nodes that failed their last probe (a lost link)
-        do not hold up the answer: once every other node has answered, and one of them is up, they get
-        ``SUSPECT_GRACE_S`` more (a healed node answers within it over its kept connection, or in a later round)."""
-        deadline = time.monotonic() + self.probe_timeout_s + self.options.connect_timeout + 1
-        ok: set[str] = set()
-        pending = set(nodes)
-        pool = ThreadPoolExecutor(max_workers=max(1, len(nodes)), thread_name_prefix="reachable")
-        futures = {pool.submit(self._run, n, ["true"], timeout=self.probe_timeout_s): n for n in nodes}
-        try:
-            while pending:
-                left = deadline - time.monotonic()
-                if ok and pending <= self._unhealthy:
-                    left = min(left, SUSPECT_GRACE_S)
-                if left <= 0:
-                    break
-                done, _ = wait_futures([f for f, n in futures.items() if n in pending], timeout=left,
-                                       return_when=FIRST_COMPLETED)
-                if not done:
-                    break
-                for f in done:
-                    n = futures[f]
-                    pending.discard(n)
-                    if f.exception() is None and f.result().ok:
-                        ok.add(n)
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-        return [n for n in nodes if n in ok]
+        results = fan_out([self.hosts[n] for n in nodes],
+                          lambda h: self._run(h.name, ["true"], timeout=self.probe_timeout_s),
+                          host_timeout=self.probe_timeout_s + self.options.connect_timeout + 1)
+        return [r.host.name for r in results if r.ok and r.value.ok]
 
     def latest_checkpoint(self, nodes: Sequence[str]) -> tuple[str, int] | None:
         """The latest valid checkpoint (checkpoints live on the nodes' shared storage): ``(path, step)``,

@@ -184,23 +184,3 @@ def test_latest_checkpoint_first_answer_wins_within_the_probe_timeout(tmp_path):
     assert time.monotonic() - t <= 3.0 + 1.5
     ops._unhealthy = {"n1", "n2", "n3"}
     assert ops.latest_checkpoint(["n1", "n2", "n3"]) is None
-
-
-def test_reachable_does_not_wait_for_a_node_that_lost_its_link(tmp_path):
-    """A node that failed its last probe and now hangs gets SUSPECT_GRACE_S once the others answered; a hanging
-    node not known to be unhealthy is waited for (up to the probe timeout)."""
-    from clusterctl.launcher import SUSPECT_GRACE_S
-    spec = loads_job(JOB, "job.yaml")
-    hosts = {h.name: h for h in HOSTS}
-    ts = {"n1": _Transport(hosts["n1"], True), "n2": _Transport(hosts["n2"], False),
-          "n3": _Transport(hosts["n3"], False)}
-    ops = ClusterOps(spec=spec, hosts=hosts, job_id="j-1", store=None, sink=LogSink(tmp_path / "o.log"),
-                     connect=lambda h, _o: ts[h.name], probe_timeout_s=3.0)
-    ops._unhealthy = {"n1"}
-    t = time.monotonic()
-    assert ops.reachable(["n1", "n2", "n3"]) == ["n2", "n3"]
-    assert time.monotonic() - t < SUSPECT_GRACE_S + 0.5
-    ops._unhealthy = set()
-    t = time.monotonic()
-    assert ops.reachable(["n1", "n2", "n3"]) == ["n2", "n3"]
-    assert 3.0 <= time.monotonic() - t < 3.0 + 1.5
