@@ -181,6 +181,7 @@ class ClusterOps:
     def __post_init__(self) -> None:
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
+        self._connecting: dict[str, threading.Lock] = {}
         self._followers: dict[str, _Follower] = {}
         self._watches: dict[str, _Watch] = {}
         self._arrivals: dict[str, Arrivals] = {}   # per node, across attempts: the gaps between its watch lines
@@ -190,10 +191,20 @@ class ClusterOps:
 
     # ------------------------------------------------------------------------------------------ plumbing
     def transport(self, node: str) -> Transport:
+        """The node's kept connection, made on first use. Connecting holds only that node's lock: a node whose
+        link is down (connect timeout) never holds up the connections to the others."""
         with self._lock:
             t = self._transports.get(node)
+            if t is not None:
+                return t
+            node_lock = self._connecting.setdefault(node, threading.Lock())
+        with node_lock:
+            with self._lock:
+                t = self._transports.get(node)
             if t is None:
-                t = self._transports[node] = self.connect(self.hosts[node], self.options)
+                t = self.connect(self.hosts[node], self.options)
+                with self._lock:
+                    self._transports[node] = t
             return t
 
     def _run(self, node: str, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None):
@@ -479,10 +490,23 @@ class ClusterOps:
         return {r.host.name: str(r.error) for r in results if r.error is not None}
 
     def reachable(self, nodes: Sequence[str]) -> list[str]:
-        results = fan_out([self.hosts[n] for n in nodes],
-                          lambda h: self._run(h.name, ["true"], timeout=self.probe_timeout_s),
-                          host_timeout=self.probe_timeout_s + self.options.connect_timeout + 1)
-        return [r.host.name for r in results if r.ok and r.value.ok]
+        """The nodes that run a command now. A connection kept from before a partition may be dead although the
+        node is back (the server dropped the session): a quick failure is tried once more on a fresh connection,
+        so a healed node is readmitted in the same round."""
+        limit = self.probe_timeout_s + self.options.connect_timeout + 1
+
+        def answers(h: Host) -> bool:
+            t0 = time.monotonic()
+            try:
+                return self._run(h.name, ["true"], timeout=self.probe_timeout_s).ok
+            except TransportError:
+                left = limit - (time.monotonic() - t0) - self.options.connect_timeout
+                if left < 1:
+                    raise
+                return self._run(h.name, ["true"], timeout=min(self.probe_timeout_s, left)).ok
+
+        results = fan_out([self.hosts[n] for n in nodes], answers, host_timeout=limit)
+        return [r.host.name for r in results if r.ok and r.value]
 
     def latest_checkpoint(self, nodes: Sequence[str]) -> tuple[str, int] | None:
         """The latest valid checkpoint (checkpoints live on the nodes' shared storage): ``(path, step)``,

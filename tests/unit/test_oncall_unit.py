@@ -139,6 +139,9 @@ def test_supervision_says_unsupervised_when_the_pid_is_dead_or_the_heartbeat_is_
     assert controller.supervision(root, job)["supervised"] is False             # nobody ever claimed it
     fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "_supervise", job_id])
     try:
+        deadline = time.monotonic() + 10          # until the child has exec'd (its cmdline is its own)
+        while b"_supervise" not in open(f"/proc/{fake.pid}/cmdline", "rb").read() and time.monotonic() < deadline:
+            time.sleep(0.05)
         store.claim_supervisor(job_id, fake.pid)
         store.set_state(job_id, JobState.STARTING)
         job = store.get_job(job_id)
@@ -184,3 +187,49 @@ def test_latest_checkpoint_first_answer_wins_within_the_probe_timeout(tmp_path):
     assert time.monotonic() - t <= 3.0 + 1.5
     ops._unhealthy = {"n1", "n2", "n3"}
     assert ops.latest_checkpoint(["n1", "n2", "n3"]) is None
+
+
+class _Stale(_Transport):
+    """A connection kept from before a partition: the node is back, but this session was dropped by the server."""
+
+    def run(self, argv, *, timeout, stdin=None):
+        from clusterctl.errors import TransportError
+        raise TransportError(self.host.name, "SSH session closed")
+
+
+def test_reachable_retries_a_dead_kept_connection_once_so_a_healed_node_is_readmitted(tmp_path):
+    spec = loads_job(JOB, "job.yaml")
+    hosts = {h.name: h for h in HOSTS}
+    made: list[str] = []
+
+    def connect(h, _o):
+        made.append(h.name)
+        return _Stale(h, False) if made.count(h.name) == 1 and h.name == "n3" else _Transport(h, False)
+
+    ops = ClusterOps(spec=spec, hosts=hosts, job_id="j-1", store=None, sink=LogSink(tmp_path / "o.log"),
+                     connect=connect, probe_timeout_s=3.0)
+    assert ops.reachable(["n1", "n2", "n3"]) == ["n1", "n2", "n3"]
+    assert made.count("n3") == 2                   # the dead session dropped, a fresh one made
+
+
+def test_a_node_that_cannot_connect_does_not_hold_up_the_others(tmp_path):
+    """Connecting to a node whose link is down takes the connect timeout; the other nodes' connections are made
+    meanwhile (one lock per node, not one for all)."""
+    spec = loads_job(JOB, "job.yaml")
+    hosts = {h.name: h for h in HOSTS}
+
+    def connect(h, _o):
+        if h.name == "n1":
+            time.sleep(2.0)
+            raise TimeoutError("connect timed out")
+        return _Transport(h, False)
+
+    ops = ClusterOps(spec=spec, hosts=hosts, job_id="j-1", store=None, sink=LogSink(tmp_path / "o.log"),
+                     connect=connect, probe_timeout_s=1.0)
+    slow = threading.Thread(target=lambda: pytest.raises(TimeoutError, ops.transport, "n1"))
+    slow.start()
+    time.sleep(0.2)
+    t = time.monotonic()
+    assert ops.transport("n2") is not None and ops.transport("n3") is not None
+    assert time.monotonic() - t < 0.5
+    slow.join()
