@@ -16,7 +16,7 @@ DEMO_ENV := PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 .PHONY: test demo demo-recovery deps demo-deps test-deps venv demo-venv clean-venv
 
 test: test-deps venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 demo: demo-deps demo-venv
 	$(DEMO_ENV) $(PY) examples/quickstart/demo.py train
