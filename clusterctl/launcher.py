@@ -12,6 +12,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -61,7 +62,9 @@ class LogSink:
 
     Each node's output of an attempt is a section that starts with ``[node/-] === attempt N ===``. A node's log is
     always streamed from its first line; ``begin``/``restart`` make the sink drop the lines it already holds, so a
-    reconnect or a re-attached supervisor (``resume``) neither loses nor repeats a line."""
+    reconnect or a re-attached supervisor (``resume``) neither loses nor repeats a line. What is dropped is counted
+    per rank (``-``: torchrun's own lines): a runtime that merges stdout and stderr (``podman logs``) may interleave
+    the ranks differently on each read, but keeps each rank's lines in order."""
 
     MARKER = "=== attempt {} ==="
 
@@ -69,31 +72,37 @@ class LogSink:
         self.path, self.echo = path, echo
         self.lock = threading.Lock()
         self.partial: dict[str, bytes] = {}
-        self.copied: dict[str, int] = {}     # lines of the node's current section in the file
-        self._skip: dict[str, int] = {}      # lines of the stream now starting that the file already holds
+        self.copied: dict[str, Counter[str]] = {}   # lines per rank of the node's current section in the file
+        self._skip: dict[str, Counter[str]] = {}    # lines per rank of the stream now starting the file holds
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.close(paths.open_private(path))
 
+    def lines(self, node: str) -> int:
+        """Lines of ``node``'s current section copied so far."""
+        with self.lock:
+            return sum(self.copied.get(node, Counter()).values())
+
     def begin(self, node: str, attempt: int) -> int:
         """Open (or continue) ``node``'s section of ``attempt``; returns the lines it already holds."""
-        count = self.section_lines(node, attempt)
+        held = self.section_lines(node, attempt)
         with self.lock:
-            self.copied[node] = count or 0
-        if count is None:
+            self.copied[node] = held or Counter()
+        if held is None:
             self.write(node, [self.MARKER.format(attempt).encode()], count=False)
         self.restart(node)
-        return count or 0
+        return sum((held or Counter()).values())
 
     def restart(self, node: str) -> None:
         """A new stream of ``node``'s whole log starts: skip what the file holds, forget a partial line."""
         with self.lock:
-            self._skip[node] = self.copied.get(node, 0)
+            self._skip[node] = Counter(self.copied.get(node, Counter()))
             self.partial[node] = b""
 
-    def section_lines(self, node: str, attempt: int) -> int | None:
-        """Lines of ``node``'s section of ``attempt`` in the file (None: no such section)."""
+    def section_lines(self, node: str, attempt: int) -> Counter[str] | None:
+        """Lines per rank of ``node``'s section of ``attempt`` in the file (None: no such section)."""
         marker, head = f"[{node}/-] {self.MARKER.format(attempt)}", f"[{node}/"
-        count, inside = None, False
+        held: Counter[str] | None = None
+        inside = False
         try:
             with open(self.path, errors="replace") as f:
                 for line in f:
@@ -101,14 +110,14 @@ class LogSink:
                         continue
                     line = line.rstrip("\n")
                     if line == marker:
-                        count, inside = 0, True
+                        held, inside = Counter(), True
                     elif line.startswith(f"[{node}/-] === attempt ") and line.endswith(" ==="):
                         inside = False
                     elif inside:
-                        count += 1
+                        held[line[len(head):].split("]", 1)[0]] += 1
         except OSError:
             return None
-        return count
+        return held
 
     def feed(self, node: str, data: bytes) -> None:
         buf = self.partial.pop(node, b"") + data
@@ -117,29 +126,40 @@ class LogSink:
             lines.append(rest[:MAX_LINE])
             rest = rest[MAX_LINE:]
         self.partial[node] = rest
-        skip = self._skip.get(node, 0)
+        skip = self._skip.get(node)
         if skip:
-            dropped = min(skip, len(lines))
-            self._skip[node] = skip - dropped
-            lines = lines[dropped:]
+            kept = []
+            for line in lines:
+                rank = _rank(line)
+                if skip[rank] > 0:
+                    skip[rank] -= 1
+                else:
+                    kept.append(line)
+            lines = kept
         self.write(node, lines)
 
     def write(self, node: str, lines: Sequence[bytes], *, count: bool = True) -> None:
-        out = []
+        out, ranks = [], []
         for line in lines:
             m = RANK_PREFIX.match(line)
             rank = m.group(1).decode() if m else "-"
             text = line[m.end():] if m else line
             out.append(f"[{node}/{rank}] {text.decode(errors='replace').rstrip()}")
+            ranks.append(rank)
         if out:
             with self.lock:
                 with os.fdopen(paths.open_private(self.path), "a") as f:
                     f.write("\n".join(out) + "\n")
                 if count:
-                    self.copied[node] = self.copied.get(node, 0) + len(out)
+                    self.copied.setdefault(node, Counter()).update(ranks)
             if self.echo:
                 for line in out:
                     self.echo(line)
+
+
+def _rank(line: bytes) -> str:
+    m = RANK_PREFIX.match(line)
+    return m.group(1).decode() if m else "-"
 
 
 @dataclass
@@ -393,7 +413,7 @@ class ClusterOps:
         f = self._followers.get(node)
         if f is None:
             return False
-        seen, f.last_seen = f.last_seen, self.sink.copied.get(node, 0)
+        seen, f.last_seen = f.last_seen, self.sink.lines(node)
         return f.last_seen != seen
 
     def checkpoint_hint(self) -> int | None:
@@ -593,7 +613,7 @@ class ClusterOps:
                 stop.wait(1.0)
 
         t = threading.Thread(target=run, daemon=True, name=f"logs-{node}")
-        self._followers[node] = _Follower(t, stop, last_seen=self.sink.copied.get(node, 0))
+        self._followers[node] = _Follower(t, stop, last_seen=self.sink.lines(node))
         t.start()
 
     def stop_followers(self, nodes: Sequence[str] | None = None) -> None:

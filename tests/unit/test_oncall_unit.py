@@ -233,3 +233,19 @@ def test_a_node_that_cannot_connect_does_not_hold_up_the_others(tmp_path):
     assert ops.transport("n2") is not None and ops.transport("n3") is not None
     assert time.monotonic() - t < 0.5
     slow.join()
+
+
+def test_log_sink_skips_per_rank_when_a_reread_interleaves_the_ranks_differently(tmp_path):
+    """podman logs merges stdout and stderr: a re-read (re-attach) may put torchrun's own lines and the ranks'
+    lines in another order. Each rank's lines stay in order, so the sink skips per rank: no line lost or doubled."""
+    path = tmp_path / "out.log"
+    sink = LogSink(path)
+    sink.begin("n1", 1)
+    sink.feed("n1", b"[0]:tick 1\nW agent header\n[1]:tick 1\n[0]:tick 2\n")
+    again = LogSink(path)
+    assert again.begin("n1", 1) == 4
+    again.feed("n1", b"W agent header\n[0]:tick 1\n[0]:tick 2\n[1]:tick 1\n[0]:tick 3\n[1]:tick 2\nW done\n")
+    body = path.read_text().splitlines()[1:]
+    assert sorted(body) == sorted(["[n1/0] tick 1", "[n1/-] W agent header", "[n1/1] tick 1", "[n1/0] tick 2",
+                                   "[n1/0] tick 3", "[n1/1] tick 2", "[n1/-] W done"])
+    assert [ln for ln in body if ln.startswith("[n1/0]")] == ["[n1/0] tick 1", "[n1/0] tick 2", "[n1/0] tick 3"]
