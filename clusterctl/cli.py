@@ -5,6 +5,7 @@ Exit codes: 0 success; 1 the operation found failures (a check failed, a job fai
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import traceback
 from dataclasses import dataclass
@@ -848,6 +849,10 @@ def init_cmd(file) -> int:
 def main(argv: Optional[List[str]] = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    # paramiko logs a failed handshake with its traceback; the failure reaches the user as a value (per host)
+    logging.getLogger("paramiko").setLevel(logging.DEBUG if debug else logging.CRITICAL + 1)
+    if debug:
+        logging.basicConfig(level=logging.WARNING)
     try:
         rv = app.main(args=args, prog_name="clusterctl", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0

@@ -214,3 +214,39 @@ def test_inventory_table_at_80_columns(tmp_path):
     assert lines[1].split() == ["host", "address", "port", "user", "connection", "runtime", "gpus", "interface",
                                 "groups"]
     assert lines[2].split()[:2] == ["gpu01", "10.20.0.1"]
+
+
+def test_a_failed_ssh_handshake_is_one_line_per_host_not_paramikos_traceback(tmp_path):
+    """A host that accepts TCP and closes at once (sshd at MaxStartups, a port that is not SSH): paramiko logs
+    'Error reading SSH protocol banner' with a traceback; the user sees the failure as the host's result only."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+    stop = threading.Event()
+
+    def serve():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+                c.close()
+            except OSError:
+                pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        inv = tmp_path / "inventory.yaml"
+        inv.write_text(yaml.safe_dump({"all": {"hosts": {"h1": {"ansible_host": "127.0.0.1", "ansible_port": port}}}}))
+        r = cli(tmp_path, "exec", "-i", str(inv), "--", "true")
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "Traceback" not in r.stderr and "Exception (client)" not in r.stderr, r.stderr
+        assert "h1" in r.stdout + r.stderr
+    finally:
+        stop.set()
+        t.join()
+        srv.close()
