@@ -292,7 +292,8 @@ def main(argv=None) -> int:
                     break
             else:
                 epoch += 1                                  # the epoch is used up
-        del batches, loader                                 # the last references: the worker processes stop now
+        batches = loader = None                             # the last references: the worker processes stop now
+                                                            # (never bound when resumed at the final step)
     finally:
         if record_fd is not None:
             os.close(record_fd)
