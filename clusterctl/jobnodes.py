@@ -34,7 +34,7 @@ class JobNodes:
         return [node]
 
     def container(self, node: str) -> str:
-        return runtimes.container_name(self.spec.name, node)
+        return runtimes.container_name(self.job.job_id, node)
 
     def workdir(self) -> str:
         """The directory a bare job runs in (its ``workdir``, else the job file's directory)."""

@@ -249,3 +249,18 @@ def test_log_sink_skips_per_rank_when_a_reread_interleaves_the_ranks_differently
     assert sorted(body) == sorted(["[n1/0] tick 1", "[n1/-] W agent header", "[n1/1] tick 1", "[n1/0] tick 2",
                                    "[n1/0] tick 3", "[n1/1] tick 2", "[n1/-] W done"])
     assert [ln for ln in body if ln.startswith("[n1/0]")] == ["[n1/0] tick 1", "[n1/0] tick 2", "[n1/0] tick 3"]
+
+
+def test_exec_in_container_names_the_container_the_launch_created(tmp_path):
+    """exec --in-container / shell reach the container by the name plan.build_plan gave it (job id + node)."""
+    from clusterctl import jobnodes
+    from clusterctl.inventory import Host as H
+    from clusterctl.plan import build_plan
+
+    store, job_id = _store_with_job(tmp_path)
+    store.start_attempt(job_id, 1, "n1", f"{job_id}-1", ["n1", "n2"])
+    jn = jobnodes.load(store, job_id)
+    argv = jobnodes.in_job_argv(jn, "n2", ["true"])
+    plan = build_plan(jn.spec, [H(name="n1", address="10.0.0.1", runtime="podman", gpus=0),
+                                H(name="n2", address="10.0.0.2", runtime="podman", gpus=0)], job_id=job_id, attempt=1)
+    assert argv == ["podman", "exec", plan.node("n2").container_name, "true"]
