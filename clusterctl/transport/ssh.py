@@ -170,11 +170,6 @@ def preferred_key_types(available: Sequence[str], known: Sequence[str]) -> list[
     return [a for a in available if a in want] + [a for a in available if a not in want]
 
 
-def sh_word(value: str) -> str:
-    """Always single-quoted (safe to paste into a shell whatever ``value`` holds)."""
-    return "'" + value.replace("'", "'\\''") + "'"
-
-
 def check_host_key(host_name: str, name: str, key: paramiko.PKey, entries: Sequence[KnownKey],
                    files: Sequence[str], record_file: str, accept_new: bool) -> None:
     """``entries``: ``known_keys(files, name)``, read once per connection.
@@ -203,7 +198,7 @@ def check_host_key(host_name: str, name: str, key: paramiko.PKey, entries: Seque
             f"HOST KEY CHANGED for {name}: the server offered {key.get_name()} {fingerprint(key)} but "
             f"{old.file}:{old.line} records {old.key.get_name()} {fingerprint(old.key)}{other}. This may be a "
             f"man-in-the-middle attack, or the host was reinstalled. Verify the new key out of band, then remove "
-            f"the old one with `ssh-keygen -R {sh_word(name)} -f {shlex.quote(old.file)}` and connect again with "
+            f"the old one with `ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(old.file)}` and connect again with "
             f"--accept-new-host-keys."))
     cas = [e for e in entries if e.marker == "@cert-authority"]
     if cas:
@@ -215,7 +210,7 @@ def check_host_key(host_name: str, name: str, key: paramiko.PKey, entries: Seque
         host, port = (name[1:].split("]:", 1) if name.startswith("[") else (name, "22"))
         raise HostKeyError(host_name, (
             f"unknown host key for {name} ({key.get_name()} {fingerprint(key)}); not in {', '.join(files)}. "
-            f"Verify the fingerprint, then add it with `ssh-keyscan -p {shlex.quote(port)} {sh_word(host)} >> "
+            f"Verify the fingerprint, then add it with `ssh-keyscan -p {shlex.quote(port)} {shlex.quote(host)} >> "
             f"{shlex.quote(record_file)}` or rerun with --accept-new-host-keys."))
     with _known_hosts_lock:
         path = Path(record_file).expanduser()
