@@ -510,23 +510,20 @@ class ClusterOps:
         return {r.host.name: str(r.error) for r in results if r.error is not None}
 
     def reachable(self, nodes: Sequence[str]) -> list[str]:
-        """The nodes that run a command now. A connection kept from before a partition may be dead although the
-        node is back (the server dropped the session): a quick failure is tried once more on a fresh connection,
-        so a healed node is readmitted in the same round."""
-        limit = self.probe_timeout_s + self.options.connect_timeout + 1
-
+        """The nodes that run a command now. A node that failed its last probe is asked over a fresh connection:
+        the kept one may be dead (its server dropped the session) or stalled in TCP's retransmission backoff
+        after a partition, so a healed node would not answer on it within the timeout. A node that answers has
+        passed a probe (``latest_checkpoint`` asks it again)."""
         def answers(h: Host) -> bool:
-            t0 = time.monotonic()
-            try:
-                return self._run(h.name, ["true"], timeout=self.probe_timeout_s).ok
-            except TransportError:
-                left = limit - (time.monotonic() - t0) - self.options.connect_timeout
-                if left < 1:
-                    raise
-                return self._run(h.name, ["true"], timeout=min(self.probe_timeout_s, left)).ok
+            if h.name in self._unhealthy:
+                self.drop(h.name)
+            return self._run(h.name, ["true"], timeout=self.probe_timeout_s).ok
 
-        results = fan_out([self.hosts[n] for n in nodes], answers, host_timeout=limit)
-        return [r.host.name for r in results if r.ok and r.value]
+        results = fan_out([self.hosts[n] for n in nodes], answers,
+                          host_timeout=self.probe_timeout_s + self.options.connect_timeout + 1)
+        up = [r.host.name for r in results if r.ok and r.value]
+        self._unhealthy.difference_update(up)
+        return up
 
     def latest_checkpoint(self, nodes: Sequence[str]) -> tuple[str, int] | None:
         """The latest valid checkpoint (checkpoints live on the nodes' shared storage): ``(path, step)``,

@@ -197,8 +197,10 @@ class _Stale(_Transport):
         raise TransportError(self.host.name, "SSH session closed")
 
 
-def test_reachable_retries_a_dead_kept_connection_once_so_a_healed_node_is_readmitted(tmp_path):
-    spec = loads_job(JOB, "job.yaml")
+def test_reachable_asks_a_node_that_failed_its_last_probe_over_a_fresh_connection(tmp_path):
+    """After a partition the kept connection is dead or stalled in TCP backoff: a healed node is readmitted in
+    the same round (fresh connection), and once it answered the checkpoint lookup may ask it again."""
+    spec = loads_job(JOB.replace("script: train.py", "script: train.py\ncheckpoint: {dir: /ck}"), "job.yaml")
     hosts = {h.name: h for h in HOSTS}
     made: list[str] = []
 
@@ -208,8 +210,13 @@ def test_reachable_retries_a_dead_kept_connection_once_so_a_healed_node_is_readm
 
     ops = ClusterOps(spec=spec, hosts=hosts, job_id="j-1", store=None, sink=LogSink(tmp_path / "o.log"),
                      connect=connect, probe_timeout_s=3.0)
+    ops.transport("n3")                            # kept from before the partition
+    ops._unhealthy = {"n1", "n2", "n3"}            # every node failed its last probe
+    assert ops.latest_checkpoint(["n1", "n2", "n3"]) is None
     assert ops.reachable(["n1", "n2", "n3"]) == ["n1", "n2", "n3"]
-    assert made.count("n3") == 2                   # the dead session dropped, a fresh one made
+    assert made.count("n3") == 2                   # the kept session dropped, a fresh one made
+    assert ops._unhealthy == set()
+    assert ops.latest_checkpoint(["n1", "n2", "n3"]) == ("/ck/step-000000060", 60)
 
 
 def test_a_node_that_cannot_connect_does_not_hold_up_the_others(tmp_path):
