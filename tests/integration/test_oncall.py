@@ -210,7 +210,7 @@ def test_bare_runtime_without_torchrun_on_path_fails_preflight_check_torchrun(ot
 @pytest.mark.parametrize("runtime", ["podman", "bare"])
 def test_logs_hold_every_line_once_in_order_after_a_supervisor_kill_and_resume(job, otb, tmp_path, runtime):
     run = job(steps=1)
-    lines, period = 120, 0.1
+    lines, period = 200, 0.15                         # 30 s: still running when resume re-attaches under load
     inv = otb.inventory(tmp_path / f"inv-{runtime}.yaml", runtime=runtime)
     run.inventory = inv
     edit_job(run, script=str(CHATTER), args=[str(lines), str(period)], nodes=3,
