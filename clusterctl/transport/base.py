@@ -29,6 +29,9 @@ class ConnectOptions:
     command_timeout: float = 30.0
     keepalive_s: int = 5
     connect_retries: int = 2          # extra attempts, transient connect errors only
+    refusal_retries: int = 8          # extra attempts for a handshake the server dropped (sshd MaxStartups)
+    jump_concurrency: int = 8         # handshakes at once with one ProxyJump host (sshd's MaxStartups starts
+                                      # dropping at 10 unauthenticated connections by default)
     accept_new_host_keys: bool = False
     ssh_config: str | None = None     # default ~/.ssh/config
     known_hosts: str | None = None    # default ~/.ssh/known_hosts
