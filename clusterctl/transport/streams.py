@@ -88,6 +88,8 @@ class ThreadedStream:
             out = []
             while self._chunks:
                 out.append(self._chunks.popleft())
+            if self._ended:
+                self._poke()          # the end is still to be read: keep the fd readable for the next select
             return b"".join(out)
         if self._ended:
             if self._error is not None:

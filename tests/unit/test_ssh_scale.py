@@ -89,3 +89,24 @@ def test_refusals_are_told_apart_from_other_connect_errors():
     assert not ssh._refused(Exception("Authentication failed"))
     assert not ssh._refused(TimeoutError("timed out"))
     assert issubclass(ssh.HandshakeRefused, ConnectError)
+
+
+def test_open_stream_hands_its_channel_to_the_selector_loop(tmp_path, keys, servers):
+    import time
+
+    from clusterctl.transport.streams import StreamMux
+
+    srv = servers([keys["host"]], handler=lambda cmd: (b"1 10\n" * 3, 0))
+    t = ssh.SSHTransport(_hosts(tmp_path, keys, srv, 1)[0], _options(tmp_path))
+    mux, got, ends = StreamMux(), [], []
+    try:
+        mux.add("watch-n0", lambda: t.open_stream(["sh", "-c", "watch"]), got.append, on_end=ends.append,
+                retry_s=60)
+        end = time.monotonic() + 10
+        while not ends and time.monotonic() < end:
+            time.sleep(0.02)
+        assert ends == [None] and b"".join(got) == b"1 10\n" * 3
+        assert "clusterctl-stream" in srv.commands[0]          # the same wrapper as stream(): EOF kills it
+    finally:
+        mux.close()
+        t.close()
