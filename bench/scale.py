@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--simulate", action="store_true")
     mode.add_argument("--testbed", action="store_true")
     ap.add_argument("--sizes", default=None)
-    ap.add_argument("--log-rate", type=float, default=5.0, help="simulate: lines/s per node")
-    ap.add_argument("--window", type=float, default=10.0, help="simulate: steady-state window, s")
+    ap.add_argument("--log-rate", type=float, default=None, help="lines/s per rank (simulate 5, testbed 50)")
+    ap.add_argument("--window", type=float, default=None, help="steady-state window, s (simulate 10, testbed 20)")
     ap.add_argument("--json", default=None, help="also write the raw results here")
     ap.add_argument("--label", default="", help="simulate: a label for the printed table (e.g. before/after)")
     ap.add_argument("--no-write", action="store_true")
@@ -217,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.testbed:
         import scaletb
 
+        args.log_rate, args.window = args.log_rate or 50.0, args.window or 20.0
         return scaletb.main(args)
+    args.log_rate, args.window = args.log_rate or 5.0, args.window or 10.0
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     sizes = [int(s) for s in (args.sizes or "256,1024,4096").split(",")]
