@@ -199,10 +199,11 @@ class SimTransport:
         import select
 
         s = self._connect("W" if "clusterctl-watch" in argv else "L")
+        poller = select.poll()          # (select.select fails for fds >= 1024: see SSHTransport)
+        poller.register(s, select.POLLIN)
         try:
             while not stop.is_set():
-                ready, _, _ = select.select([s], [], [], 0.5)
-                if ready:
+                if poller.poll(500):
                     data = s.recv(65536)
                     if not data:
                         break

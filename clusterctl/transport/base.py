@@ -1,6 +1,7 @@
 """The Transport protocol and its value types."""
 from __future__ import annotations
 
+import select
 import shlex
 from dataclasses import dataclass
 import threading
@@ -51,6 +52,14 @@ class Transport(Protocol):
         ends or ``stop`` is set. Connection loss raises ``TransportError``."""
 
     def close(self) -> None: ...
+
+
+def readable(fd: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``fd`` to be readable. ``poll``, not ``select.select``: select refuses fds >=
+    1024, which a controller holding a connection and a few pipes per node passes at about 200 nodes."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(max(0.0, timeout) * 1000))
 
 
 def quote(argv: Sequence[str]) -> str:

@@ -21,7 +21,6 @@ import getpass
 import hashlib
 import os
 import re
-import select
 import shlex
 import socket
 import threading
@@ -35,7 +34,7 @@ from paramiko.hostkeys import HostKeyEntry, HostKeys
 from tenacity import Retrying, retry_if_exception, wait_random_exponential
 
 from clusterctl.errors import AuthError, CommandTimeout, ConnectError, HostKeyError, TransportError
-from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run, quote
+from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run, quote, readable
 
 if TYPE_CHECKING:
     from clusterctl.inventory import Host
@@ -460,7 +459,7 @@ class SSHTransport:
             if remaining <= 0:
                 chan.close()
                 raise CommandTimeout(self.host.name, f"command timed out after {timeout:g}s: {argv[0]}")
-            ready, _, _ = select.select([fd], [], [], remaining)
+            ready = readable(fd, remaining)
             if ready and chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
                 chan.status_event.wait(min(remaining, 0.05))
 
@@ -485,7 +484,7 @@ class SSHTransport:
                        time.monotonic() + self.options.command_timeout, f"stream of {argv[0]} did not start")
             fd = chan.fileno()
             while not stop.is_set():
-                select.select([fd], [], [], 0.5)
+                readable(fd, 0.5)
                 if chan.recv_ready():
                     on_data(chan.recv(65536))
                 elif chan.eof_received or chan.closed:

@@ -110,3 +110,28 @@ def test_open_stream_hands_its_channel_to_the_selector_loop(tmp_path, keys, serv
     finally:
         mux.close()
         t.close()
+
+
+def test_commands_and_streams_work_with_fds_above_1024(tmp_path, keys, servers):
+    """select.select refuses fds >= 1024 (ValueError, not a transport error): at ~200 nodes a controller's
+    channels are past it, and every probe and stream failed."""
+    import os
+    import resource
+    import threading
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    filler = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    srv = servers([keys["host"]], handler=lambda cmd: (b"ok\n", 0))
+    t = ssh.SSHTransport(_hosts(tmp_path, keys, srv, 1)[0], _options(tmp_path))
+    try:
+        assert t.run(["echo", "ok"], timeout=10).stdout == "ok\n"
+        assert t._t.sock.fileno() >= 1024
+        got = []
+        t.stream(["sh", "-c", "x"], got.append, threading.Event())
+        assert b"".join(got) == b"ok\n"
+    finally:
+        t.close()
+        for fd in filler:
+            os.close(fd)
