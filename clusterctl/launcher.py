@@ -70,6 +70,10 @@ class LogSink:
         self.path, self.echo = path, echo
         self.lock = threading.Lock()
         self._fd: int | None = None          # kept open (O_APPEND): not an open + close per chunk of output
+        # node -> attempt -> lines of that section in the file, and node -> attempt of its open section: read from
+        # the file once, then kept up to date (a scan of the whole file per node and attempt start was O(N x log))
+        self._sections: dict[str, dict[int, int]] | None = None
+        self._current: dict[str, int] = {}
         self.partial: dict[str, bytes] = {}
         self.copied: dict[str, int] = {}     # lines of the node's current section in the file
         self._skip: dict[str, int] = {}      # lines of the stream now starting that the file already holds
@@ -83,6 +87,9 @@ class LogSink:
             self.copied[node] = count or 0
         if count is None:
             self.write(node, [self.MARKER.format(attempt).encode()], count=False)
+        with self.lock:
+            self._index().setdefault(node, {}).setdefault(attempt, 0)
+            self._current[node] = attempt
         self.restart(node)
         return count or 0
 
@@ -94,23 +101,34 @@ class LogSink:
 
     def section_lines(self, node: str, attempt: int) -> int | None:
         """Lines of ``node``'s section of ``attempt`` in the file (None: no such section)."""
-        marker, head = f"[{node}/-] {self.MARKER.format(attempt)}", f"[{node}/"
-        count, inside = None, False
-        try:
-            with open(self.path, errors="replace") as f:
-                for line in f:
-                    if not line.startswith(head):
-                        continue
-                    line = line.rstrip("\n")
-                    if line == marker:
-                        count, inside = 0, True
-                    elif line.startswith(f"[{node}/-] === attempt ") and line.endswith(" ==="):
-                        inside = False
-                    elif inside:
-                        count += 1
-        except OSError:
-            return None
-        return count
+        with self.lock:
+            return self._index().get(node, {}).get(attempt)
+
+    _LINE = re.compile(r"^\[(.*?)/(\d+|-)\] ")
+    _MARK = re.compile(r"^=== attempt (\d+) ===$")
+
+    def _index(self) -> dict[str, dict[int, int]]:
+        """The sections of the file (read once; the caller holds the lock)."""
+        if self._sections is None:
+            sections: dict[str, dict[int, int]] = {}
+            current: dict[str, int] = {}
+            try:
+                with open(self.path, errors="replace") as f:
+                    for line in f:
+                        m = self._LINE.match(line)
+                        if not m:
+                            continue
+                        node = m.group(1)
+                        mark = self._MARK.match(line[m.end():].rstrip("\n")) if m.group(2) == "-" else None
+                        if mark:
+                            current[node] = int(mark.group(1))
+                            sections.setdefault(node, {})[current[node]] = 0
+                        elif node in current:
+                            sections[node][current[node]] += 1
+            except OSError:
+                pass
+            self._sections, self._current = sections, current
+        return self._sections
 
     def feed(self, node: str, data: bytes) -> None:
         buf = self.partial.pop(node, b"") + data
@@ -140,6 +158,8 @@ class LogSink:
                     self._fd = paths.open_private(self.path)
                 while data:
                     data = data[os.write(self._fd, data):]
+                if count and node in self._current and self._sections is not None:
+                    self._sections[node][self._current[node]] += len(out)
                 if count:
                     self.copied[node] = self.copied.get(node, 0) + len(out)
             if self.echo:

@@ -240,3 +240,51 @@ def test_the_supervisor_writes_a_node_row_only_when_it_changes(tmp_path):
     assert store.writes == [(1, "a", "running"), (1, "b", "running"), (1, "b", "exited"), (1, "a", "exited")]
     assert [n.state for n in store.nodes(job_id)] == ["exited", "exited"]
     store.close()
+
+
+# ------------------------------------------------------------------------------------------ log sections
+def _scan(path, node, attempt):
+    """The old LogSink.section_lines: a scan of the whole file."""
+    marker, head, count, inside = f"[{node}/-] === attempt {attempt} ===", f"[{node}/", None, False
+    for line in open(path):
+        if not line.startswith(head):
+            continue
+        line = line.rstrip("\n")
+        if line == marker:
+            count, inside = 0, True
+        elif line.startswith(f"[{node}/-] === attempt ") and line.endswith(" ==="):
+            inside = False
+        elif inside:
+            count += 1
+    return count
+
+
+def test_log_sections_are_indexed_once_and_match_a_scan_of_the_file(tmp_path):
+    from clusterctl.launcher import LogSink
+
+    path = tmp_path / "out.log"
+    rng = random.Random(5)
+    sink = LogSink(path)
+    for attempt in (1, 2, 3):
+        for node in ("n1", "n2", "n3"):
+            sink.begin(node, attempt)
+        for _ in range(200):
+            node = rng.choice(["n1", "n2", "n3"])
+            sink.feed(node, b"".join(b"[%d]:line [x/1] y\n" % rng.randint(0, 3) for _ in range(rng.randint(1, 4))))
+    again = LogSink(path)                       # a re-attached supervisor reads the file once
+    for node in ("n1", "n2", "n3"):
+        for attempt in (1, 2, 3, 4):
+            assert again.section_lines(node, attempt) == sink.section_lines(node, attempt) \
+                == _scan(path, node, attempt)
+
+
+def test_starting_an_attempt_on_many_nodes_does_not_rescan_the_log(tmp_path):
+    from clusterctl.launcher import LogSink
+
+    path = tmp_path / "out.log"
+    path.write_text("".join(f"[n{i % 2000}/0] some output line {i}\n" for i in range(200_000)))
+    sink = LogSink(path)
+    t = time.monotonic()
+    for i in range(2000):
+        assert sink.begin(f"n{i}", 2) == 0
+    assert time.monotonic() - t < 5          # was 2,000 scans of a 6 MB file
