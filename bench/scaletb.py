@@ -134,7 +134,7 @@ def check_log(path: Path) -> dict:
     """Within every node's section of every attempt, ``seq`` numbers must run 0, 1, 2, ... (no gap, no swap)."""
     expect: dict[tuple[str, str], int] = {}
     section: dict[str, str] = {}
-    bad = lines = 0
+    bad = lines = torn = 0
     rx = re.compile(r"^\[([^/]+)/(\S+)\] (.*)$")
     with open(path, errors="replace") as f:
         for line in f:
@@ -145,6 +145,10 @@ def check_log(path: Path) -> dict:
             if rank == "-" and text.startswith("=== attempt "):
                 section[node] = text
                 continue
+            split = re.fullmatch(r"seq (\d+)\[\d+\]:", text)
+            if split:            # torchrun's --tee split a partial line ("[0]:seq 7[0]:\n" in the node's own log)
+                text = f"seq {split.group(1)}"
+                torn += 1
             if text.startswith("seq ") and text[4:].isdigit():
                 lines += 1
                 key = (node, section.get(node, ""))
@@ -152,7 +156,7 @@ def check_log(path: Path) -> dict:
                 if k != expect.get(key, 0):
                     bad += 1
                 expect[key] = k + 1
-    return {"seq_lines": lines, "seq_bad": bad}
+    return {"seq_lines": lines, "seq_bad": bad, "torn_by_torchrun": torn}
 
 
 def events(state: Path, name: str) -> list[dict]:
@@ -175,7 +179,7 @@ def steady_and_kill(tb, base: Path, n: int, inv: Path, rate: float, window: floa
             log = log or next(state.rglob("output.log"), None)
             if log and log.exists():
                 text = log.read_text(errors="replace")
-                if all(f"[{h.name}/0] step " in text for h in tb.hosts[:n]):
+                if all(re.search(rf"^\[{h.name}/\d+\] step ", text, re.M) for h in tb.hosts[:n]):   # rank = node-1
                     break
             time.sleep(1)
         time.sleep(5)
@@ -213,7 +217,7 @@ def steady_and_kill(tb, base: Path, n: int, inv: Path, rate: float, window: floa
                         step_at = time.monotonic()
                         break
         evs = events(state, f"sl{n}")
-        verdict = next((e for e in evs if e["kind"] == "verdict" and e.get("klass") in
+        verdict = next((e for e in evs if e["kind"] == "verdict" and e.get("class") in
                         ("node_lost", "rendezvous_lost")), None)
         out["detect_s"] = verdict["time"] - kill_wall if verdict else None
         out["mttr_s"] = step_at - kill_t if step_at else None
