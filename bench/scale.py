@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-rate", type=float, default=None, help="lines/s per rank (simulate 5, testbed 50)")
     ap.add_argument("--window", type=float, default=None, help="steady-state window, s (simulate 10, testbed 20)")
     ap.add_argument("--json", default=None, help="also write the raw results here")
+    ap.add_argument("--steady-only", default="", help="testbed: sizes measured without the launch comparison")
     ap.add_argument("--label", default="", help="simulate: a label for the printed table (e.g. before/after)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
