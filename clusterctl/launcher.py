@@ -28,6 +28,7 @@ from clusterctl.spec import JobSpec
 from clusterctl.state import JobState, Store
 from clusterctl.supervisor import Observation
 from clusterctl.transport import ConnectOptions, Transport, connect, fan_out
+from clusterctl.transport.streams import Stream, StreamMux, open_stream
 
 # `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
 _PKG = Path(checkpoint_mod.__file__).parent
@@ -71,6 +72,12 @@ class LogSink:
     def __init__(self, path: Path, echo: Callable[[str], None] | None = None):
         self.path, self.echo = path, echo
         self.lock = threading.Lock()
+        self._fd: int | None = None          # kept open (O_APPEND): not an open + close per chunk of output
+        # node -> attempt -> lines per rank of that section in the file, and node -> attempt of its open section:
+        # read from the file once, then kept up to date (a scan of the whole file per node and attempt start was
+        # O(N x log))
+        self._sections: dict[str, dict[int, Counter[str]]] | None = None
+        self._current: dict[str, int] = {}
         self.partial: dict[str, bytes] = {}
         self.copied: dict[str, Counter[str]] = {}   # lines per rank of the node's current section in the file
         self._skip: dict[str, Counter[str]] = {}    # lines per rank of the stream now starting the file holds
@@ -89,6 +96,9 @@ class LogSink:
             self.copied[node] = held or Counter()
         if held is None:
             self.write(node, [self.MARKER.format(attempt).encode()], count=False)
+        with self.lock:
+            self._index().setdefault(node, {}).setdefault(attempt, Counter())
+            self._current[node] = attempt
         self.restart(node)
         return sum((held or Counter()).values())
 
@@ -100,24 +110,35 @@ class LogSink:
 
     def section_lines(self, node: str, attempt: int) -> Counter[str] | None:
         """Lines per rank of ``node``'s section of ``attempt`` in the file (None: no such section)."""
-        marker, head = f"[{node}/-] {self.MARKER.format(attempt)}", f"[{node}/"
-        held: Counter[str] | None = None
-        inside = False
-        try:
-            with open(self.path, errors="replace") as f:
-                for line in f:
-                    if not line.startswith(head):
-                        continue
-                    line = line.rstrip("\n")
-                    if line == marker:
-                        held, inside = Counter(), True
-                    elif line.startswith(f"[{node}/-] === attempt ") and line.endswith(" ==="):
-                        inside = False
-                    elif inside:
-                        held[line[len(head):].split("]", 1)[0]] += 1
-        except OSError:
-            return None
-        return held
+        with self.lock:
+            held = self._index().get(node, {}).get(attempt)
+            return None if held is None else Counter(held)
+
+    _LINE = re.compile(r"^\[(.*?)/(\d+|-)\] ")
+    _MARK = re.compile(r"^=== attempt (\d+) ===$")
+
+    def _index(self) -> dict[str, dict[int, Counter[str]]]:
+        """The sections of the file, lines per rank (read once; the caller holds the lock)."""
+        if self._sections is None:
+            sections: dict[str, dict[int, Counter[str]]] = {}
+            current: dict[str, int] = {}
+            try:
+                with open(self.path, errors="replace") as f:
+                    for line in f:
+                        m = self._LINE.match(line)
+                        if not m:
+                            continue
+                        node = m.group(1)
+                        mark = self._MARK.match(line[m.end():].rstrip("\n")) if m.group(2) == "-" else None
+                        if mark:
+                            current[node] = int(mark.group(1))
+                            sections.setdefault(node, {})[current[node]] = Counter()
+                        elif node in current:
+                            sections[node][current[node]][m.group(2)] += 1
+            except OSError:
+                pass
+            self._sections, self._current = sections, current
+        return self._sections
 
     def feed(self, node: str, data: bytes) -> None:
         buf = self.partial.pop(node, b"") + data
@@ -147,14 +168,25 @@ class LogSink:
             out.append(f"[{node}/{rank}] {text.decode(errors='replace').rstrip()}")
             ranks.append(rank)
         if out:
+            data = ("\n".join(out) + "\n").encode()
             with self.lock:
-                with os.fdopen(paths.open_private(self.path), "a") as f:
-                    f.write("\n".join(out) + "\n")
+                if self._fd is None:
+                    self._fd = paths.open_private(self.path)
+                while data:
+                    data = data[os.write(self._fd, data):]
+                if count and node in self._current and self._sections is not None:
+                    self._sections[node][self._current[node]].update(ranks)
                 if count:
                     self.copied.setdefault(node, Counter()).update(ranks)
             if self.echo:
                 for line in out:
                     self.echo(line)
+
+    def close(self) -> None:
+        with self.lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 def _rank(line: bytes) -> str:
@@ -164,9 +196,14 @@ def _rank(line: bytes) -> str:
 
 @dataclass
 class _Follower:
-    thread: threading.Thread
+    stream: Stream | None
     stop: threading.Event
     last_seen: int = 0              # the sink's line count for the node when progress was last asked
+
+    def halt(self) -> None:
+        self.stop.set()
+        if self.stream is not None:
+            self.stream.stop()
 
 
 @dataclass
@@ -177,6 +214,12 @@ class _Watch:
     alive: bool = False             # the attempt's main process (container init / bare runner) is alive
     gone_at: float | None = None    # monotonic time of the first "gone" line after it was seen alive
     checkpoint_step: int | None = None   # newest step directory with a manifest (or DCP .metadata) it saw
+    stream: Stream | None = None
+
+    def halt(self) -> None:
+        self.stop.set()
+        if self.stream is not None:
+            self.stream.stop()
 
 
 @dataclass
@@ -208,6 +251,26 @@ class ClusterOps:
         self.changed = threading.Event()      # set when a watched process ends: probe now, not after the interval
         self.plan: LaunchPlan | None = None
         self._unhealthy: set[str] = set()     # nodes whose last probe failed (asked for nothing else meanwhile)
+        self._streams: StreamMux | None = None   # every watch and log follower, on one selector thread
+
+    @property
+    def plan(self) -> LaunchPlan | None:
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: LaunchPlan | None) -> None:
+        self._plan = plan
+        # host -> NodePlan (LaunchPlan.node is a linear search: O(N^2) over a round at 1,000+ nodes)
+        self._plan_nodes = {n.host: n for n in plan.nodes} if plan is not None else {}
+
+    def _plan_node(self, node: str):
+        return self._plan_nodes[node]
+
+    def _mux(self) -> StreamMux:
+        with self._lock:
+            if self._streams is None:
+                self._streams = StreamMux()
+            return self._streams
 
     # ------------------------------------------------------------------------------------------ plumbing
     def transport(self, node: str) -> Transport:
@@ -246,8 +309,12 @@ class ClusterOps:
     def close(self) -> None:
         self.stop_followers()
         self._stop_watches(list(self._watches))
+        if self._streams is not None:
+            self._streams.close()
+            self._streams = None
         for node in list(self._transports):
             self.drop(node)
+        self.sink.close()
 
     def _runtime(self, node: str):
         return runtimes.get(self.hosts[node].runtime)
@@ -277,7 +344,7 @@ class ClusterOps:
         plan = self.plan = self.make_plan(attempt, nodes, rdzv_host, resume)
 
         def start_one(host: Host) -> None:
-            node = plan.node(host.name)
+            node = self._plan_node(host.name)
             rt = self._runtime(host.name)
             self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
                       timeout=30)   # the previous attempt's leftovers
@@ -288,7 +355,8 @@ class ClusterOps:
             self.store.set_node(self.job_id, attempt, host.name, address=host.address,
                                 container=node.container_name, state="running")
 
-        self._stop_watches([n for n in self._watches if n not in nodes])   # nodes left out of this attempt
+        keep = set(nodes)
+        self._stop_watches([n for n in self._watches if n not in keep])   # nodes left out of this attempt
         results = fan_out([self.hosts[n] for n in nodes], start_one, host_timeout=90)
         errors = {r.host.name: str(r.error) for r in results if r.error is not None}
         if errors:
@@ -376,8 +444,8 @@ class ClusterOps:
                            config_error=f"{cfg.message}. Fix: {cfg.fix}" if cfg else None, oom=oom)
 
     def _ref(self, node: str, attempt: int, name: str | None = None) -> _Ref:
-        if self.plan is not None and self.plan.attempt == attempt and node in [n.host for n in self.plan.nodes]:
-            p = self.plan.node(node)
+        if self.plan is not None and self.plan.attempt == attempt and node in self._plan_nodes:
+            p = self._plan_node(node)
             return _Ref(name or p.container_name, p.node_dir, p.log_path, self.job_id)
         ndir = runtimes.node_dir(self._jobs_root(node), self.job_id, attempt)
         bare = self.hosts[node].runtime == "bare"
@@ -428,11 +496,11 @@ class ClusterOps:
         if w is not None and w.attempt == attempt:
             return w
         if w is not None:
-            w.stop.set()
+            w.halt()
         w = self._watches[node] = _Watch(attempt)
         arrivals = self._arrivals.setdefault(node, Arrivals(self.heartbeat_timeout_s))
         arrivals.restart()
-        argv = (runtimes.watch_argv(self._runtime(node), self.plan.node(node), self.spec.checkpoint.dir)
+        argv = (runtimes.watch_argv(self._runtime(node), self._plan_node(node), self.spec.checkpoint.dir)
                 if self.plan else None)
 
         def on_data(data: bytes) -> None:
@@ -448,22 +516,20 @@ class ClusterOps:
                 w.checkpoint_step = step
                 self.changed.set()    # a new checkpoint: the supervisor records it now, not rounds later
 
-        def run() -> None:
-            while argv and not w.stop.is_set():
-                try:
-                    self.transport(node).stream(argv, on_data, w.stop)
-                except Exception:  # noqa: BLE001 - a dead watch would read as a silent node: reconnect, go on
-                    self.drop(node)
-                w.stop.wait(0.5)
+        def on_end(error: BaseException | None) -> None:
+            if error is not None:     # a dead watch would read as a silent node: reconnect, go on
+                self.drop(node)
 
-        threading.Thread(target=run, daemon=True, name=f"watch-{node}").start()
+        if argv:
+            w.stream = self._mux().add(f"watch-{node}", lambda: open_stream(self.transport(node), argv), on_data,
+                                       on_end=on_end, retry_s=0.5)
         return w
 
     def _stop_watches(self, nodes: Sequence[str]) -> None:
         for n in nodes:
             w = self._watches.pop(n, None)
             if w is not None:
-                w.stop.set()
+                w.halt()
 
     def wait_for_change(self, seconds: float) -> None:
         """Sleep between probe rounds; wake early when a watched process ends."""
@@ -492,8 +558,8 @@ class ClusterOps:
 
         def stop_one(host: Host) -> None:
             rt = self._runtime(host.name)
-            if grace_s and self.plan is not None and host.name in [n.host for n in self.plan.nodes]:
-                self._run(host.name, rt.stop_argv(self.plan.node(host.name), "TERM"), timeout=15)
+            if grace_s and self.plan is not None and host.name in self._plan_nodes:
+                self._run(host.name, rt.stop_argv(self._plan_node(host.name), "TERM"), timeout=15)
                 deadline = time.monotonic() + grace_s
                 while time.monotonic() < deadline:
                     r = self._run(host.name, rt.list_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
@@ -597,24 +663,17 @@ class ClusterOps:
             if not stop.is_set():     # a stream being torn down must not write into the next attempt's section
                 self.sink.feed(node, data)
 
-        def run() -> None:
-            first = True
-            while not stop.is_set():
-                if not first:
-                    self.sink.restart(node)
-                try:
-                    self.transport(node).stream(rt.logs_argv(ref, follow=True), on_data, stop)
-                except TransportError:
-                    self.drop(node)
-                first = False
-                stop.wait(1.0)
+        def on_end(error: BaseException | None) -> None:
+            if error is not None:
+                self.drop(node)
 
-        t = threading.Thread(target=run, daemon=True, name=f"logs-{node}")
-        self._followers[node] = _Follower(t, stop, last_seen=self.sink.lines(node))
-        t.start()
+        argv = rt.logs_argv(ref, follow=True)
+        f = self._followers[node] = _Follower(None, stop, last_seen=self.sink.lines(node))
+        f.stream = self._mux().add(f"logs-{node}", lambda: open_stream(self.transport(node), argv), on_data,
+                                   on_end=on_end, retry_s=1.0, before_reopen=lambda: self.sink.restart(node))
 
     def stop_followers(self, nodes: Sequence[str] | None = None) -> None:
         for node in list(self._followers if nodes is None else nodes):
             f = self._followers.pop(node, None)
             if f:
-                f.stop.set()
+                f.halt()

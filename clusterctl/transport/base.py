@@ -1,6 +1,7 @@
 """The Transport protocol and its value types."""
 from __future__ import annotations
 
+import select
 import shlex
 from dataclasses import dataclass
 import threading
@@ -29,6 +30,9 @@ class ConnectOptions:
     command_timeout: float = 30.0
     keepalive_s: int = 5
     connect_retries: int = 2          # extra attempts, transient connect errors only
+    refusal_retries: int = 8          # extra attempts for a handshake the server dropped (sshd MaxStartups)
+    jump_concurrency: int = 8         # handshakes at once with one ProxyJump host (sshd's MaxStartups starts
+                                      # dropping at 10 unauthenticated connections by default)
     accept_new_host_keys: bool = False
     ssh_config: str | None = None     # default ~/.ssh/config
     known_hosts: str | None = None    # default ~/.ssh/known_hosts
@@ -48,6 +52,14 @@ class Transport(Protocol):
         ends or ``stop`` is set. Connection loss raises ``TransportError``."""
 
     def close(self) -> None: ...
+
+
+def readable(fd: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``fd`` to be readable. ``poll``, not ``select.select``: select refuses fds >=
+    1024, which a controller holding a connection and a few pipes per node passes at about 200 nodes."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(max(0.0, timeout) * 1000))
 
 
 def quote(argv: Sequence[str]) -> str:

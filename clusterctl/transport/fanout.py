@@ -45,6 +45,8 @@ def fan_out(hosts: Sequence[H], fn: Callable[[H], T], *, max_workers: int = 64, 
     n = len(hosts)
     results: list[HostResult | None] = [None] * n
     started: dict[int, float] = {}
+    running: deque[int] = deque()    # started hosts in start order = the order their host_timeout expires
+    left = [n]                       # hosts without a result (a count: no O(N) scan per finished host)
     queue = deque(range(n))
     cond = threading.Condition()
     t0 = clock()
@@ -57,6 +59,7 @@ def fan_out(hosts: Sequence[H], fn: Callable[[H], T], *, max_workers: int = 64, 
                     return
                 i = queue.popleft()
                 started[i] = clock()
+                running.append(i)
             s = started[i]
             try:
                 r = HostResult(hosts[i], value=fn(hosts[i]), duration_s=clock() - s)
@@ -65,6 +68,7 @@ def fan_out(hosts: Sequence[H], fn: Callable[[H], T], *, max_workers: int = 64, 
             with cond:
                 if results[i] is None:
                     results[i] = r
+                    left[0] -= 1
                     done_order.append(i)
                 cond.notify_all()
 
@@ -77,6 +81,7 @@ def fan_out(hosts: Sequence[H], fn: Callable[[H], T], *, max_workers: int = 64, 
     def expire(i: int, why: str) -> None:
         results[i] = HostResult(hosts[i], error=DeadlineExceeded(_name(hosts[i]), why),
                                 duration_s=clock() - started.get(i, t0))
+        left[0] -= 1
         done_order.append(i)
         if queue and i in started:  # its worker is stuck: replace it so the pool stays at max_workers
             spawn()
@@ -87,7 +92,7 @@ def fan_out(hosts: Sequence[H], fn: Callable[[H], T], *, max_workers: int = 64, 
                 i = done_order.popleft()
                 if on_result:
                     on_result(results[i])
-            if all(r is not None for r in results):
+            if not left[0]:
                 break
             now = clock()
             waits = []
@@ -100,12 +105,12 @@ def fan_out(hosts: Sequence[H], fn: Callable[[H], T], *, max_workers: int = 64, 
                     continue
                 waits.append(t0 + deadline - now)
             if host_timeout is not None:
-                for i, s in list(started.items()):
+                while running and (results[running[0]] is not None or now - started[running[0]] >= host_timeout):
+                    i = running.popleft()
                     if results[i] is None:
-                        if now - s >= host_timeout:
-                            expire(i, f"no answer within {host_timeout:g}s")
-                        else:
-                            waits.append(s + host_timeout - now)
+                        expire(i, f"no answer within {host_timeout:g}s")
+                if running:
+                    waits.append(started[running[0]] + host_timeout - now)
                 if done_order:
                     continue
             cond.wait(min(waits) if waits else None)

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import os
-import select
 import subprocess
 import threading
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from clusterctl.errors import CommandTimeout
-from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run
+from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run, readable
 
 if TYPE_CHECKING:
     from clusterctl.inventory import Host
@@ -41,8 +40,7 @@ class LocalTransport:
                              stderr=subprocess.STDOUT, start_new_session=True)
         try:
             while not stop.is_set():
-                ready, _, _ = select.select([p.stdout], [], [], 0.5)
-                if ready:
+                if readable(p.stdout.fileno(), 0.5):
                     data = os.read(p.stdout.fileno(), 65536)
                     if not data:
                         break

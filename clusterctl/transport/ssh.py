@@ -9,7 +9,10 @@
 - ``~/.ssh/config`` is honoured (HostName, User, Port, IdentityFile, ProxyJump; several jump hosts too).
 - The socket is opened here with TCP_NODELAY (paramiko does not set it: ~40 ms per round trip otherwise).
 - Transient connect errors are retried with tenacity (exponential backoff + jitter) inside the connect timeout;
-  auth failures and host-key problems never are.
+  auth failures and host-key problems never are. A handshake the server dropped before its banner or reset
+  (sshd's ``MaxStartups`` refusing unauthenticated connections beyond its limit) is retried more often
+  (``refusal_retries``), and handshakes with one ProxyJump host are bounded (``jump_concurrency``), so a fan-out
+  to hundreds of nodes behind one bastion does not trip its ``MaxStartups``.
 """
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ import getpass
 import hashlib
 import os
 import re
-import select
 import shlex
 import socket
 import threading
@@ -29,10 +31,10 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import paramiko
 from paramiko.hostkeys import HostKeyEntry, HostKeys
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
+from tenacity import Retrying, retry_if_exception, wait_random_exponential
 
 from clusterctl.errors import AuthError, CommandTimeout, ConnectError, HostKeyError, TransportError
-from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run, quote
+from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run, quote, readable
 
 if TYPE_CHECKING:
     from clusterctl.inventory import Host
@@ -223,6 +225,31 @@ def _is_transient(e: BaseException) -> bool:
     return isinstance(e, ConnectError)
 
 
+class HandshakeRefused(ConnectError):
+    """The server closed or reset the connection before or during the handshake: what sshd does to connections
+    beyond ``MaxStartups`` (and a bastion meets first). Retried with backoff up to ``refusal_retries`` times."""
+
+
+# what a connection dropped by MaxStartups looks like from paramiko: no banner, EOF, or a reset
+_REFUSED = re.compile(r"protocol banner|reset by peer|connection reset|broken pipe|closed by remote|eoferror",
+                      re.IGNORECASE)
+
+
+def _refused(e: BaseException) -> bool:
+    return isinstance(e, (EOFError, ConnectionResetError, BrokenPipeError)) or bool(
+        _REFUSED.search(str(e) or e.__class__.__name__))
+
+
+_jump_slots: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+_jump_slots_lock = threading.Lock()
+
+
+def jump_slot(jump: str, limit: int) -> threading.BoundedSemaphore:
+    """The semaphore bounding concurrent handshakes with the ProxyJump host ``jump`` (one per process)."""
+    with _jump_slots_lock:
+        return _jump_slots.setdefault((jump, limit), threading.BoundedSemaphore(max(1, limit)))
+
+
 class SSHTransport:
     def __init__(self, host: "Host", options: ConnectOptions, *, _jump_depth: int = 0):
         self.host, self.options = host, options
@@ -241,10 +268,18 @@ class SSHTransport:
             return
         start = time.monotonic()
         deadline = start + self.options.connect_timeout
+        o = self.options
+
+        def give_up(state) -> bool:
+            e = state.outcome.exception() if state.outcome else None
+            tries = 1 + (o.refusal_retries if isinstance(e, HandshakeRefused) else o.connect_retries)
+            return state.attempt_number >= tries or time.monotonic() >= deadline
+
         for attempt in Retrying(
             retry=retry_if_exception(_is_transient),
-            stop=stop_after_attempt(1 + self.options.connect_retries) | stop_after_delay(self.options.connect_timeout),
+            stop=give_up,
             wait=wait_random_exponential(multiplier=0.1, max=1.0),
+            sleep=lambda s: time.sleep(max(0.0, min(s, deadline - time.monotonic()))),
             reraise=True,
         ):
             with attempt:
@@ -281,7 +316,14 @@ class SSHTransport:
                          user=last.user, known_hosts=self.host.known_hosts,
                          proxy_jump=",".join(str(h) for h in hops[:-1]) or None)
         self._jump = SSHTransport(jump_host, self.options, _jump_depth=self._depth + 1)
-        self._jump.connect()
+        slot = jump_slot(str(last), self.options.jump_concurrency)
+        if not slot.acquire(timeout=remaining):
+            raise ConnectError(self.host.name, f"no handshake slot for bastion {last.host} within "
+                                               f"{remaining:.1f}s ({self.options.jump_concurrency} at once)")
+        try:
+            self._jump.connect()
+        finally:
+            slot.release()
         try:
             return self._jump._t.open_channel("direct-tcpip", (self.target.hostname, self.target.port),
                                               ("127.0.0.1", 0), timeout=remaining)
@@ -303,8 +345,10 @@ class SSHTransport:
             t.start_client(timeout=max(0.1, deadline - time.monotonic()))
         except (paramiko.SSHException, EOFError, OSError) as e:
             t.close()
-            raise ConnectError(self.host.name, f"SSH handshake with {self.target.hostname}:{self.target.port} "
-                                               f"failed: {e or e.__class__.__name__}") from None
+            kind = HandshakeRefused if _refused(e) else ConnectError
+            raise kind(self.host.name, f"SSH handshake with {self.target.hostname}:{self.target.port} "
+                                       f"failed: {e or e.__class__.__name__}"
+                       + (" (dropped by the server: MaxStartups?)" if kind is HandshakeRefused else "")) from None
         try:
             check_host_key(self.host.name, name, t.get_remote_server_key(), known, self.known_files,
                            self.record_file, self.options.accept_new_host_keys)
@@ -410,7 +454,7 @@ class SSHTransport:
             if remaining <= 0:
                 chan.close()
                 raise CommandTimeout(self.host.name, f"command timed out after {timeout:g}s: {argv[0]}")
-            ready, _, _ = select.select([fd], [], [], remaining)
+            ready = readable(fd, remaining)
             if ready and chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
                 chan.status_event.wait(min(remaining, 0.05))
 
@@ -435,7 +479,7 @@ class SSHTransport:
                        time.monotonic() + self.options.command_timeout, f"stream of {argv[0]} did not start")
             fd = chan.fileno()
             while not stop.is_set():
-                select.select([fd], [], [], 0.5)
+                readable(fd, 0.5)
                 if chan.recv_ready():
                     on_data(chan.recv(65536))
                 elif chan.eof_received or chan.closed:
@@ -445,11 +489,53 @@ class SSHTransport:
             self.close()
             raise ConnectError(self.host.name, f"connection lost: {e or e.__class__.__name__}") from None
 
+    def open_stream(self, argv: Sequence[str]) -> "SSHStream":
+        """``stream`` for a selector loop (``transport.streams.StreamMux``): the started command's channel,
+        read when its ``fileno()`` is readable; no thread of its own."""
+        self.connect()
+        try:
+            chan = self._t.open_session(timeout=self.options.connect_timeout)
+            chan.set_combine_stderr(True)
+            self._exec(chan, quote(["sh", "-c", STREAM_WRAPPER, "clusterctl-stream", *argv]),
+                       time.monotonic() + self.options.command_timeout, f"stream of {argv[0]} did not start")
+            chan.fileno()          # paramiko makes the channel's pipe now: data from here on makes it readable
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            self.close()
+            raise ConnectError(self.host.name, f"connection lost: {e or e.__class__.__name__}") from None
+        return SSHStream(self, chan)
+
     def close(self) -> None:
         for t in (self._t, self._jump):
             if t is not None:
                 t.close()
         self._t = self._jump = None
+
+
+class SSHStream:
+    """A started ``open_stream`` command: ``read()`` -> bytes, ``b""`` once it ended, ``None`` for nothing yet."""
+
+    def __init__(self, transport: SSHTransport, chan: paramiko.Channel):
+        self.transport, self.chan = transport, chan
+
+    def fileno(self) -> int:
+        return self.chan.fileno()
+
+    def read(self) -> bytes | None:
+        try:
+            if self.chan.recv_ready():
+                return self.chan.recv(65536)
+            if self.chan.eof_received or self.chan.closed:
+                return b""
+            return None
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            self.transport.close()
+            raise ConnectError(self.transport.host.name, f"connection lost: {e or e.__class__.__name__}") from None
+
+    def close(self) -> None:
+        try:
+            self.chan.close()
+        except Exception:  # noqa: BLE001 - the connection may be gone already
+            pass
 
 
 def check_key_files(hosts: Sequence["Host"]) -> None:

@@ -195,7 +195,7 @@ class Testbed:
             f"PidFile {h.dir / 'sshd.pid'}", f"AuthorizedKeysFile {self.authorized_keys}",
             "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "PermitRootLogin prohibit-password", "UsePAM no", "StrictModes no", "UseDNS no",
-            "MaxStartups 200:30:300", "MaxSessions 64", "LogLevel ERROR", "PrintMotd no",
+            f"MaxStartups {h.profile.get('sshd_max_startups', '200:30:300')}", "MaxSessions 64", "LogLevel ERROR", "PrintMotd no",
             "Subsystem sftp internal-sftp", f"SetEnv {env}", ""])
 
     def _create_network(self) -> None:

@@ -102,6 +102,7 @@ _DEFAULTS = {
     "mismatch": False,
     "toolkit_version": "1.14.6",
     "image": True,
+    "sshd_max_startups": "200:30:300",   # sshd MaxStartups (a low one makes a bastion that drops handshakes)
     "docker": False,
 }
 

@@ -33,8 +33,15 @@ class SSHServer:
     """``exec_mode``: "ok" runs ``handler(command) -> (stdout bytes, exit code)``; "hang" never answers."""
 
     def __init__(self, host_keys: Sequence[paramiko.PKey], exec_mode: str = "ok",
-                 handler: Callable[[str], tuple[bytes, int]] | None = None):
+                 handler: Callable[[str], tuple[bytes, int]] | None = None, max_startups: int | None = None,
+                 handshake_delay: float = 0.0):
+        """``max_startups``: like sshd's ``MaxStartups N:100:N``, a connection accepted while N others are not yet
+        authenticated is closed at once (``dropped`` counts them, ``peak_unauth`` is the most seen at once).
+        ``handshake_delay``: seconds each authentication takes (a busy server)."""
         self.host_keys, self.exec_mode = list(host_keys), exec_mode
+        self.max_startups, self.handshake_delay = max_startups, handshake_delay
+        self.unauth = self.peak_unauth = self.dropped = 0
+        self.count_lock = threading.Lock()
         self.handler = handler or (lambda cmd: (b"", 0))
         self.commands: list[str] = []
         self.forwards: list[tuple[str, int]] = []
@@ -58,6 +65,13 @@ class SSHServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            with self.count_lock:
+                if self.max_startups is not None and self.unauth >= self.max_startups:
+                    self.dropped += 1
+                    conn.close()              # what sshd does beyond MaxStartups: no banner, just a close
+                    continue
+                self.unauth += 1
+                self.peak_unauth = max(self.peak_unauth, self.unauth)
             t = paramiko.Transport(conn)
             for k in self.host_keys:
                 t.add_server_key(k)
@@ -67,6 +81,7 @@ class SSHServer:
             try:
                 t.start_server(server=iface)
             except (paramiko.SSHException, EOFError, OSError):
+                iface.authenticated()
                 continue
             threading.Thread(target=self._channels, args=(t,), daemon=True).start()
 
@@ -87,11 +102,21 @@ class _Interface(paramiko.ServerInterface):
     def __init__(self, server: SSHServer):
         self.server = server
         self.transport: paramiko.Transport | None = None
+        self._counted = True
+
+    def authenticated(self) -> None:
+        with self.server.count_lock:
+            if self._counted:
+                self._counted = False
+                self.server.unauth -= 1
 
     def get_allowed_auths(self, username):
         return "publickey"
 
     def check_auth_publickey(self, username, key):
+        if self.server.handshake_delay:
+            time.sleep(self.server.handshake_delay)
+        self.authenticated()
         return paramiko.AUTH_SUCCESSFUL
 
     def check_channel_request(self, kind, chanid):

@@ -1,0 +1,324 @@
+"""``bench/scale.py --testbed``: clusterctl on the testbed at N = 3, 16, 32, 64 hosts (bare runtime, 1 process per
+node, bench/scale_train.py: a tiny model, an all-reduce per second, ``--lines-per-s`` numbered lines per rank).
+
+Per N, side by side in one run:
+  launch     ``clusterctl launch`` (attached) vs the same torchrun argv/env (from ``--dry-run``) started by hand
+             over N parallel OpenSSH clients: command start -> rank 0's first ``step`` line (3-step job)
+  steady     a long job, detached: the supervisor process's CPU (% of a core), RSS and threads over ``--window``
+             s from /proc (every rank printing ``--lines-per-s`` lines/s meanwhile): CPU per 1,000 lines copied
+  kill       SIGKILL of the last node's torchrun + worker: detection = kill -> the ``verdict`` event; MTTR =
+             kill -> the first ``step`` line of the next attempt in the controller's log copy
+  logs       the log copy: within every node's section of every attempt, ``seq`` lines without a gap or a swap
+
+Own testbed (prefix ``bsc``, 10.226.0.0/24); every supervisor is stopped before it goes down.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "bench" / "scale_train.py"
+VENV_BIN = Path(sys.prefix) / "bin"
+TIMEOUT = 900.0
+
+
+def cli(state: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("CLUSTERCTL_INVENTORY", "CLUSTERCTL_STATE_DIR")}
+    return subprocess.run([sys.executable, "-m", "clusterctl.cli", "--state-dir", str(state), *args],
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
+
+
+def write_job(path: Path, name: str, n: int, steps: int, rate: float, port: int) -> Path:
+    import yaml
+
+    job = {"name": name, "nodes": n, "nproc_per_node": 1, "script": str(TRAIN),
+           "args": ["--steps", str(steps), "--lines-per-s", f"{rate:g}"], "torchrun": str(VENV_BIN / "torchrun"),
+           "rendezvous": {"port": port, "join_timeout": 600, "last_call_timeout": 1},
+           "restarts": {"max_restarts": 0, "max_failures": 0, "max_node_failures": 3, "backoff_s": 0},
+           "supervisor": {"probe_interval_s": 1}}
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def _first(stream, pattern: re.Pattern, stamp: list, sink: list) -> None:
+    for line in iter(stream.readline, ""):
+        sink.append(line)
+        if not stamp and pattern.search(line):
+            stamp.append(time.monotonic())
+
+
+def launch_clusterctl(state: Path, job: Path, inv: Path, node1: str) -> float:
+    env = {k: v for k, v in os.environ.items() if k not in ("CLUSTERCTL_INVENTORY", "CLUSTERCTL_STATE_DIR")}
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "clusterctl.cli", "--state-dir", str(state), "launch", str(job),
+                          "-i", str(inv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         stdin=subprocess.DEVNULL, env=env)
+    stamp, out = [], []
+    th = threading.Thread(target=_first, args=(p.stdout, re.compile(rf"^\[{node1}/0\] step \d"), stamp, out),
+                          daemon=True)
+    th.start()
+    try:
+        p.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    th.join(10)
+    if not stamp:
+        raise RuntimeError("clusterctl launch: no first step\n" + "".join(out)[-3000:])
+    return stamp[0] - t0
+
+
+def launch_by_hand(plan: dict, rdzv_id: str, tb) -> float:
+    def command(node: dict) -> list[str]:
+        targv = [f"--rdzv-id={rdzv_id}" if a.startswith("--rdzv-id=") else a for a in node["torchrun_argv"]]
+        remote = (f"cd {shlex.quote(str(TRAIN.parent))} && env "
+                  + " ".join(shlex.quote(f"{k}={v}") for k, v in node["env"].items()) + " " + shlex.join(targv))
+        return ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                "-o", f"UserKnownHostsFile={tb.known_hosts}", "-o", "IdentitiesOnly=yes", "-i", str(tb.key),
+                f"{tb.user}@{node['address']}", remote]
+
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(command(n), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              stdin=subprocess.DEVNULL) for n in plan["nodes"]]
+    stamp, outs, threads = [], [[] for _ in procs], []
+    for i, p in enumerate(procs):
+        pat = re.compile(r"^\[0\]:step \d" if i == 0 else r"(?!)")
+        t = threading.Thread(target=_first, args=(p.stdout, pat, stamp, outs[i]), daemon=True)
+        t.start()
+        threads.append(t)
+    for p in procs:
+        try:
+            p.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    for t in threads:
+        t.join(10)
+    if not stamp:
+        raise RuntimeError("by hand: no first step\n" + "".join(outs[0])[-3000:])
+    return stamp[0] - t0
+
+
+def proc_stat(pid: int) -> tuple[float, int, int]:
+    """(CPU seconds, RSS KB, threads) of ``pid``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
+    threads = int(re.search(r"Threads:\s+(\d+)", status).group(1))
+    return cpu, rss, threads
+
+
+def count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return 0
+
+
+def check_log(path: Path) -> dict:
+    """Within every node's section of every attempt, ``seq`` numbers must run 0, 1, 2, ... (no gap, no swap)."""
+    expect: dict[tuple[str, str], int] = {}
+    section: dict[str, str] = {}
+    bad = lines = torn = 0
+    rx = re.compile(r"^\[([^/]+)/(\S+)\] (.*)$")
+    with open(path, errors="replace") as f:
+        for line in f:
+            m = rx.match(line.rstrip("\n"))
+            if not m:
+                continue
+            node, rank, text = m.groups()
+            if rank == "-" and text.startswith("=== attempt "):
+                section[node] = text
+                continue
+            split = re.fullmatch(r"seq (\d+)\[\d+\]:", text)
+            if split:            # torchrun's --tee split a partial line ("[0]:seq 7[0]:\n" in the node's own log)
+                text = f"seq {split.group(1)}"
+                torn += 1
+            if text.startswith("seq ") and text[4:].isdigit():
+                lines += 1
+                key = (node, section.get(node, ""))
+                k = int(text[4:])
+                if k != expect.get(key, 0):
+                    bad += 1
+                expect[key] = k + 1
+    return {"seq_lines": lines, "seq_bad": bad, "torn_by_torchrun": torn}
+
+
+def events(state: Path, name: str) -> list[dict]:
+    r = cli(state, "events", name, "--output", "json")
+    return json.loads(r.stdout) if r.returncode == 0 else []
+
+
+def steady_and_kill(tb, base: Path, n: int, inv: Path, rate: float, window: float, port: int) -> dict:
+    state = base / f"state-long-{n}"
+    job = write_job(base / f"sl{n}.yaml", f"sl{n}", n, 100000, rate, port)
+    r = cli(state, "launch", str(job), "-i", str(inv), "-d", "-o", "json", timeout=TIMEOUT)
+    if r.returncode != 0:
+        raise RuntimeError(f"launch -d failed: {r.stderr[-2000:]}")
+    pid = json.loads(r.stdout)["supervisor_pid"]
+    log = next(state.rglob("output.log"), None)
+    out: dict = {"supervisor_pid": pid}
+    try:
+        end = time.monotonic() + TIMEOUT
+        while time.monotonic() < end:          # every node's rank printing
+            if not os.path.exists(f"/proc/{pid}"):
+                st = cli(state, "status", f"sl{n}", "-o", "json").stdout
+                raise RuntimeError(f"the job ended before every node printed a step: {st[-1500:]}")
+            log = log or next(state.rglob("output.log"), None)
+            if log and log.exists():
+                text = log.read_text(errors="replace")
+                if all(re.search(rf"^\[{h.name}/\d+\] step ", text, re.M) for h in tb.hosts[:n]):   # rank = node-1
+                    break
+            time.sleep(1)
+        time.sleep(5)
+        c0, _, _ = proc_stat(pid)
+        l0, t0 = count_lines(log), time.monotonic()
+        time.sleep(window)
+        c1, rss, threads = proc_stat(pid)
+        l1, t1 = count_lines(log), time.monotonic()
+        out.update(cpu_pct=100 * (c1 - c0) / (t1 - t0), rss_mb=rss / 1024, threads=threads,
+                   lines_per_s=(l1 - l0) / (t1 - t0), cpu_ms_per_1000_lines=1e6 * (c1 - c0) / max(1, l1 - l0))
+        out["cpu_pct_per_node"] = out["cpu_pct"] / n
+        # kill the last node's torchrun agent and worker
+        victim = tb.hosts[n - 1].name
+        size0 = log.stat().st_size
+        kill_wall = time.time()
+        kill_t = time.monotonic()
+        tb.kill(victim, pattern=r"torchrun|scale_train")
+        step_at = None
+        end = time.monotonic() + 600
+        with open(log, errors="replace") as f:
+            f.seek(size0)
+            seen_attempt2 = False
+            buf = ""
+            while time.monotonic() < end and step_at is None:
+                chunk = f.read()
+                if not chunk:
+                    time.sleep(0.1)
+                    continue
+                buf += chunk
+                *lines, buf = buf.split("\n")
+                for line in lines:
+                    if "/-] === attempt 2 ===" in line:
+                        seen_attempt2 = True
+                    elif seen_attempt2 and re.match(r"^\[[^/]+/0\] step \d", line):
+                        step_at = time.monotonic()
+                        break
+        evs = events(state, f"sl{n}")
+        verdict = next((e for e in evs if e["kind"] == "verdict" and e.get("class") in
+                        ("node_lost", "rendezvous_lost")), None)
+        out["detect_s"] = verdict["time"] - kill_wall if verdict else None
+        out["mttr_s"] = step_at - kill_t if step_at else None
+        out["verdict"] = verdict["message"] if verdict else None
+    finally:
+        cli(state, "stop", f"sl{n}", "--grace", "2", timeout=300)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+            time.sleep(0.5)
+        if os.path.exists(f"/proc/{pid}"):
+            os.kill(pid, signal.SIGKILL)
+    if log:
+        out.update(check_log(log))
+    return out
+
+
+def main(args) -> int:
+    sys.path.insert(0, str(ROOT))
+    from tests.testbed import Testbed, profile
+    from tests.testbed.system import address_in_use
+
+    sizes = [int(s) for s in (args.sizes or "3,16,32,64").split(",")]
+    steady_only = {int(s) for s in (args.steady_only or "").split(",") if s}
+    n_max = max(sizes)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda s, f: sys.exit(128 + s))
+    subnet = 226
+    if address_in_use(f"10.{subnet}.0.1"):
+        raise RuntimeError(f"10.{subnet}.0.1 in use")
+    base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-scale-"))
+    tb = Testbed(n_max, base / "tb", [profile(gpus=0, image=False)] * n_max, prefix="bsc", subnet_octet=subnet)
+    rows: list[dict] = []
+    stopped_at = None
+    try:
+        tb.up()
+        for n in sizes:
+            row: dict = {"n": n, "load": os.getloadavg()[0], "mem_avail_gb": _mem_avail_gb()}
+            try:
+                inv = tb.inventory(base / f"inv-{n}.yaml", runtime="bare", hosts=[h.name for h in tb.hosts[:n]])
+                if n not in steady_only:
+                    job = write_job(base / f"sb{n}.yaml", f"sb{n}", n, 3, args.log_rate, 29480)
+                    r = cli(base / "state-dry", "launch", str(job), "-i", str(inv), "--dry-run", "--output", "json")
+                    if r.returncode != 0:
+                        raise RuntimeError(f"dry run: {r.stderr[-1000:]}")
+                    plan = json.loads(r.stdout)
+                    row["hand_first_step_s"] = launch_by_hand(plan, f"sb{n}-hand", tb)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+                    row["cc_first_step_s"] = launch_clusterctl(base / f"state-{n}", job, inv, tb.hosts[0].name)
+                    row["launch_ratio"] = row["cc_first_step_s"] / row["hand_first_step_s"]
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+                row.update(steady_and_kill(tb, base, n, inv, args.log_rate, args.window, 29481))
+            except Exception as e:  # noqa: BLE001 - measure as far as it goes, say where it stopped
+                row["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
+                stopped_at = n
+            row["mem_avail_gb_end"] = _mem_avail_gb()
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            if stopped_at is not None:
+                break
+    finally:
+        tb.down()
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    print(table(rows))
+    if not args.no_write:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from docsection import write_subsection
+
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        notes = [f"- {r['n']} nodes: stopped here: {r['error']}" for r in rows if r.get("error")]
+        write_subsection("## scale", "### testbed", "\n".join([
+            "### testbed", "",
+            f"`python bench/scale.py --testbed --sizes {args.sizes or '3,16,32,64'}` ({when}, {os.cpu_count()} "
+            f"cores, Linux {platform.release()}, bare runtime, 1 process per node, {args.log_rate:g} lines/s per "
+            f"rank, steady window {args.window:g} s; one run per cell).", "", table(rows), "", *notes, ""]))
+    return 0
+
+
+def _mem_avail_gb() -> float:
+    text = Path("/proc/meminfo").read_text()
+    return int(re.search(r"MemAvailable:\s+(\d+)", text).group(1)) / 2**20
+
+
+def _f(v, spec="{:.2f}"):
+    return "-" if v is None else spec.format(v)
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| nodes | first step: by hand s | clusterctl s | ratio | supervisor CPU % of a core | % per node | "
+           "RSS MB | threads | lines/s copied | CPU ms / 1,000 lines | kill → verdict s | MTTR s | "
+           "lines lost/reordered |", "|---:|" + "---:|" * 12]
+    for r in rows:
+        out.append(f"| {r['n']} | {_f(r.get('hand_first_step_s'), '{:.1f}')} | "
+                   f"{_f(r.get('cc_first_step_s'), '{:.1f}')} | {_f(r.get('launch_ratio'))} | "
+                   f"{_f(r.get('cpu_pct'), '{:.1f}')} | {_f(r.get('cpu_pct_per_node'), '{:.3f}')} | "
+                   f"{_f(r.get('rss_mb'), '{:.0f}')} | {r.get('threads', '-')} | {_f(r.get('lines_per_s'), '{:.0f}')} | "
+                   f"{_f(r.get('cpu_ms_per_1000_lines'), '{:.0f}')} | {_f(r.get('detect_s'))} | "
+                   f"{_f(r.get('mttr_s'), '{:.1f}')} | "
+                   + (f"{r['seq_bad']} of {r['seq_lines']} |" if "seq_lines" in r else "- |"))
+    return "\n".join(out)
