@@ -8,6 +8,7 @@ from typing import Any
 from clusterctl.runtimes import (CONTAINER_APPLY, CONTAINER_START, DEFAULT_JOBS_ROOT, LABEL_JOB_ID,
                                  SELECT_CONTAINER, Instance, NodeRef, RunRequest)
 
+CDI_ALL_GPUS = "--device=nvidia.com/gpu=all"
 _EXITED_RE = re.compile(r"^Exited \((-?[0-9]+)\)")
 _STATES = {"running", "exited", "created", "paused", "restarting", "removing", "dead"}
 _STATE_ALIASES = {"stopped": "exited", "configured": "created", "initialized": "created", "up": "running"}
@@ -19,8 +20,10 @@ class ContainerRuntime:
     name = "docker"
     program = "docker"
 
-    def gpu_args(self) -> list[str]:
-        return ["--gpus=all"]
+    def gpu_args(self, flags: str | None = None) -> list[str]:
+        """``flags`` (preflight's choice, see ``checks.runtime.choose_gpu_flags``): "cdi" on a docker >= 25 with
+        CDI enabled and no ``nvidia`` runtime; otherwise the nvidia runtime/hook's ``--gpus``."""
+        return [CDI_ALL_GPUS] if flags == "cdi" else ["--gpus=all"]
 
     def rm_flags(self) -> list[str]:
         return ["-f"]                      # docker rm has no -t; -f kills with SIGKILL at once
@@ -38,7 +41,7 @@ class ContainerRuntime:
         if req.shm_size is not None and req.ipc != "host":
             argv.append(f"--shm-size={req.shm_size}")
         if req.gpus != 0:
-            argv += self.gpu_args()
+            argv += self.gpu_args(req.gpu_flags)
         if req.infiniband:
             argv.append("--device=/dev/infiniband")
         argv += [f"--volume={m}" for m in req.mounts]
