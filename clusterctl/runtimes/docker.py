@@ -28,6 +28,14 @@ class ContainerRuntime:
     def rm_flags(self) -> list[str]:
         return ["-f"]                      # docker rm has no -t; -f kills with SIGKILL at once
 
+    def init_args(self) -> list[str]:
+        """docker: no ``--init``. Docker's init is bind-mounted at ``/sbin/docker-init``; an image whose ``/sbin``
+        is a symlink into a read-only mount (``/sbin -> usr/sbin`` with the host's /usr mounted read-only, as on
+        the testbed) cannot start ("read-only file system", tests/fixtures/runtimes/docker_init_readonly.txt).
+        The container's first process is then torchrun itself (``CONTAINER_APPLY`` execs it): it handles TERM
+        (``stop``), and KILL ends the whole container."""
+        return []
+
     def ps_format(self) -> str:
         return "{{json .}}"
 
@@ -36,7 +44,7 @@ class ContainerRuntime:
         argv = ["sh", "-c", CONTAINER_START, "clusterctl-start",
                 self.program, "run", "-d", f"--name={req.name}"]
         argv += [f"--label={k}={v}" for k, v in req.labels.items()]
-        argv += ["--network=host", f"--ipc={req.ipc}", "--init", "--restart=no"]
+        argv += ["--network=host", f"--ipc={req.ipc}", *self.init_args(), "--restart=no"]
         argv += [f"--ulimit={k}={v}" for k, v in req.ulimits]
         if req.shm_size is not None and req.ipc != "host":
             argv.append(f"--shm-size={req.shm_size}")

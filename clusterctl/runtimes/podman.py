@@ -11,6 +11,9 @@ class PodmanRuntime(ContainerRuntime):
     def gpu_args(self, flags: str | None = None) -> list[str]:
         return [CDI_ALL_GPUS]   # CDI whatever preflight found: podman 4 has no --gpus
 
+    def init_args(self) -> list[str]:
+        return ["--init"]      # catatonit, from the host (not mounted into the image's /sbin): reaps, forwards
+
     def rm_flags(self) -> list[str]:
         return ["-f", "--time=0"]                   # no 10 s SIGTERM grace: we signal first when we mean to
 
