@@ -4,7 +4,7 @@ Each host runs its own ``dockerd`` inside its network namespace (started like it
 ``unshare --uts``), with its own data root (under the host's directory), exec root, pidfile and socket (under the
 testbed's runroot), no iptables, no bridge, vfs storage and cgroupfs. dockerd starts its own containerd. The
 host's ``docker`` CLI reaches it through ``DOCKER_HOST`` (sshd ``SetEnv``, as for PATH). The test image is the
-podman one's rootfs tar, ``docker import``ed into every daemon. dockerd has no containers.conf ``volumes``: jobs
+podman one's rootfs tar, ``docker import``ed into every daemon (and tagged with the jobs' default short name). dockerd has no containers.conf ``volumes``: jobs
 on docker hosts mount the host's /usr, Python, venv, repo and shared storage themselves (``job_mounts``).
 """
 
@@ -107,6 +107,11 @@ def import_image(d: Daemon, tar: Path) -> None:
                str(tar), containers.IMAGE, timeout=120)
     if r.returncode != 0:
         raise RuntimeError(f"docker import failed: {r.stderr.strip()}")
+    # the short name too: podman resolves `pytorch-cuda:v2.7-ssh` (the jobs' default image) to localhost/, docker
+    # to docker.io/library/, where no registry answers
+    r = docker(d, "tag", containers.IMAGE, containers.IMAGE.removeprefix("localhost/"), timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"docker tag failed: {r.stderr.strip()}")
 
 
 def stop(d: Daemon, timeout: float = 15) -> None:
