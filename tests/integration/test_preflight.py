@@ -322,7 +322,7 @@ def test_docker_daemon_up_image_present_missing_and_pull(dpf, home):
         img = by[n]["image"]
         assert img["status"] == "fail" and "docker pull" in img["detail"], img
         assert "registry access" in img["hint"] and "docker login" in img["hint"], img
-    assert dpf["tb"].docker("node1", "image", "inspect", IMAGE).returncode == 0     # a failed pull removes nothing
+    assert dpf["tb"].docker_cli("node1", "image", "inspect", IMAGE).returncode == 0     # a failed pull removes nothing
 
 
 def test_docker_user_outside_the_docker_group_fails_with_the_fix(dpf, home):

@@ -274,7 +274,7 @@ class Testbed:
             dockerd.spawn(h.daemon, h.ns, h.name)
             dockerd.wait_ready({h.name: h.daemon}, timeout=60)
 
-    def docker(self, host, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
+    def docker_cli(self, host, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
         """The docker CLI against the host's own daemon."""
         h = self.host(host)
         if h.daemon is None:
