@@ -2,14 +2,15 @@
 #                     trains the quickstart on this machine in a checkpoint dir of its own (every run trains).
 # make demo-recovery: the same job with a rank killed mid-epoch: detection, relaunch, exact resume, and the
 #                     final parameters compared with an uninterrupted run's.
-# make test:          the testbed's Debian packages (sshd, podman, ...) when missing + .venv with the test extras
-#                     + pytest. Idempotent; fast when installed.
+# make test:          the testbed's Debian packages (sshd, podman, docker.io, ...) when missing + .venv with the
+#                     test extras + pytest. Idempotent; fast when installed. docker.io is installed without
+#                     starting the machine's own dockerd (the testbed starts one per host; see tests/testbed).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_DEB := procps util-linux
-TEST_DEB := openssh-server openssh-client podman runc catatonit iproute2 procps psmisc util-linux
+TEST_DEB := openssh-server openssh-client podman runc catatonit iproute2 procps psmisc util-linux docker.io
 TORCH := torch==2.13.0
 DEMO_ENV := PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 
@@ -32,9 +33,27 @@ define apt_install
 	if ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then missing="$$missing python3-venv"; fi; \
 	if [ -n "$$(echo $$missing)" ]; then \
 		echo "installing Debian packages:" $$missing; \
+		rcd=; if [ ! -e /usr/sbin/policy-rc.d ]; then rcd=1; printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; \
+			chmod 755 /usr/sbin/policy-rc.d; fi; \
 		apt-get update -q </dev/null && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing </dev/null; \
+		rc=$$?; [ -z "$$rcd" ] || rm -f /usr/sbin/policy-rc.d; \
+		case " $$missing " in *" docker.io "*) $(stop_system_dockerd);; esac; \
+		[ $$rc -eq 0 ]; \
 	fi
+endef
+
+# When docker.io was just installed: a dockerd the package may have started in the machine's own network namespace (policy-rc.d above
+# stops invoke-rc.d; a systemd machine may still socket-activate it): stopped and disabled. Only the system
+# daemon (pidfile /var/run/docker.pid); the testbed's per-host daemons have pidfiles of their own.
+define stop_system_dockerd
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+			systemctl disable --now docker.service docker.socket >/dev/null 2>&1 || true; fi; \
+		if [ -s /var/run/docker.pid ] && pid=$$(cat /var/run/docker.pid) && \
+			grep -q dockerd /proc/$$pid/cmdline 2>/dev/null; then echo "stopping the system dockerd ($$pid)"; \
+			kill $$pid; for i in $$(seq 50); do [ -d /proc/$$pid ] || break; sleep 0.2; done; fi; \
+		if pgrep -x dockerd >/dev/null && [ -z "$$(ls /run/clusterctl-testbed/*.json 2>/dev/null)" ]; then \
+			echo "warning: a dockerd is running outside the testbed: $$(pgrep -ax dockerd)" >&2; fi
 endef
 
 demo-deps:

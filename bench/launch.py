@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Launch benchmark: time from `clusterctl launch` to the first training step vs the same torchrun by hand.
 
-    python bench/launch.py [--sizes 2,4] [--reps 3] [--runtime bare|podman] [--no-write]
+    python bench/launch.py [--sizes 2,4] [--reps 3] [--runtime bare|podman|docker] [--no-write]
 
 Brings up its own testbed (prefix ``bla``, subnet 10.238.0.0/24, CPU hosts with the test image), then for each
 size N (nodes x 2 processes of examples/quickstart/train.py, gloo), side by side in the same run, alternating the
@@ -10,14 +10,17 @@ order per repetition:
   clusterctl  ``clusterctl launch job.yaml -i inventory.yaml`` (attached: quick preflight, job record, detached
               supervisor, start over SSH, log copy), until the first ``[<node1>/0] step `` line on its stdout
   by-hand     N parallel ``ssh user@host 'cd WORKDIR && env K=V... torchrun ARGV'`` (bare) or
-              ``ssh user@host podman run --rm --network=host --init -e K=V... IMAGE torchrun ARGV`` (podman),
+              ``ssh user@host podman run --rm --network=host --init -e K=V... IMAGE torchrun ARGV`` (podman;
+              docker: ``docker run --rm --network=host -v MOUNTS... -e K=V... IMAGE torchrun ARGV``, a real
+              dockerd per host),
               with the exact torchrun argv and environment of ``clusterctl launch --dry-run --output json``
               (a fresh --rdzv-id per run), until rank 0's first ``step`` line on node1's ssh stdout
 
 Both wait for the run to finish before the next one (same rendezvous port). The median ratio clusterctl/by-hand
 is the launch overhead (goal: within 1.5x). For clusterctl, ``clusterctl events`` gives where the time goes:
 launch -> "start" event (CLI start, preflight, record, supervisor spawn, reachability, checkpoint lookup) ->
-first step. Writes the table into docs/benchmarks.md under ``## launch`` (other sections are left alone).
+first step. Writes the table into docs/benchmarks.md under ``## launch`` (docker: ``## launch: docker``; other
+sections are left alone).
 The testbed is torn down at the end, even on error or SIGTERM.
 """
 from __future__ import annotations
@@ -60,7 +63,7 @@ def cli(state: Path, *args: str, timeout: float = 120) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
 
 
-def write_job(path: Path, name: str, nodes: int, runtime: str, port: int) -> Path:
+def write_job(path: Path, name: str, nodes: int, runtime: str, port: int, mounts: list[str]) -> Path:
     import yaml
 
     job = {"name": name, "nodes": nodes, "nproc_per_node": 2, "script": str(TRAIN),
@@ -70,6 +73,8 @@ def write_job(path: Path, name: str, nodes: int, runtime: str, port: int) -> Pat
            "container": {"ulimits": {}}}
     if runtime == "bare":
         job["torchrun"] = str(VENV_BIN / "torchrun")
+    if mounts:
+        job["mounts"] = mounts
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     return path
 
@@ -119,6 +124,10 @@ def hand_command(node: dict, runtime: str, rdzv_id: str, tb: Testbed) -> list[st
         wd = str(TRAIN.parent)
         remote = f"cd {shlex.quote(wd)} && env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) \
             + " " + shlex.join(targv)
+    elif runtime == "docker":     # no --init: as clusterctl runs it (runtimes/docker.py: init_args)
+        remote = shlex.join(["docker", "run", "--rm", "--network=host", "--ipc=host",
+                             *[f"--volume={m}" for m in tb.job_mounts(runtime)],
+                             *[f"--env={k}={v}" for k, v in env.items()], IMAGE, *targv])
     else:
         remote = shlex.join(["podman", "run", "--rm", "--network=host", "--ipc=host", "--init",
                              *[f"--env={k}={v}" for k, v in env.items()], IMAGE, *targv])
@@ -154,15 +163,15 @@ def run_by_hand(plan: dict, runtime: str, rdzv_id: str, tb: Testbed) -> dict:
     return {"first_step": stamp[0] - t0}
 
 
-def write_doc(section: str) -> None:
-    write_section(SECTION, section, DOC)
+def write_doc(section: str, heading: str = SECTION) -> None:
+    write_section(heading, section, DOC)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="2,4")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--runtime", choices=("bare", "podman"), default="podman")
+    ap.add_argument("--runtime", choices=("bare", "podman", "docker"), default="podman")
     ap.add_argument("--port", type=int, default=29470)
     ap.add_argument("--prefix", default="bla")
     ap.add_argument("--subnet", type=int, default=238)
@@ -174,7 +183,9 @@ def main(argv=None) -> int:
         signal.signal(sig, lambda s, f: sys.exit(128 + s))
 
     base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-launch-"))
-    tb = Testbed(n_max, base, [profile(gpus=0)] * n_max, prefix=args.prefix, subnet_octet=args.subnet)
+    tb = Testbed(n_max, base, [profile(gpus=0)] * n_max, prefix=args.prefix, subnet_octet=args.subnet,
+                 docker=args.runtime == "docker")
+    heading = SECTION + (": docker" if args.runtime == "docker" else "")
     samples: dict[tuple[int, str], list[dict]] = {}
     loads = []
     try:
@@ -184,7 +195,8 @@ def main(argv=None) -> int:
         for n in sizes:
             invs[n] = tb.inventory(base / f"inventory-{n}.yaml", runtime=args.runtime,
                                    hosts=[h.name for h in tb.hosts[:n]])
-            jobs[n] = write_job(base / f"bl{n}.yaml", f"bl{n}", n, args.runtime, args.port)
+            jobs[n] = write_job(base / f"bl{n}.yaml", f"bl{n}", n, args.runtime, args.port,
+                                tb.job_mounts(args.runtime))
             r = cli(base / "state-dry", "launch", str(jobs[n]), "-i", str(invs[n]), "--dry-run", "--output", "json")
             if r.returncode != 0:
                 raise RuntimeError(f"dry run failed: {r.stderr}")
@@ -234,7 +246,7 @@ def main(argv=None) -> int:
         timelines.append(f"`clusterctl events` of the last {n}-node run (seconds after `launch`): "
                          + "; ".join(f"{t:.1f}s {k}" for t, k, _ in last))
     section = "\n".join([
-        SECTION, "",
+        heading, "",
         f"Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, Python {platform.python_version()}; "
         f"runtime {args.runtime}; {args.reps} repetitions per cell, order alternated per repetition; medians. "
         f"Load average during the runs: {min(loads):.1f}-{max(loads):.1f} (the machine is shared: absolute times "
@@ -247,13 +259,16 @@ def main(argv=None) -> int:
         "detached supervisor, start over SSH, the log copy it prints).",
         "- **by-hand**: N parallel OpenSSH clients, " + (
             "`ssh host 'cd WORKDIR && env K=V... torchrun ARGV'`" if args.runtime == "bare" else
+            "`ssh host docker run --rm --network=host --ipc=host --volume=... --env=K=V... IMAGE torchrun ARGV` "
+            "(a real dockerd per host; the volumes are the host's /usr, Python, venv, repo and shared dir, as in "
+            "the clusterctl job's `mounts`)" if args.runtime == "docker" else
             "`ssh host podman run --rm --network=host --ipc=host --init --env=K=V... IMAGE torchrun ARGV`")
         + ", the torchrun argv and environment taken from `clusterctl launch --dry-run --output json` (fresh "
         "`--rdzv-id` per run); rank 0's first `step` line on node1's ssh stdout.", "",
         *rows, "", *verdicts, "", *[f"- {t}" for t in timelines], ""])
     print(section)
     if not args.no_write:
-        write_doc(section)
+        write_doc(section, heading)
     return 0
 
 

@@ -3,6 +3,7 @@
     python bench/recovery.py [--faults kill_worker_node,kill_rdzv_host,partition] [--reps 3] [--no-write]
                              [--prefix brc --subnet 232] [--torchrun-wait 90]
     python bench/recovery.py --series N [--no-write]      # N faults in one run (4 hosts): MTTR of each
+    python bench/recovery.py --runtimes podman,docker [--faults ...] [--reps 3]   # docker beside podman
 
 On a 3-host testbed (network namespaces, sshd, podman; ``profile(gpus=0)``) the quickstart script
 (``--step-time 0.1 --checkpoint-every 10``, 2 ranks per node, rank 0 records every trained step with its wall
@@ -22,6 +23,10 @@ same on the rendezvous host; ``partition`` = the non-rendezvous node's link down
 MTTR = fault -> the first step recorded by a new attempt (clusterctl) / a new restart round (torchrun); steps lost
 = steps trained more than once. Results replace the ``## recovery`` section of docs/benchmarks.md (its ``###``
 sub-sections, written by the series arm and bench/falseverdict.py, are kept).
+
+**Docker arm** (``--runtimes podman,docker``): the clusterctl runs once per runtime (podman, and docker with a
+real dockerd per host), the faults and repetitions interleaved in the same run; the table goes to the
+``### docker and podman side by side`` sub-section of ``## recovery`` (the main table is left alone).
 
 **Series arm** (``--series N``): one clusterctl job on a 4-host testbed (``nodes: "2:4"``, 1 rank per node) takes
 N faults in a row, cycling through issue 16's five (a node killed, a node partitioned and healed, the rendezvous
@@ -58,7 +63,8 @@ from docsection import write_section as replace_section  # noqa: E402
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## recovery"
 SERIES = "### series: N faults in one run"
-SUBSECTIONS = (SERIES, "### false verdicts under load")     # kept when the main table is rewritten
+SIDE = "### docker and podman side by side"
+SUBSECTIONS = (SERIES, SIDE, "### false verdicts under load")     # kept when the main table is rewritten
 FAULTS = ("kill_worker_node", "kill_rdzv_host", "partition", "partition_rdzv")
 STEPS, EVERY, STEP_TIME, FAULT_AT = 100, 10, 0.1, 25
 PORT = 29500
@@ -88,9 +94,10 @@ def fault(tb, kind: str, rdzv: str, other: str) -> str:
     return victim
 
 
-def run_clusterctl(tb, base: Path, kind: str, rep: int = 1) -> dict:
-    run = rh.new_run(tb, base / f"cc-{kind}-{rep}", f"bench{kind.replace('_', '')}{rep}", steps=STEPS, every=EVERY,
-                     step_time=STEP_TIME)
+def run_clusterctl(tb, base: Path, kind: str, rep: int = 1, runtime: str = "podman") -> dict:
+    tag = "" if runtime == "podman" else runtime[0]
+    run = rh.new_run(tb, base / f"cc{tag}-{kind}-{rep}", f"bench{tag}{kind.replace('_', '')}{rep}", runtime=runtime,
+                     steps=STEPS, every=EVERY, step_time=STEP_TIME)
     victim = None
     try:
         run.launch()
@@ -105,7 +112,7 @@ def run_clusterctl(tb, base: Path, kind: str, rep: int = 1) -> dict:
         ev = run.events()
         verdict = next((e for e in ev if e["kind"] == "verdict" and e["class"] != "success"), None)
         start2 = next((e for e in ev if e["kind"] == "start" and (e["attempt"] or 0) > 1), None)
-        return {"method": "clusterctl", "fault": kind, "victim": victim, "state": end["state"],
+        return {"method": "clusterctl" if runtime == "podman" else f"clusterctl {runtime}", "fault": kind, "victim": victim, "state": end["state"],
                 "mttr": round(first["time"] - t0, 1) if first else None,
                 "detect": round(verdict["time"] - t0, 1) if verdict else None,
                 "relaunch": round(start2["time"] - t0, 1) if start2 else None,
@@ -254,6 +261,35 @@ def section(results: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+def label(method: str) -> str:
+    return "clusterctl podman" if method == "clusterctl" else method
+
+
+def side_section(results: list[dict], args) -> str:
+    """The ``### docker and podman side by side`` sub-section: the same table, one row per fault and runtime."""
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [SIDE, "",
+             f"Measured {when} on {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end. Same "
+             f"job and faults as the table above; each fault run with podman and with docker (a real Docker Engine "
+             f"per host, `docker.io` 20.10), interleaved, {args.reps} run(s) per fault and runtime. Rerun: "
+             f"`python bench/recovery.py --runtimes {args.runtimes} --methods clusterctl --faults {args.faults} "
+             f"--reps {args.reps}` "
+             f"(own testbed, prefix `{args.prefix}`, 10.{args.subnet}.0.0/24).", "",
+             "| fault | method | MTTR s | detect s | relaunch s | steps lost | outcome |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    for fault in dict.fromkeys(r["fault"] for r in results):
+        for method in dict.fromkeys(r["method"] for r in results):
+            rs = [r for r in results if r["fault"] == fault and r["method"] == method]
+            if rs:
+                lines.append(row(fault, label(method), rs))
+    mttr = {m: [r["mttr"] for r in results if r["method"] == m and r.get("mttr") is not None]
+            for m in dict.fromkeys(r["method"] for r in results)}
+    lines += ["", "MTTR over every fault: " + "; ".join(
+        f"{label(m)}: median {statistics.median(v):.1f} s, max {max(v):.1f} s" for m, v in mttr.items() if v)
+        + " (goal: <= 15 s).", ""]
+    return "\n".join(lines)
+
+
 def run_series(base: Path, n: int, args) -> list[dict]:
     tb = Testbed(4, base / "tb4", [profile(gpus=0)] * 4, prefix=args.prefix, subnet_octet=args.subnet)
     kinds = [fs.FIVE[i % len(fs.FIVE)] for i in range(n)]
@@ -301,6 +337,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--series", type=int, default=0, metavar="N",
                     help="instead: N faults in one run on 4 hosts, MTTR of each (the ### series sub-table)")
+    ap.add_argument("--runtimes", default="podman",
+                    help="clusterctl's runtimes, comma-separated (podman, docker): more than podman writes the "
+                         "side-by-side sub-table instead of the main one")
     ap.add_argument("--prefix", default="brc")
     ap.add_argument("--subnet", type=int, default=232)
     args = ap.parse_args(argv)
@@ -313,20 +352,32 @@ def main(argv=None) -> int:
         if not args.no_write:
             write_subsection(SECTION, SERIES, text, DOC)
         return 0
-    tb = Testbed(3, base / "tb", [profile(gpus=0)] * 3, prefix=args.prefix, subnet_octet=args.subnet)
+    rts = args.runtimes.split(",")
+    side = rts != ["podman"]
+    tb = Testbed(3, base / "tb", [profile(gpus=0)] * 3, prefix=args.prefix, subnet_octet=args.subnet,
+                 docker="docker" in rts)
     results = []
     try:
         tb.up()
         for kind in args.faults.split(","):
             for method in args.methods.split(","):
                 for rep in range(1, (args.reps if method == "clusterctl" else 1) + 1):
-                    t = time.monotonic()
-                    r = run_clusterctl(tb, base, kind, rep) if method == "clusterctl" else \
-                        run_torchrun(tb, base, kind, args.torchrun_wait)
-                    print(json.dumps(r), f"({time.monotonic() - t:.0f} s)", flush=True)
-                    results.append(r)
+                    for rt in (rts if method == "clusterctl" else ["-"]):
+                        if side and method != "clusterctl":
+                            continue              # the side-by-side table compares runtimes, not torchrun
+                        t = time.monotonic()
+                        r = run_clusterctl(tb, base, kind, rep, rt) if method == "clusterctl" else \
+                            run_torchrun(tb, base, kind, args.torchrun_wait)
+                        print(json.dumps(r), f"({time.monotonic() - t:.0f} s)", flush=True)
+                        results.append(r)
     finally:
         tb.down()
+    if side:
+        text = side_section(results, args)
+        print(text)
+        if not args.no_write:
+            write_subsection(SECTION, SIDE, text, DOC)
+        return 0
     text = section(results, args)
     print(text)
     text += "".join("\n" + sub for sub in (read_subsection(SECTION, s, DOC) for s in SUBSECTIONS) if sub)

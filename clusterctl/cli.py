@@ -301,6 +301,7 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
     if active is not None and not active.terminal:
         raise JobActive(active)   # before the preflight, whose port check would trip over the running job
     interfaces: dict = {}
+    gpu_flags: dict = {}
     check_key_files(jc.hosts)
     if skip_preflight:   # the supervisor would see a bad host key only as an unreachable node
         controller.verify_host_keys(jc.hosts, connect_options(ctx, accept_new))
@@ -314,10 +315,11 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
             err.print("launch stopped: preflight failed (fix the above, or --skip-preflight)", markup=False)
             return 1
         interfaces = report.interfaces()
+        gpu_flags = report.gpu_flags()
         for c in report.cluster:
             if c.id == "rendezvous_exposure" and c.status == "warn":
                 err.print(f"warning: {c.detail}" + (f"\n  {c.hint}" if c.hint else ""), markup=False)
-    job_id = controller.record_job(store, jc, job, inventory, interfaces)
+    job_id = controller.record_job(store, jc, job, inventory, interfaces, gpu_flags)
     pid = controller.spawn_supervisor(root, job_id, accept_new=accept_new or ctx.obj.accept_new_host_keys)
     if output == "json" and detach:
         print_json({"job_id": job_id, "name": jc.spec.name, "supervisor_pid": pid})

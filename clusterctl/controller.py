@@ -127,9 +127,9 @@ STALE_S = 10.0
 
 
 def record_job(store: Store, ctx: JobContext, job_path: str, inventory_path: str | None,
-               interfaces: dict[str, str]) -> str:
+               interfaces: dict[str, str], gpu_flags: dict[str, str] | None = None) -> str:
     rec = JobRecord(spec=ctx.spec, source=os.path.abspath(job_path), hosts=ctx.recorded or tuple(ctx.hosts),
-                    interfaces=dict(interfaces))
+                    interfaces=dict(interfaces), gpu_flags=dict(gpu_flags or {}))
     inv = ctx.inventory.source
     return store.create_job(ctx.spec.name, rec.to_json(),
                             None if inv == inventory_mod.EMBEDDED_DEFAULT else os.path.abspath(inv),
@@ -164,7 +164,7 @@ def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions,
     store.add_secrets(secrets.values())
     sink = LogSink(paths.job_dir(root, job_id) / "output.log")
     ops = ClusterOps(spec=spec, hosts=hosts, job_id=job_id, store=store, sink=sink, options=options,
-                     secrets=secrets, interfaces=dict(rec.interfaces),
+                     secrets=secrets, interfaces=dict(rec.interfaces), gpu_flags=dict(rec.gpu_flags),
                      probe_timeout_s=max(3.0, spec.supervisor.probe_interval_s * 2),
                      heartbeat_timeout_s=max(2.0, spec.supervisor.probe_interval_s * 2),
                      checkpoint_override=rec.checkpoint_override)

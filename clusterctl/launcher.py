@@ -234,6 +234,7 @@ class ClusterOps:
     options: ConnectOptions = field(default_factory=ConnectOptions)
     secrets: Mapping[str, str] = field(default_factory=dict)
     interfaces: Mapping[str, str] = field(default_factory=dict)
+    gpu_flags: Mapping[str, str] = field(default_factory=dict)     # host -> "gpus" | "cdi" (preflight)
     connect: Callable[[Host, ConnectOptions], Transport] = connect
     probe_timeout_s: float = 5.0
     heartbeat_timeout_s: float = 2.0       # a node silent for longer counts as one failed probe (raised per node by
@@ -326,7 +327,8 @@ class ClusterOps:
     # ------------------------------------------------------------------------------------------ NodeOps
     def make_plan(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> LaunchPlan:
         return build_plan(self.spec, [self.hosts[n] for n in nodes], job_id=self.job_id, attempt=attempt,
-                          rdzv_host=self.hosts[rdzv_host], interfaces=self.interfaces, resume_from=resume[0],
+                          rdzv_host=self.hosts[rdzv_host], interfaces=self.interfaces, gpu_flags=self.gpu_flags,
+                          resume_from=resume[0],
                           resume_step=resume[1])
 
     def adopt(self, attempt: int, nodes: Sequence[str], rdzv_host: str) -> LaunchPlan:

@@ -226,7 +226,7 @@ def node_env(spec: JobSpec, host: Host, *, job_id: str, attempt: int, interface:
 def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, rdzv_host: Host | None = None,
                interfaces: Mapping[str, str] | None = None, resume_from: str = "", resume_step: int = 0,
                secret_names: Iterable[str] | None = None, pkg_path: str | None = None,
-               infiniband: Mapping[str, bool] | None = None,
+               infiniband: Mapping[str, bool] | None = None, gpu_flags: Mapping[str, str] | None = None,
                jobs_root: str = runtimes.DEFAULT_JOBS_ROOT, spares: Iterable[str] = (),
                excluded: Iterable[tuple[str, str]] = ()) -> LaunchPlan:
     """One attempt's launch plan. ``hosts`` are the chosen nodes in order (their count must fit ``nodes``).
@@ -235,6 +235,7 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
     ``interfaces``: host name -> NIC (from preflight), else ``host.interface``; unknown -> no *_SOCKET_IFNAME.
     ``secret_names``: default ``spec.secret_env``. ``pkg_path``: where clusterctl lives on the nodes (PYTHONPATH).
     ``infiniband``: host name -> /dev/infiniband present (containers get ``--device=/dev/infiniband``).
+    ``gpu_flags``: host name -> "gpus" | "cdi" (preflight's nvidia_toolkit); absent: the runtime's default.
     """
     if not hosts:
         raise UserError("no hosts to run on")
@@ -258,6 +259,7 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
     secret_names = tuple(spec.secret_env if secret_names is None else secret_names)
     interfaces = interfaces or {}
     infiniband = infiniband or {}
+    gpu_flags = gpu_flags or {}
     endpoint = _endpoint(rdzv_host.address, spec.rendezvous.port)
     rdzv_id = f"{job_id}-{attempt}"
     nnodes_arg = nnodes(spec, attempt, len(hosts))
@@ -281,7 +283,8 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
         req = runtimes.RunRequest(
             job=spec.name, job_id=job_id, attempt=attempt, node=h.name, name=name, image=spec.image,
             workdir=spec.workdir or (spec.source_dir if bare else None), node_dir=ndir, command=tuple(targv),
-            mounts=tuple(spec.mounts), gpus=h.gpus, infiniband=bool(infiniband.get(h.name)),
+            mounts=tuple(spec.mounts), gpus=h.gpus, gpu_flags=gpu_flags.get(h.name),
+            infiniband=bool(infiniband.get(h.name)),
             ipc=spec.container.ipc, shm_size=spec.container.shm_size,
             ulimits=tuple(spec.container.ulimits.items()), extra_args=tuple(spec.container.extra_args))
         nodes.append(NodePlan(

@@ -2,7 +2,7 @@
 
 ``stop``, ``resume``, ``status`` and the supervisor read the job through ``JobRecord`` and nothing else: the spec,
 the job file it came from, the resolved hosts (so an inventory edited since the launch is not quietly re-read), the
-NICs preflight found, and a one-shot checkpoint override (``resume --checkpoint``).
+NICs and GPU flags preflight found, and a one-shot checkpoint override (``resume --checkpoint``).
 
 Versioned JSON. Version 1 (before this module) stored host *names* and was re-resolved in the inventory at every
 read; ``from_json`` still reads it that way, and ``load`` rewrites such a row as version 2 the first time it is read.
@@ -29,6 +29,7 @@ class JobRecord:
     source: str                                   # absolute path of the job file
     hosts: tuple[Host, ...]                       # the job's hosts, resolved at launch, in order
     interfaces: Mapping[str, str] = field(default_factory=dict)   # host name -> NIC (from preflight)
+    gpu_flags: Mapping[str, str] = field(default_factory=dict)    # host name -> "gpus" | "cdi" (from preflight)
     checkpoint_override: str | None = None        # `resume --checkpoint PATH`, used by the next attempt only
 
     @property
@@ -49,6 +50,7 @@ class JobRecord:
             "source": self.source,
             "hosts": [_host_to_dict(h) for h in self.hosts],
             "interfaces": dict(self.interfaces),
+            "gpu_flags": dict(self.gpu_flags),
             "checkpoint_override": self.checkpoint_override,
         })
 
@@ -64,6 +66,7 @@ class JobRecord:
             hosts = tuple(_host_from_dict(h) for h in data["hosts"])
         return cls(spec=spec, source=data.get("source") or "", hosts=hosts,
                    interfaces=dict(data.get("interfaces") or {}),
+                   gpu_flags=dict(data.get("gpu_flags") or {}),
                    checkpoint_override=data.get("checkpoint_override"))
 
 

@@ -108,6 +108,16 @@ class PreflightReport:
                 out[h.host] = str(c.data["name"])
         return out
 
+    def gpu_flags(self) -> dict[str, str]:
+        """host name -> how its containers get GPUs (``"gpus"`` | ``"cdi"``), as nvidia_toolkit found it. Hosts
+        whose check did not pass (CPU hosts, bare, failed) are absent: the runtime's default applies."""
+        out: dict[str, str] = {}
+        for h in self.hosts:
+            c = h.get("nvidia_toolkit")
+            if c is not None and c.status in ("pass", "warn") and c.data.get("gpu_flags"):
+                out[h.host] = str(c.data["gpu_flags"])
+        return out
+
     def failures(self) -> list[tuple[str, CheckResult | ClusterCheck]]:
         """(host name or "cluster", check) for every fail and warn, fails first."""
         items: list[tuple[str, CheckResult | ClusterCheck]] = []

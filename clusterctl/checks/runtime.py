@@ -16,6 +16,12 @@ TOOLKIT_INSTALL_HINT = ("install nvidia-container-toolkit "
                         "(https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html)")
 DOCKER_CONFIGURE = "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker"
 CDI_GENERATE = "sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+DOCKER_CDI = ('or, with docker >= 25, set `"features": {"cdi": true}` in /etc/docker/daemon.json, restart docker '
+              f"and `{CDI_GENERATE}`")
+# How a container gets the host's GPUs (``runtimes.RunRequest.gpu_flags``): the ``nvidia`` docker runtime/hook
+# (``--gpus=all``), or a CDI spec (``--device=nvidia.com/gpu=all``: podman; docker >= 25 with CDI enabled).
+GPU_FLAGS_GPUS = "gpus"
+GPU_FLAGS_CDI = "cdi"
 _DECODER = json.JSONDecoder()
 
 
@@ -37,7 +43,7 @@ def parse_runtime_info(output: str, rc: int = 0) -> dict[str, Any]:
     shim) -> {"flavor", "version", "runtimes", "root", "rootless", "error"}."""
     doc, messages = _json_and_messages(output)
     out: dict[str, Any] = {"flavor": None, "version": None, "runtimes": [], "root": None, "rootless": None,
-                           "error": None}
+                           "error": None, "cdi": False}
     if isinstance(doc, dict) and "store" in doc and "host" in doc:          # podman
         out.update(flavor="podman", version=(doc.get("version") or {}).get("Version"),
                    runtimes=[r for r in [((doc["host"].get("ociRuntime") or {}).get("name"))] if r],
@@ -45,7 +51,9 @@ def parse_runtime_info(output: str, rc: int = 0) -> dict[str, Any]:
                    rootless=(doc["host"].get("security") or {}).get("rootless"))
     elif isinstance(doc, dict):                                              # docker
         out.update(flavor="docker", version=doc.get("ServerVersion") or None,
-                   runtimes=sorted(doc.get("Runtimes") or {}), root=doc.get("DockerRootDir") or None)
+                   runtimes=sorted(doc.get("Runtimes") or {}), root=doc.get("DockerRootDir") or None,
+                   # docker >= 25 lists CDISpecDirs only while CDI is enabled (the "cdi" feature)
+                   cdi=bool(doc.get("CDISpecDirs")) and _major(doc.get("ServerVersion")) >= 25)
         server_errors = doc.get("ServerErrors") or []
         if server_errors or not out["version"]:
             out["error"] = (server_errors[0] if server_errors else None) or _pick_error(messages) or \
@@ -55,6 +63,22 @@ def parse_runtime_info(output: str, rc: int = 0) -> dict[str, Any]:
     if doc is None and not out["error"]:
         out["error"] = _pick_error(messages) or "no output"
     return out
+
+
+def _major(version: Any) -> int:
+    m = re.match(r"(\d+)\.", str(version or ""))
+    return int(m.group(1)) if m else 0
+
+
+def choose_gpu_flags(info: dict[str, Any], cdi_gpus: int) -> str | None:
+    """How this host's containers get GPUs (pure): ``"gpus"`` where docker has the ``nvidia`` runtime registered
+    (the seeds' ``--gpus all``), ``"cdi"`` where a CDI spec lists GPUs and the runtime reads it (podman; docker >= 25
+    with CDI enabled), None where neither is set up."""
+    if info.get("flavor") == "docker":
+        if "nvidia" in (info.get("runtimes") or []):
+            return GPU_FLAGS_GPUS
+        return GPU_FLAGS_CDI if info.get("cdi") and cdi_gpus else None
+    return GPU_FLAGS_CDI if cdi_gpus else None
 
 
 def _pick_error(messages: list[str]) -> str | None:
@@ -158,12 +182,20 @@ def check_nvidia_toolkit(p: "HostProbe") -> CheckResult:
                        version=version)
     cdi_sec = p.sections.get("cdi_list")
     cdi = parse_cdi_list(cdi_sec.output, cdi_sec.rc) if cdi_sec else {"devices": [], "gpus": 0}
-    data = {"version": version, "runtimes": info["runtimes"], "cdi_gpus": cdi["gpus"]}
+    flags = choose_gpu_flags(info, cdi["gpus"])
+    data = {"version": version, "runtimes": info["runtimes"], "cdi_gpus": cdi["gpus"], "gpu_flags": flags}
     if info["flavor"] == "docker":
-        if "nvidia" not in info["runtimes"]:
+        if flags is None:
+            cdi_state = ("CDI enabled but `nvidia-ctk cdi list` lists no GPUs" if info.get("cdi") else
+                         "CDI not enabled")
             return failed("nvidia_toolkit", f"nvidia-ctk {version} installed but docker has no `nvidia` runtime "
-                          f"(runtimes: {', '.join(info['runtimes']) or 'none'})", DOCKER_CONFIGURE, **data)
-        return passed("nvidia_toolkit", f"nvidia-ctk {version}; docker runtime `nvidia` configured", **data)
+                          f"(runtimes: {', '.join(info['runtimes']) or 'none'}) and {cdi_state}",
+                          f"{DOCKER_CONFIGURE} (for --gpus=all), {DOCKER_CDI}", **data)
+        if flags == GPU_FLAGS_GPUS:
+            return passed("nvidia_toolkit", f"nvidia-ctk {version}; docker runtime `nvidia` configured "
+                          "(--gpus=all)", **data)
+        return passed("nvidia_toolkit", f"nvidia-ctk {version}; docker CDI, {cdi['gpus']} GPU devices "
+                      "(--device=nvidia.com/gpu=all)", **data)
     if not cdi["gpus"]:
         return failed("nvidia_toolkit", f"nvidia-ctk {version} installed but no CDI GPU devices "
                       "(`nvidia-ctk cdi list` lists none)", CDI_GENERATE, **data)

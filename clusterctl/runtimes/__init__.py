@@ -100,6 +100,8 @@ class RunRequest:
     command: tuple[str, ...]               # the torchrun argv
     mounts: tuple[str, ...] = ()
     gpus: int | None = None                # 0: no GPU flags; None (unknown) or >0: all GPUs
+    gpu_flags: str | None = None           # "gpus" (--gpus=all) | "cdi" (CDI device), from preflight; None: the
+                                           # runtime's default (docker: gpus, podman: cdi)
     infiniband: bool = False
     ipc: str = "host"
     shm_size: str | None = None

@@ -8,6 +8,7 @@ from typing import Any
 from clusterctl.runtimes import (CONTAINER_APPLY, CONTAINER_START, DEFAULT_JOBS_ROOT, LABEL_JOB_ID,
                                  SELECT_CONTAINER, Instance, NodeRef, RunRequest)
 
+CDI_ALL_GPUS = "--device=nvidia.com/gpu=all"
 _EXITED_RE = re.compile(r"^Exited \((-?[0-9]+)\)")
 _STATES = {"running", "exited", "created", "paused", "restarting", "removing", "dead"}
 _STATE_ALIASES = {"stopped": "exited", "configured": "created", "initialized": "created", "up": "running"}
@@ -19,11 +20,21 @@ class ContainerRuntime:
     name = "docker"
     program = "docker"
 
-    def gpu_args(self) -> list[str]:
-        return ["--gpus=all"]
+    def gpu_args(self, flags: str | None = None) -> list[str]:
+        """``flags`` (preflight's choice, see ``checks.runtime.choose_gpu_flags``): "cdi" on a docker >= 25 with
+        CDI enabled and no ``nvidia`` runtime; otherwise the nvidia runtime/hook's ``--gpus``."""
+        return [CDI_ALL_GPUS] if flags == "cdi" else ["--gpus=all"]
 
     def rm_flags(self) -> list[str]:
         return ["-f"]                      # docker rm has no -t; -f kills with SIGKILL at once
+
+    def init_args(self) -> list[str]:
+        """docker: no ``--init``. Docker's init is bind-mounted at ``/sbin/docker-init``; an image whose ``/sbin``
+        is a symlink into a read-only mount (``/sbin -> usr/sbin`` with the host's /usr mounted read-only, as on
+        the testbed) cannot start ("read-only file system", tests/fixtures/runtimes/docker_init_readonly.txt).
+        The container's first process is then torchrun itself (``CONTAINER_APPLY`` execs it): it handles TERM
+        (``stop``), and KILL ends the whole container."""
+        return []
 
     def ps_format(self) -> str:
         return "{{json .}}"
@@ -33,12 +44,12 @@ class ContainerRuntime:
         argv = ["sh", "-c", CONTAINER_START, "clusterctl-start",
                 self.program, "run", "-d", f"--name={req.name}"]
         argv += [f"--label={k}={v}" for k, v in req.labels.items()]
-        argv += ["--network=host", f"--ipc={req.ipc}", "--init", "--restart=no"]
+        argv += ["--network=host", f"--ipc={req.ipc}", *self.init_args(), "--restart=no"]
         argv += [f"--ulimit={k}={v}" for k, v in req.ulimits]
         if req.shm_size is not None and req.ipc != "host":
             argv.append(f"--shm-size={req.shm_size}")
         if req.gpus != 0:
-            argv += self.gpu_args()
+            argv += self.gpu_args(req.gpu_flags)
         if req.infiniband:
             argv.append("--device=/dev/infiniband")
         argv += [f"--volume={m}" for m in req.mounts]

@@ -1,15 +1,18 @@
 """podman: like docker, but GPUs through CDI, ``rm -t 0`` and ``ps --format json``."""
 from __future__ import annotations
 
-from clusterctl.runtimes.docker import ContainerRuntime
+from clusterctl.runtimes.docker import CDI_ALL_GPUS, ContainerRuntime
 
 
 class PodmanRuntime(ContainerRuntime):
     name = "podman"
     program = "podman"
 
-    def gpu_args(self) -> list[str]:
-        return ["--device=nvidia.com/gpu=all"]   # CDI; podman has no --gpus
+    def gpu_args(self, flags: str | None = None) -> list[str]:
+        return [CDI_ALL_GPUS]   # CDI whatever preflight found: podman 4 has no --gpus
+
+    def init_args(self) -> list[str]:
+        return ["--init"]      # catatonit, from the host (not mounted into the image's /sbin): reaps, forwards
 
     def rm_flags(self) -> list[str]:
         return ["-f", "--time=0"]                   # no 10 s SIGTERM grace: we signal first when we mean to

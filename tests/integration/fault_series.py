@@ -15,10 +15,12 @@ from tests.integration import recovery_harness as rh
 
 # the five faults of issue 16, in its order
 FIVE = ("kill_node", "partition_heal", "kill_rdzv_host", "partition_kill", "kill_node")
+# partition_kill_rdzv: the rendezvous host partitioned with its job killed (a crashed rendezvous host)
+KINDS = frozenset(FIVE) | {"partition_kill_rdzv"}
 
 
 def _victim(st: dict, kind: str) -> str:
-    if kind == "kill_rdzv_host":
+    if kind in ("kill_rdzv_host", "partition_kill_rdzv"):
         return st["rendezvous_host"]
     return [n["node"] for n in st["nodes"] if n["node"] != st["rendezvous_host"]][-1]
 
@@ -52,8 +54,9 @@ def wait_progress(run: rh.Run, attempt: int, timeout: float = 90) -> dict:
 
 
 def inject(run: rh.Run, kind: str, st: dict) -> str:
+    assert kind in KINDS, kind
     tb, victim = run.tb, _victim(st, kind)
-    if kind in ("partition_heal", "partition_kill"):
+    if kind in ("partition_heal", "partition_kill", "partition_kill_rdzv"):
         tb.partition(victim)
     if kind != "partition_heal":
         assert tb.kill(victim, pattern=rh.JOB_PATTERN), f"nothing of the job to kill on {victim}"
@@ -88,7 +91,7 @@ def one_fault(run: rh.Run, kind: str, *, recover_timeout: float = 90) -> dict:
     start = next((e for e in ev if e["kind"] == "start" and (e["attempt"] or 0) > attempt), None)
     new = run.status()
     progress = wait_progress(run, new["attempt"])
-    if kind == "partition_kill":
+    if kind in ("partition_kill", "partition_kill_rdzv"):
         run.tb.heal(victim)               # after the recovery: it may be re-admitted at a later relaunch
     return {"fault": kind, "victim": victim, "mttr": round(first["time"] - t0, 1),
             "detect": round(verdict["time"] - t0, 1) if verdict else None,

@@ -20,7 +20,7 @@ JOB_PATTERN = r"torchrun|train\.py|catatonit|conmon"   # the job's processes in 
 
 def job_yaml(path: Path, shared: Path, *, name: str, steps: int = 150, every: int = 10, step_time: float = 0.1,
              extra_args: list[str] | None = None, restarts: dict | None = None, supervisor: dict | None = None,
-             nodes: str = "2:3", nproc: int = 2) -> Path:
+             nodes: str = "2:3", nproc: int = 2, mounts: list[str] | None = None) -> Path:
     spec = {
         "name": name, "nodes": nodes, "nproc_per_node": nproc, "script": str(TRAIN),
         "args": ["--steps", str(steps), "--checkpoint-every", str(every), "--step-time", str(step_time),
@@ -31,6 +31,8 @@ def job_yaml(path: Path, shared: Path, *, name: str, steps: int = 150, every: in
         "supervisor": {"probe_interval_s": 1, **(supervisor or {})},
         "container": {"ulimits": {}},
     }
+    if mounts:
+        spec["mounts"] = list(mounts)
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
@@ -46,6 +48,7 @@ class Run:
     steps: int
     record: Path
     log: list[str] = field(default_factory=list)
+    runtime: str = "podman"
 
     def cli(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
         env = dict(os.environ, CLUSTERCTL_STATE_DIR=str(self.state_dir))
@@ -129,14 +132,16 @@ def _alive(pid) -> bool:
         return False
 
 
-def new_run(tb, tmp: Path, name: str, **job_kw) -> Run:
+def new_run(tb, tmp: Path, name: str, runtime: str = "podman", **job_kw) -> Run:
+    """``runtime``: podman, or docker on a testbed built with ``docker=True`` (the job then mounts what podman's
+    containers.conf gives every container: ``tb.job_mounts``)."""
     tmp.mkdir(parents=True, exist_ok=True)
     shared = Path(tb.shared) / name
     shared.mkdir(parents=True, exist_ok=True)
-    inv = tb.inventory(tmp / "inventory.yaml", runtime="podman")
-    job = job_yaml(tmp / "job.yaml", shared, name=name, **job_kw)
+    inv = tb.inventory(tmp / "inventory.yaml", runtime=runtime)
+    job = job_yaml(tmp / "job.yaml", shared, name=name, mounts=tb.job_mounts(runtime), **job_kw)
     steps = job_kw.get("steps", 150)
-    return Run(tb, tmp / "state", inv, job, name, steps, shared / "steps.jsonl")
+    return Run(tb, tmp / "state", inv, job, name, steps, shared / "steps.jsonl", runtime=runtime)
 
 
 def check_steps(run: Run, resumed_steps: list[int] | None = None) -> dict:
@@ -167,9 +172,7 @@ def check_clean(run: Run, timeout: float = 30) -> None:
     while time.monotonic() < end:
         left = {}
         for h in run.tb.hosts:
-            ps = run.tb.exec(h, ["podman", "ps", "-a", "--format", "{{.Names}}",
-                                 f"--filter=label=clusterctl.job_id"], timeout=30)
-            names = [n for n in ps.stdout.split() if run.name in n]
+            names = [n for n in run.tb.container_names(h, run.runtime, "label=clusterctl.job_id") if run.name in n]
             procs = [c for _, c in run.tb.processes(h) if str(TRAIN) in c and run.name in c]
             if names or procs:
                 left[h.name] = (names, procs)
@@ -205,9 +208,10 @@ def other_host(run: Run) -> str:
     return next(n["node"] for n in st["nodes"] if n["node"] != st["rendezvous_host"])
 
 
-def cpu_testbed(n: int, base: Path, prefix: str, octets) -> "object":
-    """An ``n``-host CPU testbed (``profile(gpus=0)``) on the first free 10.<octet>.0.0/24 of ``octets``, up; the
-    test fails (never skips) with the reason when it cannot be built. The caller calls ``down()``."""
+def cpu_testbed(n: int, base: Path, prefix: str, octets, docker: bool = False) -> "object":
+    """An ``n``-host CPU testbed (``profile(gpus=0)``) on the first free 10.<octet>.0.0/24 of ``octets``, up (with
+    a dockerd per host when ``docker``); the test fails (never skips) with the reason when it cannot be built. The
+    caller calls ``down()``."""
     import pytest
 
     from tests.testbed import Testbed, profile
@@ -216,7 +220,7 @@ def cpu_testbed(n: int, base: Path, prefix: str, octets) -> "object":
     octet = next((o for o in octets if address_in_use(f"10.{o}.0.1") is None), None)
     if octet is None:
         pytest.fail(f"no free 10.x.0.0/24 subnet among {list(octets)} for testbed {prefix}", pytrace=False)
-    tb = Testbed(n, base, [profile(gpus=0)] * n, prefix=prefix, subnet_octet=octet)
+    tb = Testbed(n, base, [profile(gpus=0)] * n, prefix=prefix, subnet_octet=octet, docker=docker)
     try:
         tb.up()
     except Exception as e:  # noqa: BLE001 - a failure with the reason, never a skip

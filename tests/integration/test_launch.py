@@ -1,9 +1,13 @@
 """`clusterctl launch/status/logs/stop` end to end on the testbed, as a user runs them (the CLI in a subprocess).
 
-Every job runs the repo's quickstart ``train.py`` (3 nodes x 2 processes, gloo on CPU) with podman containers or
-bare on the hosts. Hosts are CPU hosts (``profile(gpus=0)``): with GPUs the podman runtime adds CDI flags that the
-testbed cannot satisfy. Every subprocess has a timeout; the machine is small and shared, so the timeouts are
-generous while the assertions are exact.
+Every job runs the repo's quickstart ``train.py`` (3 nodes x 2 processes, gloo on CPU) with podman containers,
+docker containers (a real dockerd per host) or bare on the hosts. Hosts are CPU hosts (``profile(gpus=0)``): with
+GPUs the container runtimes add GPU flags that the testbed cannot satisfy. Every subprocess has a timeout; the
+machine is small and shared, so the timeouts are generous while the assertions are exact.
+
+CI time: the docker arms share one module-scoped docker testbed (``docker_tb3``) and run where the behaviour is
+docker's own (training to completion with per-rank logs, stop); the rollback, dry-run and side-by-side cases are
+runtime-independent in the controller and run for podman and bare only.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import string
 import subprocess
 import sys
 import time
@@ -19,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration import recovery_harness as rh
 from tests.testbed import profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,6 +32,7 @@ TRAIN = REPO / "examples" / "quickstart" / "train.py"
 QUICKSTART_JOB = REPO / "examples" / "quickstart" / "job.yaml"
 VENV_BIN = Path(sys.prefix) / "bin"
 RUNTIMES = ["podman", "bare"]
+CONTAINER_RUNTIMES = ["podman", "bare", "docker"]       # the tests that run docker as well (see the docstring)
 JOB_TIMEOUT = 420          # one attached launch of a short job, on a loaded 2-core machine
 LEFTOVER_RE = re.compile(r"clusterctl|torchrun|train\.py|conmon|podman")   # clusterctl: runner, stream wrapper, node.log tail
 
@@ -51,6 +58,7 @@ def write_inventory(tb, path: Path, runtime: str, host_overrides: dict | None = 
 
 def write_job(path: Path, tb, name: str, runtime: str, *, steps: int = 30, port: int = 29400,
               step_time: float = 0.0, extra: dict | None = None) -> Path:
+    """``tb``: a testbed (or anything with ``shared``; then no docker mounts)."""
     shared = Path(tb.shared) / name
     job = {
         "name": name,
@@ -68,6 +76,8 @@ def write_job(path: Path, tb, name: str, runtime: str, *, steps: int = 30, port:
     }
     if runtime == "bare":
         job["torchrun"] = str(VENV_BIN / "torchrun")         # the hosts' PATH (sshd SetEnv) has no venv
+    if runtime == "docker":
+        job["mounts"] = tb.job_mounts(runtime)               # dockerd has no containers.conf volumes
     job.update(extra or {})
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     return path
@@ -90,18 +100,17 @@ def wait_for(pred, timeout: float, what: str, interval: float = 1.0):
         time.sleep(interval)
 
 
-def containers(tb, host) -> list[dict]:
-    r = tb.exec(host, ["podman", "ps", "-a", "--format", "json"], timeout=60)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout or "[]")
+def containers(tb, host) -> list[str]:
+    """Every container on the host: podman's, and docker's on a docker testbed."""
+    return tb.container_names(host) + (tb.container_names(host, "docker") if tb.docker else [])
 
 
 def job_processes(tb, host) -> list[tuple[int, str]]:
-    return [(pid, cmd) for pid, cmd in tb.processes(host) if LEFTOVER_RE.search(cmd)]
+    return [(pid, cmd) for pid, cmd in tb.processes(host) if LEFTOVER_RE.search(cmd) and not tb.is_daemon(cmd)]
 
 
 def assert_nothing_left(tb, hosts=None, timeout: float = 30) -> None:
-    """No container (podman ps -a) and no process of a job on any host; processes get a moment to exit."""
+    """No container (podman/docker ps -a) and no process of a job on any host; processes get a moment to exit."""
     hosts = hosts or [h.name for h in tb.hosts]
     for h in hosts:
         assert containers(tb, h) == [], f"containers left on {h}"
@@ -129,19 +138,32 @@ def logs(state: Path, job: str, *args: str) -> list[str]:
 def cleanup_hosts(tb) -> None:
     """After a failed assertion: leave no job behind for the next test (the testbed is torn down anyway)."""
     for h in tb.hosts:
-        tb.exec(h, ["podman", "rm", "-a", "-f", "-t", "0"], timeout=60)
+        tb.remove_containers(h)
         tb.kill(h, r"torchrun|train\.py|clusterctl-runner")
 
 
+@pytest.fixture(scope="module")
+def docker_tb3(tmp_path_factory, testbed_slot):
+    """3 CPU hosts, each with its own dockerd, shared by this module's docker arms (each leaves nothing behind)."""
+    letter = string.ascii_lowercase[testbed_slot]
+    tb = rh.cpu_testbed(3, tmp_path_factory.mktemp("docker-tb"), f"tbd{letter}", range(200, 220), docker=True)
+    yield tb
+    tb.down()
+
+
 @pytest.fixture
-def tb3(make_testbed):
-    tb = make_testbed(3, [profile(gpus=0)] * 3)
+def tb3(request, make_testbed):
+    """3 CPU hosts: a fresh testbed per test for podman and bare, the module's docker testbed for docker."""
+    if request.node.callspec.params.get("runtime") == "docker":
+        tb = request.getfixturevalue("docker_tb3")
+    else:
+        tb = make_testbed(3, [profile(gpus=0)] * 3)
     yield tb
     cleanup_hosts(tb)
 
 
 # ------------------------------------------------------------------------------------------------ tests
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", CONTAINER_RUNTIMES)
 def test_three_nodes_train_to_completion(tb3, tmp_path, runtime):
     tb = tb3
     inv = write_inventory(tb, tmp_path / "inventory.yaml", runtime)
@@ -182,7 +204,7 @@ def test_three_nodes_train_to_completion(tb3, tmp_path, runtime):
     assert_nothing_left(tb)
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", CONTAINER_RUNTIMES)
 def test_stop_mid_run_leaves_nothing_and_keeps_checkpoints(tb3, tmp_path, runtime):
     tb = tb3
     inv = write_inventory(tb, tmp_path / "inventory.yaml", runtime)

@@ -29,7 +29,7 @@ VENV_BIN = Path(sys.executable).parent
 @pytest.fixture(scope="module")
 def otb(tmp_path_factory, testbed_slot):
     letter = string.ascii_lowercase[testbed_slot]
-    tb = rh.cpu_testbed(3, tmp_path_factory.mktemp("oncall-tb"), f"tbo{letter}", range(220, 240))
+    tb = rh.cpu_testbed(3, tmp_path_factory.mktemp("oncall-tb"), f"tbo{letter}", range(220, 240), docker=True)
     yield tb
     tb.down()
 
@@ -207,14 +207,16 @@ def test_bare_runtime_without_torchrun_on_path_fails_preflight_check_torchrun(ot
 
 
 # ------------------------------------------------------------------------------------ (g) logs exactly once
-@pytest.mark.parametrize("runtime", ["podman", "bare"])
+@pytest.mark.parametrize("runtime", ["podman", "bare", "docker"])
 def test_logs_hold_every_line_once_in_order_after_a_supervisor_kill_and_resume(job, otb, tmp_path, runtime):
+    """docker: also its resume after a controller crash (the supervisor re-attaches to running containers)."""
     run = job(steps=1)
     lines, period = 200, 0.15                         # 30 s: still running when resume re-attaches under load
     inv = otb.inventory(tmp_path / f"inv-{runtime}.yaml", runtime=runtime)
-    run.inventory = inv
+    run.inventory, run.runtime = inv, runtime
     edit_job(run, script=str(CHATTER), args=[str(lines), str(period)], nodes=3,
-             **({"torchrun": str(VENV_BIN / "torchrun")} if runtime == "bare" else {}))
+             **({"torchrun": str(VENV_BIN / "torchrun")} if runtime == "bare" else {}),
+             **({"mounts": otb.job_mounts(runtime)} if runtime == "docker" else {}))
     run.launch()
     deadline = time.monotonic() + 120
     while "tick 20" not in run.cli("logs", run.name, timeout=30).stdout:
@@ -236,6 +238,8 @@ def test_logs_hold_every_line_once_in_order_after_a_supervisor_kill_and_resume(j
     assert len(ticks) == 6, sorted(ticks)
     for who, seq in ticks.items():
         assert seq == list(range(1, lines + 1)), (who, seq[:5], len(seq))
+    if runtime != "bare":
+        rh.check_clean(run)
 
 
 def test_logs_selection_errors_are_usage_errors(job, otb):

@@ -264,3 +264,83 @@ def test_unknown_host_key_fails_ssh_with_a_hint_and_accept_new_records_it(pf, ho
 
     r, _ = clusterctl(*args, home=home)     # recorded: no flag needed any more
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ a real dockerd
+# Two hosts, each with its own Docker Engine: node1 holds the image, node2 does not. Both have stub GPUs (the
+# daemon has no nvidia runtime and CDI off: docker 20.10), so nvidia_toolkit meets a real `docker info` too.
+DOCKER_PROFILES = [profile(gpus=2), profile(gpus=2, image=False)]
+
+
+@pytest.fixture(scope="module")
+def dpf(tmp_path_factory, testbed_slot):
+    base = tmp_path_factory.mktemp("preflight-docker")
+    octet = next((o for o in range(200, 220) if address_in_use(f"10.{o}.0.1") is None), None)
+    if octet is None:
+        pytest.fail("no free 10.x.0.0/24 subnet for the docker preflight testbed", pytrace=False)
+    tb = _Testbed(2, base / "tb", DOCKER_PROFILES, prefix=f"tbq{string.ascii_lowercase[testbed_slot]}",
+                  subnet_octet=octet, docker=True)
+    try:
+        tb.up()
+    except Exception as e:  # noqa: BLE001 - a failure with the reason, never a skip
+        tb.down()
+        pytest.fail(f"testbed could not be built: {type(e).__name__}: {e}", pytrace=False)
+    try:
+        job = base / "job.yaml"
+        job.write_text(yaml.safe_dump({"name": "dpf", "image": IMAGE, "nodes": 2, "nproc_per_node": 1,
+                                       "script": "train.py", "rendezvous": {"port": 29400}}, sort_keys=False))
+        yield {"tb": tb, "job": job, "base": base}
+    finally:
+        tb.down()
+
+
+def docker_checks(pf: dict, home: Path, *extra: str, inv_name: str = "inv.yaml", **extra_vars) -> dict:
+    inv = pf["tb"].inventory(pf["base"] / inv_name, runtime="docker", extra_vars=extra_vars or None)
+    r, _ = clusterctl("preflight", "-i", str(inv), str(pf["job"]), "-o", "json", *extra, home=home)
+    data = json.loads(r.stdout)
+    assert r.returncode == (0 if data["ok"] else 1), r.stderr
+    return {h["host"]: {c["id"]: c for c in h["checks"]} for h in data["hosts"]}
+
+
+def test_docker_daemon_up_image_present_missing_and_pull(dpf, home):
+    by = docker_checks(dpf, home)
+    for n in ("node1", "node2"):
+        rt = by[n]["container_runtime"]
+        assert rt["status"] == "pass" and rt["data"]["flavor"] == "docker", rt
+        assert rt["detail"].startswith("docker 20.10") and "podman" not in rt["detail"], rt
+        tk = by[n]["nvidia_toolkit"]     # real `docker info`: no nvidia runtime, no CDI -> both fixes
+        assert tk["status"] == "fail" and "CDI not enabled" in tk["detail"], tk
+        assert "nvidia-ctk runtime configure --runtime=docker" in tk["hint"] and '"cdi": true' in tk["hint"], tk
+    assert by["node1"]["image"]["status"] == "pass", by["node1"]["image"]
+    img = by["node2"]["image"]
+    assert img["status"] == "fail" and "not present" in img["detail"], img
+    assert f"docker pull {IMAGE}" in img["hint"], img
+
+    # --pull: no registry answers here (localhost:443 in the host's netns refuses), so it fails with the fix
+    by = docker_checks(dpf, home, "--pull")
+    for n in ("node1", "node2"):
+        img = by[n]["image"]
+        assert img["status"] == "fail" and "docker pull" in img["detail"], img
+        assert "registry access" in img["hint"] and "docker login" in img["hint"], img
+    assert dpf["tb"].docker_cli("node1", "image", "inspect", IMAGE).returncode == 0     # a failed pull removes nothing
+
+
+def test_docker_user_outside_the_docker_group_fails_with_the_fix(dpf, home):
+    user = dpf["tb"].add_plain_user()
+    by = docker_checks(dpf, home, inv_name="inv-plain.yaml", ansible_user=user, clusterctl_gpus=0)
+    for n in ("node1", "node2"):
+        rt = by[n]["container_runtime"]
+        assert rt["status"] == "fail" and "permission denied" in rt["detail"], rt
+        assert "usermod -aG docker" in rt["hint"], rt
+        assert by[n]["image"]["status"] == "skip"
+
+
+def test_docker_daemon_down_fails_with_the_fix(dpf, home):
+    """Runs last in the module: node2's daemon stays down (the testbed goes down next)."""
+    dpf["tb"].stop_dockerd("node2")
+    by = docker_checks(dpf, home)
+    assert by["node1"]["container_runtime"]["status"] == "pass"
+    rt = by["node2"]["container_runtime"]
+    assert rt["status"] == "fail" and "Cannot connect to the Docker daemon" in rt["detail"], rt
+    assert "systemctl enable --now docker" in rt["hint"], rt
+    assert by["node2"]["image"]["status"] == "skip"

@@ -62,11 +62,12 @@ time.sleep(float(os.environ.get("SECTEST_SLEEP", "0")))
 # ------------------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
 def tb(tmp_path_factory, testbed_slot):
-    """3 CPU hosts (gpus=0: no GPU flags) of our own, so faults and foreign containers touch nobody else."""
+    """3 CPU hosts (gpus=0: no GPU flags) of our own, so faults and foreign containers touch nobody else; a dockerd
+    per host for the docker arms (secrets, foreign containers)."""
     letter = string.ascii_lowercase[testbed_slot]
     octet = next(o for o in range(160 + 3 * testbed_slot, 215) if not tb_system.address_in_use(f"10.{o}.0.1"))
     bed = testbed_pkg.Testbed(N, tmp_path_factory.mktemp("sectb"), [profile(gpus=0)] * N, prefix=f"tbs{letter}",
-                  subnet_octet=octet)
+                  subnet_octet=octet, docker=True)
     try:
         bed.up()
     except Exception as e:  # noqa: BLE001 - a failure with the reason, never a skip
@@ -106,6 +107,8 @@ def job_file(path: Path, tb, name: str, *, nodes: int = N, runtime: str = "podma
             "supervisor": {"probe_interval_s": 1}, "container": {"ulimits": {}}}
     if runtime == "bare":
         spec["torchrun"] = TORCHRUN
+    if runtime == "docker":
+        spec["mounts"] = tb.job_mounts(runtime)      # dockerd has no containers.conf volumes
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(spec.get(k), dict):
             spec[k] = {**spec[k], **v}
@@ -121,9 +124,8 @@ def fingerprint_of(pub_line: str) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
-def containers(tb, host: str) -> list[str]:
-    r = tb.exec(host, ["podman", "ps", "-a", "--format", "{{.Names}}"], check=True)
-    return r.stdout.split()
+def containers(tb, host: str, runtime: str = "podman") -> list[str]:
+    return tb.container_names(host, runtime)
 
 
 def wait_supervisors_gone(state: Path, timeout: float = 90) -> None:
@@ -556,14 +558,15 @@ def test_identifiers_validated_with_clear_errors(tmp_path, where, yaml_text, nee
 
 
 # ------------------------------------------------------------------------------------------------ 3. secrets
-def test_secret_reaches_training_only(tb, tmp_path, home):
+@pytest.mark.parametrize("runtime", ["podman", "docker"])
+def test_secret_reaches_training_only(tb, tmp_path, home, runtime):
     # the quote makes shlex.quote's form differ from the raw value: the unique prefix (which survives quoting)
     # is searched for as well, so a quoted leak (an env script in a log or a command line) is caught
     prefix = f"s3cr3t-{uuid.uuid4().hex}"
     secret = f"{prefix}-'$(touch /tmp/never)`;"
     state = tmp_path / "state"
-    inv = tb.inventory(tmp_path / "inv.yaml")
-    job = job_file(tmp_path / "job.yaml", tb, "secret", secret_env=["SECTEST_TOKEN"],
+    inv = tb.inventory(tmp_path / "inv.yaml", runtime=runtime)
+    job = job_file(tmp_path / "job.yaml", tb, "secret", runtime=runtime, secret_env=["SECTEST_TOKEN"],
                    env={"SECTEST_SLEEP": "6"}, args=["--x", "y"])
     envs = {"SECTEST_TOKEN": secret}
 
@@ -576,11 +579,23 @@ def test_secret_reaches_training_only(tb, tmp_path, home):
     r = clusterctl("launch", job, "-i", inv, env={}, home=home, state=state)     # missing secret: clean error
     assert r.returncode == 2 and "SECTEST_TOKEN" in r.stderr, r.stderr
 
-    # sample every process command line on this machine (the testbed hosts share its pid namespace) while it runs
-    stop, leaks, samples = threading.Event(), [], [0]
+    # sample every process command line on this machine (the testbed hosts share its pid namespace) while it runs,
+    # and the container engine's view of every container on the nodes (`inspect`: config, env, args, mounts)
+    stop, leaks, samples, inspected = threading.Event(), [], [0], set()
+
+    def inspect_all():
+        for h in tb.hosts:
+            r = tb.exec(h.name, ["sh", "-c", 'ids=$("$0" ps -aq) && [ -n "$ids" ] && "$0" inspect $ids', runtime],
+                        timeout=30)
+            if r.returncode == 0 and "clusterctl.job_id" in r.stdout:
+                inspected.add(h.name)
+                if prefix in r.stdout:
+                    leaks.append((h.name, "inspect", r.stdout))
 
     def sample():
         while not stop.is_set():
+            if samples[0] % 10 == 5:
+                inspect_all()
             for pid in os.listdir("/proc"):
                 if pid.isdigit():
                     try:
@@ -602,6 +617,7 @@ def test_secret_reaches_training_only(tb, tmp_path, home):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     outputs.append(r)
     assert samples[0] > 20 and not leaks, leaks
+    assert inspected == {h.name for h in tb.hosts}, inspected        # every node's container was inspected
     for args in (["status"], ["status", "secret", "-o", "json"], ["events", "secret"], ["events", "secret", "-o",
                  "json"], ["logs", "secret"], ["inventory", "-i", inv]):
         rr = clusterctl(*args, env=envs, home=home, state=state)
@@ -625,9 +641,11 @@ def test_secret_reaches_training_only(tb, tmp_path, home):
 
 
 # ------------------------------------------------------------------------------------------------ 4. files
-def test_state_dir_private_and_stop_removes_only_this_jobs_containers(tb, tmp_path, home):
+@pytest.mark.parametrize("runtime", ["podman", "docker"])
+def test_state_dir_private_and_stop_removes_only_this_jobs_containers(tb, tmp_path, home, runtime):
     state = tmp_path / "state"
-    inv = tb.inventory(tmp_path / "inv.yaml")
+    inv = tb.inventory(tmp_path / "inv.yaml", runtime=runtime)
+    rt = [runtime, *([f"--volume={m}" for m in tb.job_mounts(runtime)])]   # foreign: `sleep` from the host's /usr
     # foreign containers on node1: same image; one named exactly what the old scheme (clusterctl-<job>-<node>) gave
     # this job on node1 (and job "fs-node1" on a node "1", or job "fs" from another state dir) and carrying
     # another job's labels, one named with our prefix, one with another job's labels
@@ -635,26 +653,26 @@ def test_state_dir_private_and_stop_removes_only_this_jobs_containers(tb, tmp_pa
                "clusterctl-fs-node1": ["--label=clusterctl.job=fs", "--label=clusterctl.job_id=fs-other-state-dir"],
                "foreign-labelled": ["--label=clusterctl.job=fs", "--label=clusterctl.job_id=fs-other-id"]}
     for n, extra in foreign.items():
-        tb.exec("node1", ["podman", "run", "-d", "--network=host", f"--name={n}", *extra, IMAGE, "sleep", "600"], check=True,
-                timeout=60)
+        tb.exec("node1", [rt[0], "run", "-d", "--network=host", f"--name={n}", *rt[1:], *extra, IMAGE, "sleep", "600"],
+                check=True, timeout=60)
     try:
-        job = job_file(tmp_path / "job.yaml", tb, "fs", env={"SECTEST_SLEEP": "600"})
+        job = job_file(tmp_path / "job.yaml", tb, "fs", runtime=runtime, env={"SECTEST_SLEEP": "600"})
         os.umask(0o022)
         r = clusterctl("launch", job, "-i", inv, "-d", home=home, state=state)
         assert r.returncode == 0, r.stderr
         wait_dump(tb.shared / "fs" / "dump", ranks=N)
         (job_id,) = [p.name for p in (state / "jobs").iterdir()]
         ours = f"clusterctl-{job_id}_node1"
-        assert ours in containers(tb, "node1")
+        assert ours in containers(tb, "node1", runtime)
         r = clusterctl("stop", "fs", "--grace", "1", home=home, state=state)   # TERM first: by label, not name
         assert r.returncode == 0, r.stderr
-        left = containers(tb, "node1")
+        left = containers(tb, "node1", runtime)
         assert ours not in left
         assert set(foreign) <= set(left), left
-        running = tb.exec("node1", ["podman", "ps", "--format", "{{.Names}}"]).stdout.split()
+        running = tb.exec("node1", [runtime, "ps", "--format", "{{.Names}}"]).stdout.split()
         assert set(foreign) <= set(running), running
     finally:
-        tb.exec("node1", ["podman", "rm", "-f", "-t", "0", *foreign], timeout=60)
+        tb.exec("node1", [runtime, "rm", "-f", *(["-t", "0"] if runtime == "podman" else []), *foreign], timeout=60)
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
     for p in state.rglob("*"):
         mode = stat.S_IMODE(p.stat().st_mode)

@@ -1,6 +1,7 @@
 """Testbed CLI for humans and benchmarks.
 
     python -m tests.testbed up --hosts 4 --dir /tmp/tb [--prefix tb --subnet 77] [--gpus 8] [--no-image]
+                               [--runtime podman|docker|bare]
     python -m tests.testbed status --dir /tmp/tb
     python -m tests.testbed partition|heal|kill|stop-sshd|start-sshd --dir /tmp/tb node2
     python -m tests.testbed down --dir /tmp/tb
@@ -27,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--prefix", default="tb")
     up.add_argument("--subnet", type=int, default=77)
     up.add_argument("--gpus", type=int, default=8)
-    up.add_argument("--runtime", default="podman")
+    up.add_argument("--runtime", default="podman", choices=["podman", "docker", "bare"],
+                    help="the inventory's runtime; docker: a real dockerd per host as well")
     up.add_argument("--no-image", action="store_true", help="leave hosts without the test image (faster)")
     for name in ("down", "status"):
         sub.add_parser(name).add_argument("--dir", required=True)
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "up":
         t0 = time.monotonic()
         prof = profile(gpus=args.gpus, image=not args.no_image)
-        tb = Testbed(args.hosts, args.dir, [prof] * args.hosts, prefix=args.prefix, subnet_octet=args.subnet)
+        tb = Testbed(args.hosts, args.dir, [prof] * args.hosts, prefix=args.prefix, subnet_octet=args.subnet,
+                     docker=args.runtime == "docker")
         tb.up()
         inv = tb.inventory(tb.base_dir / "inventory.yaml", runtime=args.runtime)
         print(f"testbed {args.prefix}: {args.hosts} hosts up in {time.monotonic() - t0:.1f}s", file=sys.stderr)

@@ -1,5 +1,6 @@
 """A multi-host testbed on one machine: N network namespaces on a bridge, a real OpenSSH sshd per host,
-per-host stub GPU tools, per-host podman storage, shared storage, and fault injection.
+per-host stub GPU tools, per-host podman storage, with ``docker=True`` a real dockerd per host (dockerd.py),
+shared storage, and fault injection.
 
     with Testbed(3, "/tmp/tb") as tb:
         tb.hosts[0].name, tb.hosts[0].address, tb.hosts[0].ns   # node1, 10.77.0.11, tb1
@@ -29,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import containers, stubs, system
+from . import containers, dockerd, stubs, system
 
 REGISTRY = Path("/run/clusterctl-testbed")
 SSHD = "/usr/sbin/sshd"
@@ -45,7 +46,8 @@ class Host:
     veth: str  # tb1v (bridge side)
     dir: Path  # per-host files (sshd config, keys, stub bin, podman store)
     profile: dict = field(repr=False)
-    env: dict = field(repr=False)  # what the host's sshd sets for sessions (PATH, CONTAINERS_*)
+    env: dict = field(repr=False)  # what the host's sshd sets for sessions (PATH, CONTAINERS_*, DOCKER_HOST)
+    daemon: "dockerd.Daemon | None" = field(default=None, repr=False)   # its dockerd (docker testbeds)
 
     @property
     def bin_dir(self) -> Path:
@@ -71,7 +73,8 @@ class PortHandle:
 
 
 class Testbed:
-    def __init__(self, n_hosts: int, base_dir, profiles=None, prefix: str = "tb", subnet_octet: int = 77):
+    def __init__(self, n_hosts: int, base_dir, profiles=None, prefix: str = "tb", subnet_octet: int = 77,
+                 docker: bool = False):
         if not 1 <= n_hosts <= 200:
             raise ValueError("n_hosts must be 1..200")
         if not (len(prefix) <= 9 and prefix.isalnum() and prefix.isascii() and prefix[-1].isalpha()):
@@ -82,14 +85,17 @@ class Testbed:
             raise ValueError("more profiles than hosts")
         self.prefix = prefix
         self.subnet_octet = subnet_octet
+        self.docker = docker
         self.base_dir = Path(base_dir).resolve()
         self.bridge = f"{prefix}br0"
         self.gateway = f"10.{subnet_octet}.0.1"
         self.user = f"cc{prefix}"
+        self.plain_user = f"cc{prefix}u"     # a non-root login, made by add_plain_user()
         self.home = self.base_dir / "home"
         self.shared = self.base_dir / "shared"
         self.key = self.base_dir / "client" / "id_ed25519"
-        self.authorized_keys = self.base_dir / "client" / "authorized_keys"
+        # under /run, readable by every testbed login (a non-root one cannot reach into pytest's 0700 tmp dirs)
+        self.authorized_keys = Path("/run") / f"clusterctl-testbed-{prefix}" / "authorized_keys"
         self.known_hosts = self.base_dir / "known_hosts"
         self.runroot = Path("/run") / f"clusterctl-testbed-{prefix}"
         self.hosts: list[Host] = []
@@ -98,7 +104,8 @@ class Testbed:
             hdir = self.base_dir / "hosts" / f"node{i}"
             self.hosts.append(Host(
                 name=f"node{i}", address=f"10.{subnet_octet}.0.{10 + i}", ns=f"{prefix}{i}", index=i,
-                veth=f"{prefix}{i}v", dir=hdir, profile=prof, env={}))
+                veth=f"{prefix}{i}v", dir=hdir, profile=prof, env=self._host_env(hdir, f"node{i}"),
+                daemon=dockerd.daemon(hdir, self.runroot / "docker" / f"node{i}") if docker else None))
         self._up = False
 
     # --- lifecycle ---------------------------------------------------------------------------------------
@@ -119,6 +126,8 @@ class Testbed:
         if missing or not os.path.exists(SSHD):
             raise RuntimeError(f"missing tools {missing + ([] if os.path.exists(SSHD) else [SSHD])}: "
                                "apt-get install openssh-server podman runc iproute2 util-linux")
+        if self.docker and not (os.path.exists(dockerd.DOCKERD) and shutil.which("docker")):
+            raise RuntimeError(f"a docker testbed needs {dockerd.DOCKERD} and the docker CLI: {dockerd.INSTALL_HINT}")
         if (real := [t for t in ("nvidia-smi", "nvidia-ctk", "nvidia-container-cli")
                      if shutil.which(t, path=SYSTEM_PATH)]):
             raise RuntimeError(f"{real} found on {SYSTEM_PATH}: hosts profiled without them would still see them")
@@ -130,10 +139,14 @@ class Testbed:
             self._create_files()
             self._create_network()
             system.ensure_user(self.user, self.home)
+            for h in self.hosts:              # the daemons start while the rest is built (they take seconds)
+                if h.daemon is not None:
+                    dockerd.spawn(h.daemon, h.ns, h.name)
             self._setup_images()
             for h in self.hosts:
                 self._spawn_sshd(h)
             self._wait_ssh(self.hosts, timeout=30)
+            self._setup_docker_images()
         except BaseException:
             self.down()
             raise
@@ -144,6 +157,10 @@ class Testbed:
         """Remove everything this testbed created (safe to call at any point, more than once). Every clusterctl
         supervisor whose job targets this testbed's addresses is stopped first."""
         system.kill_pids(system.supervisors_using(f"10.{self.subnet_octet}.0."))
+        daemons = [h.daemon for h in self.hosts if h.daemon is not None]
+        if daemons:         # containers removed and daemons stopped, in parallel; kill_netns gets the rest
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(dockerd.stop, daemons))
         for h in self.hosts:
             if (h.dir / "storage" / "libpod").exists() and (Path("/run/netns") / h.ns).exists():
                 # podman state first, while its processes still run, so no container mounts are left
@@ -155,6 +172,7 @@ class Testbed:
         system.unmount_under(self.base_dir)
         system.unmount_under(self.runroot)
         system.remove_user(self.user)
+        system.remove_user(self.plain_user)
         subprocess.run(["rm", "-rf", str(self.runroot), str(self.base_dir / "hosts"),
                         str(self.base_dir / "template")], check=False)
         (REGISTRY / f"{self.prefix}.json").unlink(missing_ok=True)
@@ -169,7 +187,9 @@ class Testbed:
         if not self.key.exists():
             system.sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{self.user}@testbed",
                        "-f", str(self.key)])
+        self.authorized_keys.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         self.authorized_keys.write_text(self.key.with_suffix(".pub").read_text())
+        self.authorized_keys.chmod(0o644)
         keygens = []
         for h in self.hosts:
             h.dir.mkdir(parents=True, exist_ok=True)
@@ -178,8 +198,7 @@ class Testbed:
                 keygens.append(subprocess.Popen(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name,
                                                  "-f", str(hk)], stdout=subprocess.DEVNULL))
             stubs.write_stubs(h.bin_dir, h.profile, h.index)
-            h.env = {"PATH": f"{h.bin_dir}:{SYSTEM_PATH}",
-                     **containers.write_configs(h.dir, self.runroot / h.name, self.shared)}
+            containers.write_configs(h.dir, self.runroot / h.name, self.shared)
             (h.dir / "sshd_config").write_text(self._sshd_config(h))
         for p in keygens:
             if p.wait(timeout=30) != 0:
@@ -207,6 +226,80 @@ class Testbed:
         system.ip_batch(lines)
         for h in self.hosts:
             system.ip_batch([f"addr add {h.address}/24 dev eth0", "link set eth0 up", "link set lo up"], h.ns)
+
+    def _host_env(self, hdir: Path, name: str) -> dict[str, str]:
+        env = {"PATH": f"{hdir / 'bin'}:{SYSTEM_PATH}", "CONTAINERS_CONF": str(hdir / "containers.conf"),
+               "CONTAINERS_STORAGE_CONF": str(hdir / "storage.conf")}
+        if self.docker:
+            env.update(dockerd.daemon(hdir, self.runroot / "docker" / name).env)
+        return env
+
+    def _setup_docker_images(self) -> None:
+        daemons = {h.name: h.daemon for h in self.hosts if h.daemon is not None}
+        if not daemons:
+            return
+        dockerd.wait_ready(daemons, timeout=60)
+        tar = self.base_dir / "template" / "rootfs.tar"
+        tar.parent.mkdir(parents=True, exist_ok=True)
+        tar.write_bytes(containers.rootfs_tar())
+        wanted = [h.daemon for h in self.hosts if h.daemon is not None and h.profile["image"]]
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda d: dockerd.import_image(d, tar), wanted))
+
+    def job_mounts(self, runtime: str) -> list[str]:
+        """The ``mounts`` a job needs on this testbed: docker has no containers.conf ``volumes``, so a docker
+        job mounts the host's /usr, Python, venv, repo and shared storage itself; podman and bare need none."""
+        return dockerd.job_mounts(self.shared) if runtime == "docker" else []
+
+    def add_plain_user(self) -> str:
+        """A non-root login (same key as ``user``; not in the ``docker`` group), for the permission cases of
+        preflight. Its home is under the runroot. Returns the user name (``inventory(extra_vars={"ansible_user":
+        ...})``); ``down`` removes it."""
+        uid = system.free_uid()
+        home = self.runroot / "plain-home"
+        home.mkdir(parents=True, exist_ok=True)
+        os.chown(home, uid, uid)
+        system.ensure_user(self.plain_user, home, uid=uid)
+        return self.plain_user
+
+    def stop_dockerd(self, host) -> None:
+        """Stop the host's dockerd (its containers go with it): `docker` then fails to connect."""
+        h = self.host(host)
+        if h.daemon is not None:
+            dockerd.stop(h.daemon)
+
+    def start_dockerd(self, host) -> None:
+        h = self.host(host)
+        if h.daemon is not None and dockerd.pid(h.daemon) is None:
+            dockerd.spawn(h.daemon, h.ns, h.name)
+            dockerd.wait_ready({h.name: h.daemon}, timeout=60)
+
+    def docker_cli(self, host, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
+        """The docker CLI against the host's own daemon."""
+        h = self.host(host)
+        if h.daemon is None:
+            raise RuntimeError(f"testbed {self.prefix} has no dockerd (Testbed(..., docker=True))")
+        return dockerd.docker(h.daemon, *args, timeout=timeout, check=check)
+
+    def container_names(self, host, runtime: str = "podman", *filters: str) -> list[str]:
+        """Names of the containers (all states) on the host, of ``runtime``'s engine; ``filters``: ``--filter``
+        values (``label=clusterctl.job_id``)."""
+        argv = [runtime, "ps", "-a", "--format", "{{.Names}}", *(f"--filter={f}" for f in filters)]
+        r = self.exec(host, argv, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} on {self.host(host).name}: {r.stderr.strip()}")
+        return r.stdout.split()
+
+    def remove_containers(self, host) -> None:
+        """Force-remove every container on the host (podman, and docker on a docker testbed)."""
+        self.exec(host, ["podman", "rm", "-a", "-f", "-t", "0"], timeout=60)
+        if self.host(host).daemon is not None:
+            self.exec(host, ["sh", "-c", 'ids=$(docker ps -aq) && [ -z "$ids" ] || docker rm -f $ids'], timeout=60)
+
+    @staticmethod
+    def is_daemon(cmdline: str) -> bool:
+        """A container engine's own daemon (dockerd, its containerd): part of the host, not of any job."""
+        return cmdline.startswith((dockerd.DOCKERD + " ", "containerd --config"))
 
     def _setup_images(self) -> None:
         wanted = [h for h in self.hosts if h.profile["image"]]
@@ -257,7 +350,8 @@ class Testbed:
 
     def _state(self) -> dict:
         return {"n_hosts": len(self.hosts), "base_dir": str(self.base_dir), "prefix": self.prefix,
-                "subnet_octet": self.subnet_octet, "profiles": [h.profile for h in self.hosts]}
+                "subnet_octet": self.subnet_octet, "profiles": [h.profile for h in self.hosts],
+                "docker": self.docker}
 
     def _save_state(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -268,11 +362,8 @@ class Testbed:
 
     @classmethod
     def from_state(cls, state: dict) -> "Testbed":
-        tb = cls(state["n_hosts"], state["base_dir"], state["profiles"], state["prefix"], state["subnet_octet"])
-        for h in tb.hosts:
-            h.env = {"PATH": f"{h.bin_dir}:{SYSTEM_PATH}",
-                     "CONTAINERS_CONF": str(h.dir / "containers.conf"),
-                     "CONTAINERS_STORAGE_CONF": str(h.dir / "storage.conf")}
+        tb = cls(state["n_hosts"], state["base_dir"], state["profiles"], state["prefix"], state["subnet_octet"],
+                 docker=bool(state.get("docker")))
         tb._up = all((Path("/run/netns") / h.ns).exists() for h in tb.hosts)
         return tb
 
@@ -395,4 +486,5 @@ def cleanup_stale(prefix: str) -> None:
                                            and link[len(prefix):-1].isdigit())]
     system.ip_batch(lines)
     system.remove_user(f"cc{prefix}")
+    system.remove_user(f"cc{prefix}u")
 

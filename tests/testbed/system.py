@@ -177,16 +177,24 @@ def _entry(lines: list[str], user: str) -> str | None:
     return next((ln for ln in lines if ln.split(":", 1)[0] == user), None)
 
 
-def ensure_user(user: str, home: Path) -> None:
-    """Add (or re-point) a uid-0 account ``user`` with shell /bin/sh and ``home``; password ``*`` (no
-    password, not locked). Refuses to touch an account of the same name that the testbed did not create."""
+def ensure_user(user: str, home: Path, uid: int = 0) -> None:
+    """Add (or re-point) an account ``user`` (uid-0 unless ``uid``; gid = uid) with shell /bin/sh and ``home``;
+    password ``*`` (no password, not locked). Refuses to touch an account of the same name that the testbed did
+    not create."""
     passwd, shadow = Path("/etc/passwd"), Path("/etc/shadow")
     line = _entry(passwd.read_text().splitlines(), user)
     if line and USER_MARKER not in line:
         raise RuntimeError(f"user {user!r} exists and was not created by the testbed; pick another prefix")
-    want = f"{user}:x:0:0:{USER_MARKER}:{home}:/bin/sh"
+    want = f"{user}:x:{uid}:{uid}:{USER_MARKER}:{home}:/bin/sh"
     _edit_lines(passwd, lambda ls: [ln for ln in ls if ln.split(":", 1)[0] != user] + [want])
     _edit_lines(shadow, lambda ls: [ln for ln in ls if ln.split(":", 1)[0] != user] + [f"{user}:*:19000:0:99999:7:::"])
+
+
+def free_uid(start: int = 61000) -> int:
+    """A uid no account has (for a non-root testbed login)."""
+    used = {int(ln.split(":")[2]) for ln in Path("/etc/passwd").read_text().splitlines() if ln.count(":") >= 3
+            and ln.split(":")[2].isdigit()}
+    return next(u for u in range(start, start + 10000) if u not in used)
 
 
 def remove_user(user: str) -> None:
