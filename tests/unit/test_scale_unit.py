@@ -244,18 +244,19 @@ def test_the_supervisor_writes_a_node_row_only_when_it_changes(tmp_path):
 
 # ------------------------------------------------------------------------------------------ log sections
 def _scan(path, node, attempt):
-    """The old LogSink.section_lines: a scan of the whole file."""
+    """The old LogSink.section_lines: a scan of the whole file (lines per rank)."""
+    from collections import Counter
     marker, head, count, inside = f"[{node}/-] === attempt {attempt} ===", f"[{node}/", None, False
     for line in open(path):
         if not line.startswith(head):
             continue
         line = line.rstrip("\n")
         if line == marker:
-            count, inside = 0, True
+            count, inside = Counter(), True
         elif line.startswith(f"[{node}/-] === attempt ") and line.endswith(" ==="):
             inside = False
         elif inside:
-            count += 1
+            count[line[len(head):].split("]", 1)[0]] += 1
     return count
 
 
