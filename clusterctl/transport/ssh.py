@@ -471,12 +471,8 @@ class SSHTransport:
             raise ConnectError(self.host.name, f"connection lost: {e or e.__class__.__name__}") from None
 
     def stream(self, argv: Sequence[str], on_data: Callable[[bytes], None], stop: threading.Event) -> None:
-        self.connect()
+        chan = self._start_stream(argv)
         try:
-            chan = self._t.open_session(timeout=self.options.connect_timeout)
-            chan.set_combine_stderr(True)
-            self._exec(chan, quote(["sh", "-c", STREAM_WRAPPER, "clusterctl-stream", *argv]),
-                       time.monotonic() + self.options.command_timeout, f"stream of {argv[0]} did not start")
             fd = chan.fileno()
             while not stop.is_set():
                 readable(fd, 0.5)
@@ -489,9 +485,8 @@ class SSHTransport:
             self.close()
             raise ConnectError(self.host.name, f"connection lost: {e or e.__class__.__name__}") from None
 
-    def open_stream(self, argv: Sequence[str]) -> "SSHStream":
-        """``stream`` for a selector loop (``transport.streams.StreamMux``): the started command's channel,
-        read when its ``fileno()`` is readable; no thread of its own."""
+    def _start_stream(self, argv: Sequence[str]):
+        """A channel running ``argv`` under the stream wrapper, stderr merged into stdout."""
         self.connect()
         try:
             chan = self._t.open_session(timeout=self.options.connect_timeout)
@@ -502,7 +497,12 @@ class SSHTransport:
         except (paramiko.SSHException, EOFError, OSError) as e:
             self.close()
             raise ConnectError(self.host.name, f"connection lost: {e or e.__class__.__name__}") from None
-        return SSHStream(self, chan)
+        return chan
+
+    def open_stream(self, argv: Sequence[str]) -> "SSHStream":
+        """``stream`` for a selector loop (``transport.streams.StreamMux``): the started command's channel,
+        read when its ``fileno()`` is readable; no thread of its own."""
+        return SSHStream(self, self._start_stream(argv))
 
     def close(self) -> None:
         for t in (self._t, self._jump):
