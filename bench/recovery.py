@@ -252,13 +252,20 @@ def section(results: list[dict], args) -> str:
              "brackets), steps lost the worst run. torchrun: one run per fault.", "",
              "| fault | method | MTTR s | detect s | relaunch s | steps lost | outcome |",
              "|---|---|---:|---:|---:|---:|---|"]
+    lines += rows(results, lambda m: m)
+    lines += ["", f"Goal: MTTR <= 15 s, steps lost <= {EVERY} (one checkpoint interval).", ""]
+    return "\n".join(lines)
+
+
+def rows(results: list[dict], name) -> list[str]:
+    """One table row per fault and method, in the order they ran; ``name(method)`` labels the method."""
+    out = []
     for fault in dict.fromkeys(r["fault"] for r in results):
         for method in dict.fromkeys(r["method"] for r in results):
             rs = [r for r in results if r["fault"] == fault and r["method"] == method]
             if rs:
-                lines.append(row(fault, method, rs))
-    lines += ["", f"Goal: MTTR <= 15 s, steps lost <= {EVERY} (one checkpoint interval).", ""]
-    return "\n".join(lines)
+                out.append(row(fault, name(method), rs))
+    return out
 
 
 def label(method: str) -> str:
@@ -277,11 +284,7 @@ def side_section(results: list[dict], args) -> str:
              f"(own testbed, prefix `{args.prefix}`, 10.{args.subnet}.0.0/24).", "",
              "| fault | method | MTTR s | detect s | relaunch s | steps lost | outcome |",
              "|---|---|---:|---:|---:|---:|---|"]
-    for fault in dict.fromkeys(r["fault"] for r in results):
-        for method in dict.fromkeys(r["method"] for r in results):
-            rs = [r for r in results if r["fault"] == fault and r["method"] == method]
-            if rs:
-                lines.append(row(fault, label(method), rs))
+    lines += rows(results, label)
     mttr = {m: [r["mttr"] for r in results if r["method"] == m and r.get("mttr") is not None]
             for m in dict.fromkeys(r["method"] for r in results)}
     lines += ["", "MTTR over every fault: " + "; ".join(

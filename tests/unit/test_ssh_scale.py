@@ -9,27 +9,13 @@ from clusterctl.errors import ConnectError
 from clusterctl.inventory import Host
 from clusterctl.transport import ConnectOptions, fan_out
 from clusterctl.transport import ssh
-from tests.unit.sshserver import SSHServer, keygen, known_line
+from tests.unit.sshserver import keygen, known_line
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
     d = tmp_path_factory.mktemp("keys")
     return {"client": d / "client", "host": keygen(d / "host", "ed25519"), "_c": keygen(d / "client", "ed25519")}
-
-
-@pytest.fixture
-def servers():
-    started = []
-
-    def start(*a, **kw) -> SSHServer:
-        s = SSHServer(*a, **kw)
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        s.close()
 
 
 def _hosts(tmp_path, keys, server, n, proxy_jump=None):

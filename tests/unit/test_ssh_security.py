@@ -14,7 +14,7 @@ from clusterctl.errors import CommandTimeout, HostKeyError, TransportError
 from clusterctl.inventory import Host
 from clusterctl.transport import ConnectOptions
 from clusterctl.transport import ssh
-from tests.unit.sshserver import SSHServer, keygen, known_line
+from tests.unit.sshserver import keygen, known_line
 
 
 @pytest.fixture(scope="module")
@@ -22,20 +22,6 @@ def keys(tmp_path_factory):
     d = tmp_path_factory.mktemp("keys")
     return {"client": d / "client", **{t: keygen(d / t, t) for t in ("ed25519", "ecdsa", "rsa")},
             "other_ed25519": keygen(d / "other_ed25519", "ed25519"), "_client": keygen(d / "client", "ed25519")}
-
-
-@pytest.fixture
-def servers():
-    started = []
-
-    def start(*a, **kw) -> SSHServer:
-        s = SSHServer(*a, **kw)
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        s.close()
 
 
 def transport(tmp_path, keys, server, kh_text: str, *, accept_new=False, proxy_jump=None, **opts):
