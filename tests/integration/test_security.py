@@ -77,6 +77,15 @@ def tb(tmp_path_factory, testbed_slot):
     bed.down()
 
 
+@pytest.fixture(autouse=True)
+def no_job_left_behind(request):
+    """A test that fails midway leaves its job running (and its rendezvous port taken): remove it, so the next
+    test fails only for its own reasons."""
+    yield
+    if "tb" in request.fixturenames:
+        request.getfixturevalue("tb").reset_jobs()
+
+
 @pytest.fixture
 def home(tmp_path):
     """An empty HOME: ~/.ssh/known_hosts does not exist, so only the inventory's known_hosts counts."""
@@ -114,7 +123,8 @@ def job_file(path: Path, tb, name: str, *, nodes: int = N, runtime: str = "podma
             spec[k] = {**spec[k], **v}
         else:
             spec[k] = v
-    (tb.shared / name).mkdir(exist_ok=True)
+    shutil.rmtree(tb.shared / name, ignore_errors=True)   # another param's dumps would satisfy wait_dump at once
+    (tb.shared / name).mkdir()
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
@@ -155,7 +165,7 @@ def assert_changed_key_message(text: str, tb, kh: Path) -> None:
     assert "HOST KEY CHANGED" in text, text
     assert offered in text and recorded in text, text          # both fingerprints
     assert f"{kh}:2" in text, text                             # the known_hosts file and line
-    assert f"ssh-keygen -R '{h2.address}' -f {kh}" in text, text   # how to fix it
+    assert f"ssh-keygen -R {shlex.quote(h2.address)} -f {kh}" in text, text   # how to fix it
     assert "ssh-keyscan" not in text, text   # appending the new key would leave the stale one next to it
 
 
@@ -310,7 +320,7 @@ def test_host_key_of_another_type_is_changed_even_with_accept_new(tb, tmp_path, 
             assert r.returncode != 0, (args, text)
             assert f"HOST KEY CHANGED for {h3.address}" in text and "unknown host key" not in text, (args, text)
             assert offered in text and recorded in text, (args, text)
-            assert f"{kh}:3" in text and f"ssh-keygen -R '{h3.address}' -f {kh}" in text, (args, text)
+            assert f"{kh}:3" in text and f"ssh-keygen -R {shlex.quote(h3.address)} -f {kh}" in text, (args, text)
             assert kh.read_text() == good, f"{args} recorded the new key"
             assert not (home / ".ssh" / "known_hosts").exists(), f"{args} recorded a key"
         assert not any("hk-type2" in c for h in tb.hosts for c in containers(tb, h.name))

@@ -296,6 +296,23 @@ class Testbed:
         if self.host(host).daemon is not None:
             self.exec(host, ["sh", "-c", 'ids=$(docker ps -aq) && [ -z "$ids" ] || docker rm -f $ids'], timeout=60)
 
+    def reset_jobs(self) -> None:
+        """Leave no job behind between tests: stop the supervisors targeting this testbed, remove every container
+        and kill every process in the hosts' netns but sshd and the engine daemons (a test that fails midway must
+        not hand its running job, and its rendezvous port, to the next one)."""
+        system.kill_pids(system.supervisors_using(f"10.{self.subnet_octet}.0."))
+        for h in self.hosts:
+            if self.partitioned(h):
+                self.heal(h)
+            if (h.dir / "storage" / "libpod").exists():
+                self.exec(h, ["podman", "rm", "-a", "-f", "-t", "0"], timeout=60, check=False)
+            if h.daemon is not None and dockerd.pid(h.daemon) is not None:
+                self.exec(h, ["sh", "-c", 'ids=$(docker ps -aq) && [ -z "$ids" ] || docker rm -f $ids'],
+                          timeout=60, check=False)
+            sshd = self.sshd_pid(h)
+            system.kill_pids([pid for pid, cmd in self.processes(h)
+                              if pid != sshd and not self.is_daemon(cmd) and not re.match(r"^sshd|/sshd ", cmd)])
+
     @staticmethod
     def is_daemon(cmdline: str) -> bool:
         """A container engine's own daemon (dockerd, its containerd): part of the host, not of any job."""
