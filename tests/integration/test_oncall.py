@@ -94,11 +94,11 @@ def test_partitioned_rendezvous_host_whose_processes_died_recovers_within_15s(jo
     assert f["class"] == "rendezvous_lost" and f["node"] == victim, st["failures"]
     # clusterctl's part -- the fault to the relaunch -- may not wait on the dead node (the old lookup did: 60 s)
     starts = {e["attempt"]: e["time"] for e in run.events() if e["kind"] == "start"}
-    relaunch = starts[before + 1] - t0
+    relaunch = starts[int(before) + 1] - t0
     assert relaunch <= 6, f"relaunch {relaunch:.1f}s after the fault\n{run.events_text()}"
     # the rest is torch starting on the survivors. Goal 15 s (bench/recovery `partition_rdzv` measures it on a
     # quiet machine); on a loaded 2-core box the bound is what the first attempt's start took on this machine
-    first_start = next(r["time"] for r in run.steps_log() if r["attempt"] == before) - starts[before]
+    first_start = next(r["time"] for r in run.steps_log() if r["attempt"] == before) - starts[int(before)]
     bound = max(15.0, relaunch + first_start)
     assert mttr <= bound, f"MTTR {mttr:.1f}s > {bound:.1f}s\n{run.events_text()}"
     rh.check_steps(run)
