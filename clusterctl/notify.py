@@ -26,10 +26,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from tenacity import Retrying, stop_after_attempt, wait_exponential
 
 from clusterctl.state import JobState, Store
+from clusterctl.supervisor import INFRA
 
 TIMEOUT_S = 5.0
 TRIES = 3
-INFRA_KLASSES = ("node_lost", "rendezvous_lost", "hang")   # charged to restarts.max_node_failures
+INFRA_KLASSES = tuple(v.value for v in INFRA)   # charged to restarts.max_node_failures
 EVENT_OF = {JobState.RUNNING: "started", JobState.RECOVERING: "recovering", JobState.FAILED: "failed",
             JobState.SUCCEEDED: "succeeded", JobState.STOPPED: "stopped"}
 PAYLOAD_KEYS = ("job", "job_id", "event", "state", "reason", "attempt", "node", "checkpoint_step", "time", "text")

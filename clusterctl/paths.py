@@ -14,7 +14,6 @@ ours. Files are opened with ``O_NOFOLLOW`` (``open_private``).
 from __future__ import annotations
 
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Mapping
@@ -22,14 +21,11 @@ from typing import Mapping
 import platformdirs
 
 from clusterctl.errors import UserError
+from clusterctl.ids import JOB_ID_RE
 
 ENV_VAR = "CLUSTERCTL_STATE_DIR"
 APP_NAME = "clusterctl"
 DIR_MODE = 0o700
-
-# A job id becomes a directory name: no separators, no leading dot, no "..".
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
-
 
 def state_dir(explicit: str | os.PathLike[str] | None = None, *, environ: Mapping[str, str] | None = None) -> Path:
     """The state directory: ``explicit`` (the ``--state-dir`` flag), else ``$CLUSTERCTL_STATE_DIR``,

@@ -12,11 +12,11 @@ from typing import Any, Iterable, Mapping
 
 from clusterctl import runtimes
 from clusterctl.errors import UserError
+from clusterctl.ids import JOB_ID_RE
 from clusterctl.inventory import Host
 from clusterctl.spec import JobSpec
 
 MASK = "***"
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 @dataclass(frozen=True)

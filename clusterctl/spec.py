@@ -18,10 +18,10 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from clusterctl import budget
 from clusterctl.errors import InputError
+from clusterctl.ids import JOB_NAME_RE
 from clusterctl import yamlfile
 from clusterctl.yamlfile import line_of
 
-JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 NODES_RE = re.compile(r"^\s*([0-9]+)\s*(?::\s*([0-9]+)\s*)?$")
@@ -116,9 +116,11 @@ def _mount(m: Any) -> str:
     return m
 
 
-def _host_name(h: Any) -> str:
+def _host_token(h: Any, what: str = "host or group name") -> str:
+    """A host or group name as the job names it (resolved against the inventory later): a non-empty word that
+    cannot pass for an option."""
     if not isinstance(h, str) or not h or h.startswith("-") or any(c.isspace() for c in h):
-        raise ValueError(f"invalid host or group name {h!r}")
+        raise ValueError(f"invalid {what} {h!r}")
     return h
 
 
@@ -141,7 +143,7 @@ LineArg = Annotated[str, BeforeValidator(_line_arg)]
 EnvName = Annotated[str, BeforeValidator(_env_name)]
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
 Mount = Annotated[str, BeforeValidator(_mount)]
-HostName = Annotated[str, BeforeValidator(_host_name)]
+HostName = Annotated[str, BeforeValidator(_host_token)]
 UlimitName = Annotated[str, BeforeValidator(_ulimit_name)]
 UlimitValue = Annotated[str, BeforeValidator(_ulimit_value)]
 Window = Annotated[str, BeforeValidator(_window)]
@@ -166,9 +168,7 @@ class Rendezvous(_Model):
     @field_validator("host")
     @classmethod
     def _host(cls, v: str | None) -> str | None:
-        if v is not None and (not v or v.startswith("-") or any(c.isspace() for c in v)):
-            raise ValueError(f"invalid host name {v!r}")
-        return v
+        return None if v is None else _host_token(v, "host name")
 
 
 class Checkpoint(_Model):
@@ -206,7 +206,7 @@ class Restarts(_Model):
         return v
 
 
-class Supervisor(_Model):
+class SupervisorSettings(_Model):
     probe_interval_s: float = Field(1, gt=0)
     probe_failures: int = Field(2, ge=2)     # consecutive failed probes before a node is declared lost (one is noise)
     hang_timeout_s: float = Field(300, gt=0)  # no progress for this long -> the attempt is hung
@@ -315,7 +315,7 @@ class JobSpec(_Model):
     rendezvous: Rendezvous = Field(default_factory=Rendezvous)
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     restarts: Restarts = Field(default_factory=Restarts)
-    supervisor: Supervisor = Field(default_factory=Supervisor)
+    supervisor: SupervisorSettings = Field(default_factory=SupervisorSettings)
     container: Container = Field(default_factory=Container)
     hosts: list[HostName] | None = None
     notify: list[NotifyTarget] = Field(default_factory=list)

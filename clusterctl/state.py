@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets as _secrets
 import sqlite3
 import threading
@@ -25,11 +24,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from clusterctl.errors import ClusterctlError, UserError
+from clusterctl.ids import JOB_NAME_RE
 
 SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 30.0
 REDACTED = "***"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class JobState(str, Enum):
@@ -344,8 +343,8 @@ class Store:
                    exclusive: bool = True) -> str:
         """Insert a PENDING job and return its id ``<name>-<YYYYmmdd-HHMMSS>-<4 hex>`` (UTC).
         With ``exclusive``, raises ``JobActive`` if a non-terminal job of that name exists (checked atomically)."""
-        if not NAME_RE.match(name):
-            raise UserError(f"invalid job name {name!r}: use letters, digits, '_', '.', '-' (at most 64)")
+        if not JOB_NAME_RE.match(name):
+            raise UserError(f"invalid job name {name!r}: lowercase letters, digits and '-' (at most 63)")
         now = self._clock()
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
         with self._write() as db:
