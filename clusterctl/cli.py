@@ -306,7 +306,7 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
     if skip_preflight:   # the supervisor would see a bad host key only as an unreachable node
         controller.verify_host_keys(jc.hosts, connect_options(ctx, accept_new))
     else:
-        from clusterctl.checks.job import LAUNCH_CHECKS
+        from clusterctl.checks.registry import LAUNCH_CHECKS
 
         report = _preflight(ctx, jc.hosts, jc.spec, only=LAUNCH_CHECKS, accept_new=accept_new,
                             show_progress=output != "json")

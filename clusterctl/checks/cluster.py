@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import shlex
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping
 
-from clusterctl.checks.network import exposed_addresses, find_interface, is_private_address
-from clusterctl.checks.probe import Section, first_line, split_sections
+from clusterctl.checks.model import MARKERS, Check, HostProbe, Probe, Section, first_line, split_sections
+from clusterctl.checks.network import NIC_SECTIONS, exposed_addresses, find_interface, is_private_address
 from clusterctl.checks.results import CheckResult, ClusterCheck
-
-if TYPE_CHECKING:
-    from clusterctl.checks.preflight import HostProbe
 
 # Listens on all interfaces (as c10d's TCPStore does) until N peers connected or the timeout; then removes
 # the nonce file (argv[5]) if every peer came. argv: port, peers, timeout_s, family (4|6), [cleanup path].
@@ -75,9 +72,6 @@ CONNECT_BASH = (
     'if [ "$(date +%s)" -ge "$end" ]; then echo "failed could not connect"; exit 1; fi; sleep 0.2; done'
 )
 
-_MARKERS = "b() { printf '@@cc<%s\\n' \"$1\"; }\ne() { printf '\\n@@cc>%s %d\\n' \"$1\" \"$2\"; }\n"
-
-
 def listener_script(port: int, peers: int, timeout_s: float, ipv6: bool, cleanup: str | None) -> str:
     args = [str(port), str(peers), f"{timeout_s:g}", "6" if ipv6 else "4"] + ([cleanup] if cleanup else [])
     return ("if command -v python3 >/dev/null 2>&1; then "
@@ -86,7 +80,7 @@ def listener_script(port: int, peers: int, timeout_s: float, ipv6: bool, cleanup
 
 
 def peer_script(address: str | None, port: int, timeout_s: float, nonce_file: str | None) -> str:
-    parts = [_MARKERS]
+    parts = [MARKERS]
     if nonce_file:
         parts.append(f"b nonce_read; cat -- {shlex.quote(nonce_file)} 2>&1; e nonce_read $?\n")
     if address:
@@ -240,7 +234,7 @@ def check_hostnames(names: Mapping[str, str | None]) -> ClusterCheck:
     return ClusterCheck("hostnames", "pass", f"{len(known)} unique hostnames", None, tuple(known))
 
 
-def check_exposure(probe: "HostProbe", port: int) -> ClusterCheck:
+def check_exposure(probe: HostProbe, port: int) -> ClusterCheck:
     """Heuristic, no traffic: does the rendezvous host have global addresses outside its cluster NIC's network?
     (Reachability from outside is not tested.)"""
     name = probe.host.name
@@ -261,3 +255,13 @@ def check_exposure(probe: "HostProbe", port: int) -> ClusterCheck:
     return ClusterCheck("rendezvous_exposure", "pass", f"{name} has no global address outside the cluster network",
                         None, (name,))
 
+
+
+# ------------------------------------------------------------------------------------------------ probes, checks
+HOSTNAME = Probe("hostname", lambda host, job, o: "b hostname; (hostname || uname -n) 2>&1; e hostname $?\n")
+# judged over every host by preflight's cluster phase (rendezvous_reachable and shared_storage in phase 2)
+RENDEZVOUS = Check("rendezvous_reachable", "cluster")
+SHARED_STORAGE = Check("shared_storage", "cluster")
+CONSISTENCY = Check("consistency", "cluster", needs=("nvidia_smi", "runtime_info", "image"))
+HOSTNAMES = Check("hostnames", "cluster", needs=("hostname",))
+EXPOSURE = Check("rendezvous_exposure", "cluster", needs=NIC_SECTIONS, launch=True)   # only warns

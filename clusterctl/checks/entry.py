@@ -13,17 +13,17 @@ import posixpath
 import shlex
 from typing import TYPE_CHECKING, Any
 
+from clusterctl.checks.job import PreflightJob
+from clusterctl.checks.model import Check, HostProbe, Probe, section
 from clusterctl.checks.results import CheckResult, failed, passed
 
 if TYPE_CHECKING:
-    from clusterctl.checks.job import PreflightJob
-    from clusterctl.checks.preflight import HostProbe
     from clusterctl.inventory import Host
 
 SECTION = "entry"
 
 
-def host_script(host: "Host", job: "PreflightJob | None") -> str | None:
+def host_script(host: "Host", job: PreflightJob | None) -> str | None:
     """Where the job's script is on the host's own filesystem, when the host can see it: bare (relative to the
     workdir), or a container whose script lies under a mounted host directory; else None."""
     if job is None or not job.script:
@@ -43,11 +43,11 @@ def host_script(host: "Host", job: "PreflightJob | None") -> str | None:
     return None
 
 
-def applies(host: "Host", job: "PreflightJob | None") -> bool:
+def applies(host: "Host", job: PreflightJob | None) -> bool:
     return job is not None and (host.runtime == "bare" or host_script(host, job) is not None)
 
 
-def snippet(host: "Host", job: "PreflightJob", timeout_s: float) -> str:
+def snippet(host: "Host", job: PreflightJob, timeout_s: float) -> str:
     """Shell text printing ``workdir=``, ``torchrun=``, ``interpreter=``, ``script=`` lines (values quoted)."""
     lines = []
     if host.runtime == "bare":
@@ -75,7 +75,7 @@ def parse_entry(output: str, rc: int = 0) -> dict[str, Any]:
     return out
 
 
-def check_torchrun(probe: "HostProbe") -> CheckResult | None:
+def check_torchrun(probe: HostProbe) -> CheckResult | None:
     host, job = probe.host, probe.job
     if job is None or host.runtime != "bare":
         return None
@@ -96,7 +96,7 @@ def check_torchrun(probe: "HostProbe") -> CheckResult | None:
     return passed("torchrun", f"{where}", torchrun=where)
 
 
-def check_script(probe: "HostProbe") -> CheckResult | None:
+def check_script(probe: HostProbe) -> CheckResult | None:
     host, job = probe.host, probe.job
     path = host_script(host, job)
     if path is None:
@@ -108,3 +108,10 @@ def check_script(probe: "HostProbe") -> CheckResult | None:
                   "fix `script:` in the job file (relative paths start at `workdir`; the bare runtime's default "
                   "workdir is the job file's directory), or copy the script to every node / shared storage",
                   path=path)
+
+
+# ------------------------------------------------------------------------------------------------ probes, checks
+ENTRY = Probe(SECTION, lambda host, job, o: section(SECTION, snippet(host, job, o.probe_timeout_s)),
+              applies=lambda host, job, o: applies(host, job))
+TORCHRUN = Check("torchrun", "entry", check_torchrun, (SECTION,), label="torchrun", launch=True)
+SCRIPT = Check("script", "entry", check_script, (SECTION,), label="script", launch=True)

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from clusterctl.checks.probe import Section, first_line, tool_error
+from clusterctl.checks.model import (Check, HostProbe, Probe, Section, first_line, has_gpus, section, tool_cmd,
+                                     tool_error)
 from clusterctl.checks.results import CheckResult, failed, passed, skipped, warned
 
-if TYPE_CHECKING:
-    from clusterctl.checks.preflight import HostProbe
+NVIDIA_SMI_QUERY = ("index,name,driver_version,memory.total,ecc.errors.uncorrected.volatile.total,"
+                    "retired_pages.pending,uuid")
+NVIDIA_SMI_ARGV = ("nvidia-smi", f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits")
 
 # CUDA major(.minor) of the image -> minimum Linux driver (minor-version compatibility).
 MIN_DRIVER: dict[tuple[int, ...], str] = {
@@ -86,7 +88,7 @@ def parse_nvidia_smi(output: str, rc: int = 0) -> dict[str, Any]:
     return {"error": error if (rc != 0 or not gpus) else None, "gpus": gpus}
 
 
-def _smi(p: "HostProbe") -> tuple[dict[str, Any] | None, CheckResult | None]:
+def _smi(p: HostProbe) -> tuple[dict[str, Any] | None, CheckResult | None]:
     """(parsed, None) or (None, a fail/skip for gpu_driver)."""
     sec: Section | None = p.sections.get("nvidia_smi")
     if sec is not None and sec.rc == 127 and p.host.gpus is None:
@@ -111,7 +113,7 @@ def _driver_hint(sec: Section | None, msg: str) -> str:
     return "run `nvidia-smi` on the host and fix the driver error it prints"
 
 
-def check_gpu_driver(p: "HostProbe") -> CheckResult:
+def check_gpu_driver(p: HostProbe) -> CheckResult:
     if p.host.gpus == 0:
         return skipped("gpu_driver", "CPU host (clusterctl_gpus: 0)")
     parsed, bad = _smi(p)
@@ -130,14 +132,20 @@ def check_gpu_driver(p: "HostProbe") -> CheckResult:
     return passed("gpu_driver", f"driver {version} (CUDA {cuda_s} needs >= {minimum})", **data)
 
 
-def check_gpu_count(p: "HostProbe") -> CheckResult:
+def _gpu_list(p: HostProbe, cid: str) -> tuple[list[dict[str, Any]], CheckResult | None]:
+    """(the GPUs nvidia-smi listed, None), or ([], the skip of ``cid``: a CPU host, or no list; see gpu_driver)."""
     if p.host.gpus == 0:
-        return skipped("gpu_count", "CPU host (clusterctl_gpus: 0)")
+        return [], skipped(cid, "CPU host (clusterctl_gpus: 0)")
     parsed, bad = _smi(p)
-    if bad:
-        return skipped("gpu_count", "no GPU list (see gpu_driver)")
-    assert parsed is not None
-    gpus = parsed["gpus"]
+    if bad or parsed is None:
+        return [], skipped(cid, "no GPU list (see gpu_driver)")
+    return parsed["gpus"], None
+
+
+def check_gpu_count(p: HostProbe) -> CheckResult:
+    gpus, skip = _gpu_list(p, "gpu_count")
+    if skip:
+        return skip
     n = len(gpus)
     models = sorted({g["name"] for g in gpus})
     data = {"count": n, "expected": p.host.gpus, "models": models}
@@ -153,15 +161,12 @@ def check_gpu_count(p: "HostProbe") -> CheckResult:
     return passed("gpu_count", f"{n} x {', '.join(models)}{note}", **data)
 
 
-def check_gpu_health(p: "HostProbe") -> CheckResult:
-    if p.host.gpus == 0:
-        return skipped("gpu_health", "CPU host (clusterctl_gpus: 0)")
-    parsed, bad = _smi(p)
-    if bad:
-        return skipped("gpu_health", "no GPU list (see gpu_driver)")
-    assert parsed is not None
-    ecc = {g["index"]: g["ecc_uncorrected"] for g in parsed["gpus"] if g["ecc_uncorrected"]}
-    pending = [g["index"] for g in parsed["gpus"] if g["retired_pending"]]
+def check_gpu_health(p: HostProbe) -> CheckResult:
+    gpus, skip = _gpu_list(p, "gpu_health")
+    if skip:
+        return skip
+    ecc = {g["index"]: g["ecc_uncorrected"] for g in gpus if g["ecc_uncorrected"]}
+    pending = [g["index"] for g in gpus if g["retired_pending"]]
     data = {"ecc_uncorrected": {str(k): v for k, v in ecc.items()}, "retired_pending": pending}
     if ecc:
         which = ", ".join(f"GPU {i}: {n}" for i, n in ecc.items())
@@ -172,5 +177,12 @@ def check_gpu_health(p: "HostProbe") -> CheckResult:
     if pending:
         return warned("gpu_health", f"retired pages pending on GPU {', '.join(map(str, pending))}",
                       "reboot the host (or reset the GPU) so the pending pages are retired", **data)
-    no_ecc = all(g["ecc_uncorrected"] is None for g in parsed["gpus"])
+    no_ecc = all(g["ecc_uncorrected"] is None for g in gpus)
     return passed("gpu_health", "no uncorrectable ECC errors" + (" (ECC not reported)" if no_ecc else ""), **data)
+
+
+NVIDIA_SMI = Probe("nvidia_smi", lambda host, job, o: section(
+    "nvidia_smi", tool_cmd(o.probe_timeout_s, NVIDIA_SMI_ARGV)), applies=has_gpus)
+DRIVER = Check("gpu_driver", "host", check_gpu_driver, ("nvidia_smi",), label="driver")
+COUNT = Check("gpu_count", "host", check_gpu_count, ("nvidia_smi",), label="gpus")
+HEALTH = Check("gpu_health", "host", check_gpu_health, ("nvidia_smi",), label="health")

@@ -12,21 +12,6 @@ DEFAULT_IMAGE = "pytorch-cuda:v2.7-ssh"
 DEFAULT_RDZV_PORT = 29400
 GIB = 1024 ** 3
 
-HOST_CHECKS: tuple[str, ...] = (
-    "ssh", "gpu_driver", "gpu_count", "gpu_health", "container_runtime", "nvidia_toolkit", "image", "ports",
-    "disk", "clock", "interface",
-)
-# Checks of the job's entry point, reported only for the hosts they apply to (see checks/entry.py).
-ENTRY_CHECKS: tuple[str, ...] = ("torchrun", "script")
-CLUSTER_CHECKS: tuple[str, ...] = (
-    "rendezvous_reachable", "shared_storage", "consistency", "hostnames", "rendezvous_exposure",
-)
-ALL_CHECKS: FrozenSet[str] = frozenset(HOST_CHECKS + ENTRY_CHECKS + CLUSTER_CHECKS)
-# The subset the launcher runs before every launch (one round trip per host). rendezvous_exposure only warns: a
-# launch whose rendezvous host listens on a public address says so.
-LAUNCH_CHECKS: FrozenSet[str] = frozenset({"ssh", "container_runtime", "nvidia_toolkit", "image", "ports", "interface",
-                                           "torchrun", "script", "rendezvous_exposure"})
-
 
 def _get(obj: Any, *path: str) -> Any:
     for name in path:

@@ -3,13 +3,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from clusterctl.checks.probe import is_ip, tool_error
+from clusterctl.checks.model import Check, HostProbe, Probe, endpoint, is_ip, section, tool_cmd, tool_error
 from clusterctl.checks.results import CheckResult, failed, passed, warned
-
-if TYPE_CHECKING:
-    from clusterctl.checks.preflight import HostProbe
 
 
 def parse_ss_listen(output: str, rc: int = 0) -> list[dict[str, Any]]:
@@ -69,7 +66,7 @@ def link_is_up(link: dict[str, Any]) -> bool:
     return link["state"] == "UP" or (link["state"] in ("UNKNOWN", None) and "LOWER_UP" in flags)
 
 
-def check_ports(p: "HostProbe") -> CheckResult:
+def check_ports(p: HostProbe) -> CheckResult:
     ports = p.job.all_ports if p.job else (p.rdzv_port,)
     sec = p.sections.get("ss")
     err = tool_error("ss", sec, p.options.probe_timeout_s)
@@ -81,14 +78,13 @@ def check_ports(p: "HostProbe") -> CheckResult:
     busy = {l["port"]: l["address"] for l in listening if l["port"] in ports}
     if busy:
         port, addr = next(iter(busy.items()))
-        where = f"[{addr}]" if ":" in addr else addr
-        return failed("ports", f"port {port} is in use (listening on {where}:{port})",
+        return failed("ports", f"port {port} is in use (listening on {endpoint(addr, port)})",
                       f"find the owner with `ss -ltnp 'sport = :{port}'` and stop it, or choose another "
                       "rendezvous.port", ports=list(ports), busy=sorted(busy))
     return passed("ports", f"{', '.join(map(str, ports))} free", ports=list(ports), busy=[])
 
 
-def _candidates(p: "HostProbe") -> list[tuple[str, str]]:
+def _candidates(p: HostProbe) -> list[tuple[str, str]]:
     """(ip, how) pairs that should identify the host's NIC, best first."""
     out = []
     if is_ip(p.host.address):
@@ -108,7 +104,7 @@ def _candidates(p: "HostProbe") -> list[tuple[str, str]]:
     return out
 
 
-def find_interface(p: "HostProbe") -> tuple[str | None, str | None, str | None]:
+def find_interface(p: HostProbe) -> tuple[str | None, str | None, str | None]:
     """(nic name, ip, how it was found) for the host, from clusterctl_interface or the address."""
     addr_sec = p.sections.get("ip_addr")
     addrs = parse_ip_addr(addr_sec.output) if addr_sec is not None and addr_sec.rc == 0 else []
@@ -123,7 +119,7 @@ def find_interface(p: "HostProbe") -> tuple[str | None, str | None, str | None]:
     return None, None, None
 
 
-def check_interface(p: "HostProbe") -> CheckResult:
+def check_interface(p: HostProbe) -> CheckResult:
     for tool in ("ip_addr", "ip_link"):
         err = tool_error("ip", p.sections.get(tool), p.options.probe_timeout_s)
         if err:
@@ -167,7 +163,7 @@ def is_private_address(address: str) -> bool:
     return any(ip in n for n in PRIVATE_NETWORKS if n.version == ip.version)
 
 
-def exposed_addresses(p: "HostProbe") -> list[dict[str, Any]]:
+def exposed_addresses(p: HostProbe) -> list[dict[str, Any]]:
     """Global addresses of the host outside the networks of its cluster NIC: a listener on all interfaces
     (as c10d's TCPStore is) is reachable through them."""
     addr_sec = p.sections.get("ip_addr")
@@ -185,3 +181,21 @@ def exposed_addresses(p: "HostProbe") -> list[dict[str, Any]]:
             out.append({"name": a["name"], "address": a["address"]})
     return out
 
+
+
+# ------------------------------------------------------------------------------------------------ probes, checks
+def _tool(name: str, *argv: str) -> Probe:
+    return Probe(name, lambda host, job, o: section(name, tool_cmd(o.probe_timeout_s, argv)))
+
+
+SS = _tool("ss", "ss", "-Hltn")
+IP_ADDR = _tool("ip_addr", "ip", "-o", "addr", "show")
+IP_LINK = _tool("ip_link", "ip", "-o", "link", "show")
+SSH_CONN = Probe("ssh_conn", lambda host, job, o: "b ssh_conn; printf '%s' \"${SSH_CONNECTION:-}\"; e ssh_conn 0\n")
+GETENT = Probe("getent", lambda host, job, o: section("getent", tool_cmd(o.probe_timeout_s,
+                                                                         ("getent", "hosts", host.address))),
+               applies=lambda host, job, o: not (is_ip(host.address) or host.interface))   # only to find the NIC
+NIC_SECTIONS = ("ip_addr", "ip_link", "ssh_conn", "getent")
+
+PORTS = Check("ports", "host", check_ports, ("ss",), label="ports", launch=True)
+INTERFACE = Check("interface", "host", check_interface, NIC_SECTIONS, label="nic", launch=True)

@@ -10,82 +10,38 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from clusterctl.checks import cluster as cl
-from clusterctl.checks.entry import check_script, check_torchrun
-from clusterctl.checks.gpu import check_gpu_count, check_gpu_driver, check_gpu_health
-from clusterctl.checks.job import ALL_CHECKS, CLUSTER_CHECKS, HOST_CHECKS, PreflightJob, PreflightOptions
-from clusterctl.checks.network import check_interface, check_ports
-from clusterctl.checks.probe import Section, build_probe_script, nonce_path, split_sections
+from clusterctl.checks import registry
+from clusterctl.checks.job import PreflightJob, PreflightOptions
+from clusterctl.checks.model import HostProbe, Section, endpoint
+from clusterctl.checks.probe import build_probe_script, nonce_path, split_sections
+from clusterctl.checks.registry import ALL_CHECKS, CLUSTER_CHECKS, HOST_CHECKS
 from clusterctl.checks.results import CheckResult, ClusterCheck, HostReport, PreflightReport, skipped
-from clusterctl.checks.runtime import check_container_runtime, check_image, check_nvidia_toolkit
-from clusterctl.checks.storage import check_disk
-from clusterctl.checks.system import check_clock, check_ssh, check_ssh_error, parse_epoch
+from clusterctl.checks.system import check_ssh, check_ssh_error
 from clusterctl.errors import UserError
 
 if TYPE_CHECKING:
     from clusterctl.inventory import Host
     from clusterctl.transport.base import Transport
 
+__all__ = ["HostProbe", "Progress", "evaluate_host", "run_preflight"]
+
 Progress = Callable[[int, int, str], None]    # (done, total, label)
-
-HOST_CHECK_FUNCS: Mapping[str, Callable[["HostProbe"], CheckResult]] = {
-    "ssh": check_ssh, "gpu_driver": check_gpu_driver, "gpu_count": check_gpu_count, "gpu_health": check_gpu_health,
-    "container_runtime": check_container_runtime, "nvidia_toolkit": check_nvidia_toolkit, "image": check_image,
-    "ports": check_ports, "disk": check_disk, "clock": check_clock, "interface": check_interface,
-}
-
-
-ENTRY_CHECK_FUNCS: Mapping[str, Callable[["HostProbe"], CheckResult | None]] = {
-    "torchrun": check_torchrun, "script": check_script,
-}
-
-
-@dataclass(frozen=True)
-class HostProbe:
-    """Everything phase 1 learned about one host: the input of every per-host check."""
-
-    host: "Host"
-    job: PreflightJob | None
-    options: PreflightOptions
-    sections: Mapping[str, Section]
-    exit_code: int = 0
-    stderr: str = ""
-    connect_s: float = 0.0
-    rtt_s: float = 0.0          # the probe command, controller side
-    sent: float = 0.0           # controller wall clock before / after the command
-    received: float = 0.0
-    transport: Any = field(default=None, compare=False, repr=False)
-
-    @property
-    def image(self) -> str:
-        return (self.job or PreflightJob()).image
-
-    @property
-    def rdzv_port(self) -> int:
-        return (self.job or PreflightJob()).rdzv_port
-
-    @property
-    def script_s(self) -> float:
-        a, b = self.sections.get("clock0"), self.sections.get("clock1")
-        t0, t1 = (parse_epoch(a.output) if a else None), (parse_epoch(b.output) if b else None)
-        return max(0.0, t1 - t0) if t0 is not None and t1 is not None else 0.0
 
 
 def evaluate_host(probe: HostProbe) -> dict[str, CheckResult]:
-    """Every per-host check over one probe (pure)."""
+    """Every per-host check over one probe (pure): the host checks, then the entry checks where they apply."""
     out = {"ssh": check_ssh(probe)}
     if out["ssh"].status == "fail":
         return out | {cid: skipped(cid, "ssh failed") for cid in HOST_CHECKS if cid != "ssh"}
-    for cid, fn in HOST_CHECK_FUNCS.items():
-        if cid != "ssh":
-            out[cid] = fn(probe)
-    for cid, fn in ENTRY_CHECK_FUNCS.items():     # only where they apply to this host
-        result = fn(probe)
-        if result is not None:
-            out[cid] = result
+    for c in registry.CHECKS:
+        if c.kind in ("host", "entry") and c.id != "ssh":
+            result = c.fn(probe)
+            if result is not None:
+                out[c.id] = result
     return out
 
 
@@ -194,84 +150,127 @@ def run_preflight(hosts: Sequence["Host"], *, connect: Callable[["Host"], "Trans
 def _cluster_phase(hosts: list["Host"], probes: dict[str, HostProbe], host_checks: dict[str, dict[str, CheckResult]],
                    pjob: PreflightJob | None, options: PreflightOptions, fan, nonce: str, share: bool,
                    rdzv_wanted: bool) -> list[ClusterCheck]:
-    out: list[ClusterCheck] = []
-    job = pjob or PreflightJob()
-    port = job.rdzv_port
+    """The cluster checks: those judged from phase 1 alone, then (when wanted) phase 2's plan, its run, its verdicts."""
     first = hosts[0]
-    endpoint = f"{first.address}:{port}" if ":" not in first.address else f"[{first.address}]:{port}"
-    ok = [h for h in hosts if h.name in probes and host_checks[h.name]["ssh"].status != "fail"]
-    rdzv_ok = bool(ok) and ok[0] is first
-    peers = [h for h in ok if h is not first]
-
+    plan = plan_cluster(hosts, probes, host_checks, pjob, nonce, share, rdzv_wanted)
+    out: list[ClusterCheck] = []
     if options.wants("hostnames"):
         out.append(cl.check_hostnames({h.name: _hostname(probes.get(h.name)) for h in hosts}))
     if options.wants("consistency"):
-        out.append(cl.check_consistency({h.name: host_checks[h.name] for h in ok}))
+        out.append(cl.check_consistency({h.name: host_checks[h.name] for h in hosts
+                                         if h.name in probes and host_checks[h.name]["ssh"].status != "fail"}))
     if options.wants("rendezvous_exposure") and len(hosts) > 0:
-        out.append(cl.check_exposure(probes[first.name], port) if rdzv_ok else
+        out.append(cl.check_exposure(probes[first.name], plan.port) if plan.rdzv_ok else
                    ClusterCheck("rendezvous_exposure", "skip", f"{first.name} unreachable", None, (first.name,)))
-
     if not (share or rdzv_wanted):
         for cid, why in (("rendezvous_reachable", "single host"), ("shared_storage", _share_skip(pjob, hosts))):
             out.append(ClusterCheck(cid, "skip", why, None, ()))
         return out
+    by_name, listener = _run_cluster(plan, probes, options, fan)
+    return out + judge_cluster(plan, pjob, hosts, nonce, by_name, listener, options)
 
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """What phase 2 runs, decided from phase 1 alone (pure)."""
+    first: "Host"                       # the rendezvous host
+    port: int
+    rdzv_ok: bool                       # the rendezvous host answered phase 1
+    peers: tuple["Host", ...]           # the other hosts that answered
+    share: bool                         # shared_storage is checked
+    rdzv_wanted: bool                   # rendezvous_reachable is checked
+    written: Section | None             # the rendezvous host's nonce_write section
+    read_nonce: str | None              # the nonce file the peers read (None: it was not written)
+    port_busy: bool                     # the rendezvous port is taken on the rendezvous host (see ports)
+    listen: bool                        # run the temporary rendezvous listener
+
+    @property
+    def targets(self) -> list["Host"]:
+        return ([self.first] if self.listen else []) + (list(self.peers) if self.listen or self.read_nonce else [])
+
+    def script(self, host: "Host", options: PreflightOptions) -> str:
+        if host is self.first:
+            return cl.listener_script(self.port, len(self.peers), options.rendezvous_timeout_s + 2.0,
+                                      ":" in self.first.address, self.read_nonce)
+        return cl.peer_script(self.first.address if self.listen else None, self.port, options.rendezvous_timeout_s,
+                              self.read_nonce)
+
+
+def plan_cluster(hosts: Sequence["Host"], probes: Mapping[str, HostProbe],
+                 host_checks: Mapping[str, Mapping[str, CheckResult]], pjob: PreflightJob | None, nonce: str,
+                 share: bool, rdzv_wanted: bool) -> ClusterPlan:
+    job = pjob or PreflightJob()
+    first = hosts[0]
+    ok = [h for h in hosts if h.name in probes and host_checks[h.name]["ssh"].status != "fail"]
+    rdzv_ok = bool(ok) and ok[0] is first
     written = probes[first.name].sections.get("nonce_write") if rdzv_ok and share else None
     nonce_file = nonce_path(job.checkpoint_dir, nonce) if share and job.checkpoint_dir else None
-    read_nonce = nonce_file if written is not None and written.rc == 0 else None
     port_busy = rdzv_ok and host_checks[first.name].get("ports", skipped("ports", "")).status == "fail"
-    listen = rdzv_wanted and rdzv_ok and bool(peers) and not port_busy
+    peers = tuple(h for h in ok if h is not first)
+    return ClusterPlan(first, job.rdzv_port, rdzv_ok, peers, share, rdzv_wanted, written,
+                       nonce_file if written is not None and written.rc == 0 else None, port_busy,
+                       listen=rdzv_wanted and rdzv_ok and bool(peers) and not port_busy)
 
+
+def _run_cluster(plan: ClusterPlan, probes: Mapping[str, HostProbe], options: PreflightOptions,
+                 fan) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Phase 2's I/O: one command per target over the transports phase 1 left open; the nonce file removed when
+    the listener did not. Returns (peer name -> parse_peer() or the error, the listener's parse_listener())."""
     def phase2(host: "Host") -> dict[str, Any]:
-        tr = probes[host.name].transport
-        if host is first:
-            script = cl.listener_script(port, len(peers), options.rendezvous_timeout_s + 2.0, ":" in first.address,
-                                        read_nonce)
-            res = tr.run(["sh", "-c", script], timeout=options.rendezvous_timeout_s + 15.0)
-            return cl.parse_listener(res.stdout, res.exit_code)
-        script = cl.peer_script(first.address if listen else None, port, options.rendezvous_timeout_s, read_nonce)
-        res = tr.run(["sh", "-c", script], timeout=options.rendezvous_timeout_s + 15.0)
-        return cl.parse_peer(res.stdout, res.exit_code)
+        res = probes[host.name].transport.run(["sh", "-c", plan.script(host, options)],
+                                              timeout=options.rendezvous_timeout_s + 15.0)
+        return (cl.parse_listener if host is plan.first else cl.parse_peer)(res.stdout, res.exit_code)
 
-    targets = ([first] if listen else []) + (peers if (listen or read_nonce) else [])
+    targets = plan.targets
     results = fan(targets, phase2, max_workers=options.max_workers, host_timeout=None,
                   deadline=options.deadline_s) if targets else []
     by_name: dict[str, Any] = {h.name: (r.error if r.error is not None else r.value) for h, r in zip(targets, results)}
-    listener = by_name.pop(first.name, None) if listen else None
+    listener = by_name.pop(plan.first.name, None) if plan.listen else None
     if isinstance(listener, BaseException):
         listener = {"error": f"no answer ({getattr(listener, 'message', listener)})"}
-
-    if read_nonce and not (isinstance(listener, dict) and listener.get("removed")):
+    if plan.read_nonce and not (isinstance(listener, dict) and listener.get("removed")):
         try:  # failure path only: the listener did not remove the nonce file
-            probes[first.name].transport.run(["rm", "-f", "--", read_nonce], timeout=options.command_timeout_s)
+            probes[plan.first.name].transport.run(["rm", "-f", "--", plan.read_nonce],
+                                                  timeout=options.command_timeout_s)
         except Exception:  # noqa: BLE001 - best effort
             pass
+    return by_name, listener
 
-    if not rdzv_wanted:
+
+def judge_cluster(plan: ClusterPlan, pjob: PreflightJob | None, hosts: Sequence["Host"], nonce: str,
+                  by_name: Mapping[str, Any], listener: dict[str, Any] | None,
+                  options: PreflightOptions) -> list[ClusterCheck]:
+    """rendezvous_reachable and shared_storage from the plan and phase 2's answers (pure)."""
+    out: list[ClusterCheck] = []
+    first, port = plan.first, plan.port
+
+    def skip(cid: str, why: str, where: tuple[str, ...] = (first.name,)) -> None:
+        out.append(ClusterCheck(cid, "skip", why, None, where))
+
+    if not plan.rdzv_wanted:
         pass
-    elif not rdzv_ok:
-        out.append(ClusterCheck("rendezvous_reachable", "skip", f"rendezvous host {first.name} unreachable", None,
-                                (first.name,)))
-    elif not peers:
-        out.append(ClusterCheck("rendezvous_reachable", "skip", "no other reachable host", None, (first.name,)))
-    elif port_busy:
-        out.append(ClusterCheck("rendezvous_reachable", "skip", f"port {port} is in use on {first.name} (see ports)",
-                                None, (first.name,)))
+    elif not plan.rdzv_ok:
+        skip("rendezvous_reachable", f"rendezvous host {first.name} unreachable")
+    elif not plan.peers:
+        skip("rendezvous_reachable", "no other reachable host")
+    elif plan.port_busy:
+        skip("rendezvous_reachable", f"port {port} is in use on {first.name} (see ports)")
     else:
-        out.append(cl.check_rendezvous(first.name, endpoint, by_name, listener))
+        out.append(cl.check_rendezvous(first.name, endpoint(first.address, port), by_name, listener))
 
     if not options.wants("shared_storage"):
         pass
-    elif not share:
-        out.append(ClusterCheck("shared_storage", "skip", _share_skip(pjob, hosts), None, ()))
-    elif not rdzv_ok:
-        out.append(ClusterCheck("shared_storage", "skip", f"{first.name} unreachable", None, (first.name,)))
-    elif not peers:
-        out.append(ClusterCheck("shared_storage", "skip", "no other reachable host", None, (first.name,)))
+    elif not plan.share:
+        skip("shared_storage", _share_skip(pjob, list(hosts)), ())
+    elif not plan.rdzv_ok:
+        skip("shared_storage", f"{first.name} unreachable")
+    elif not plan.peers:
+        skip("shared_storage", "no other reachable host")
     else:
-        assert job.checkpoint_dir
-        out.append(cl.check_shared_storage(first.name, job.checkpoint_dir, nonce, written,
-                                           {h.name: by_name.get(h.name, RuntimeError("not run")) for h in peers}))
+        directory = (pjob or PreflightJob()).checkpoint_dir
+        assert directory
+        out.append(cl.check_shared_storage(first.name, directory, nonce, plan.written,
+                                           {h.name: by_name.get(h.name, RuntimeError("not run")) for h in plan.peers}))
     return out
 
 

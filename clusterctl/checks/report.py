@@ -9,15 +9,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from clusterctl.checks.job import ENTRY_CHECKS, HOST_CHECKS
+from clusterctl.checks.registry import ENTRY_CHECKS, HOST_CHECKS, LABELS
 from clusterctl.checks.results import PreflightReport
 
 CELLS = {"pass": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "bold red"), "skip": ("–", "dim")}
-# Column headers: short enough that a full table fits 80 columns (full ids would be truncated to "gpu_…");
-# the problem lines below the table use the full check ids.
-LABELS = {"ssh": "ssh", "gpu_driver": "driver", "gpu_count": "gpus", "gpu_health": "health",
-          "container_runtime": "runtime", "nvidia_toolkit": "toolkit", "image": "image", "ports": "ports",
-          "disk": "disk", "clock": "clock", "interface": "nic", "torchrun": "torchrun", "script": "script"}
+# Column headers (LABELS, from each check's record): short enough that a full table fits 80 columns (full ids
+# would be truncated to "gpu_…"); the problem lines below the table use the full check ids.
 
 
 def _cell(status: str) -> Text:

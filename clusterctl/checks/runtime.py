@@ -6,11 +6,19 @@ import re
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from clusterctl.checks.probe import Section, first_line, tool_error
+from clusterctl.checks.job import DEFAULT_IMAGE, PreflightJob, PreflightOptions
+from clusterctl.checks.model import (Check, HostProbe, Probe, Section, first_line, has_gpus, section, tool_cmd,
+                                     tool_error)
 from clusterctl.checks.results import CheckResult, failed, passed, skipped, warned
 
 if TYPE_CHECKING:
-    from clusterctl.checks.preflight import HostProbe
+    from clusterctl.inventory import Host
+
+IMAGE_FORMAT = "{{.Id}} {{json .RepoDigests}}"
+RUNTIME_INFO_ARGV = {
+    "docker": ("docker", "info", "--format", "{{json .}}"),
+    "podman": ("podman", "info", "--format", "json"),
+}
 
 TOOLKIT_INSTALL_HINT = ("install nvidia-container-toolkit "
                         "(https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html)")
@@ -132,7 +140,7 @@ def parse_image_inspect(output: str, rc: int = 0) -> dict[str, Any]:
     return {"present": False, "id": None, "digest": None, "error": first_line(output) or "no image id"}
 
 
-def runtime_info(p: "HostProbe") -> dict[str, Any] | None:
+def runtime_info(p: HostProbe) -> dict[str, Any] | None:
     sec = p.sections.get("runtime_info")
     return parse_runtime_info(sec.output, sec.rc) if sec is not None else None
 
@@ -149,7 +157,7 @@ def _runtime_hint(rt: str, error: str, sec: Section | None) -> str:
     return f"run `{rt} info` on the host and fix the error it prints"
 
 
-def check_container_runtime(p: "HostProbe") -> CheckResult:
+def check_container_runtime(p: HostProbe) -> CheckResult:
     rt = p.host.runtime
     if rt == "bare":
         return skipped("container_runtime", "bare runtime (no container)")
@@ -165,7 +173,7 @@ def check_container_runtime(p: "HostProbe") -> CheckResult:
                   version=info["version"], root=info["root"], rootless=info["rootless"])
 
 
-def check_nvidia_toolkit(p: "HostProbe") -> CheckResult:
+def check_nvidia_toolkit(p: HostProbe) -> CheckResult:
     rt = p.host.runtime
     if p.host.gpus == 0:
         return skipped("nvidia_toolkit", "CPU host (clusterctl_gpus: 0)")
@@ -206,7 +214,7 @@ def check_nvidia_toolkit(p: "HostProbe") -> CheckResult:
     return passed("nvidia_toolkit", f"nvidia-ctk {version}; {cdi['gpus']} CDI GPU devices", **data)
 
 
-def check_image(p: "HostProbe") -> CheckResult:
+def check_image(p: HostProbe) -> CheckResult:
     rt = p.host.runtime
     image = p.image
     if rt == "bare":
@@ -226,3 +234,40 @@ def check_image(p: "HostProbe") -> CheckResult:
                       f"`{rt} pull {shlex.quote(image)}` on the host, or rerun preflight with --pull", image=image)
     short = parsed["digest"].split(":")[-1][:12]
     return passed("image", f"{image} ({short})", image=image, id=parsed["id"], digest=parsed["digest"])
+
+
+# ------------------------------------------------------------------------------------------------ probes, checks
+def in_container(host: "Host", job: PreflightJob | None, o: PreflightOptions) -> bool:
+    """The host runs the job in a container runtime this module can query (not bare)."""
+    return host.runtime in RUNTIME_INFO_ARGV
+
+
+def _info_snippet(host: "Host", job: PreflightJob | None, o: PreflightOptions) -> str:
+    """Also keeps the output in ``$ri`` for ``df_runtime`` (the container storage root)."""
+    return (f"b runtime_info; ri=$({tool_cmd(o.probe_timeout_s, RUNTIME_INFO_ARGV[host.runtime])}); rc=$?; "
+            "printf '%s' \"$ri\"; e runtime_info $rc\n")
+
+
+def _image_snippet(host: "Host", job: PreflightJob | None, o: PreflightOptions) -> str:
+    rt, image = host.runtime, (job.image if job else None) or DEFAULT_IMAGE
+    pull = section("image_pull", tool_cmd(o.pull_timeout_s, (rt, "pull", "-q", "--", image))) if o.pull else ""
+    return pull + section("image", tool_cmd(o.probe_timeout_s, (rt, "image", "inspect", "--format", IMAGE_FORMAT,
+                                                                 "--", image)))
+
+
+def _gpu_container(host: "Host", job: PreflightJob | None, o: PreflightOptions) -> bool:
+    return has_gpus(host, job, o) and in_container(host, job, o)
+
+
+INFO = Probe("runtime_info", _info_snippet, applies=in_container)
+NVIDIA_CTK = Probe("nvidia_ctk", lambda host, job, o: section(
+    "nvidia_ctk", tool_cmd(o.probe_timeout_s, ("nvidia-ctk", "--version"))), applies=_gpu_container)
+CDI_LIST = Probe("cdi_list", lambda host, job, o: section(
+    "cdi_list", tool_cmd(o.probe_timeout_s, ("nvidia-ctk", "cdi", "list"))), applies=_gpu_container)
+IMAGE_PROBE = Probe("image", _image_snippet, applies=in_container)
+
+RUNTIME = Check("container_runtime", "host", check_container_runtime, ("runtime_info",), label="runtime",
+                launch=True)
+TOOLKIT = Check("nvidia_toolkit", "host", check_nvidia_toolkit, ("runtime_info", "nvidia_ctk", "cdi_list"),
+                label="toolkit", launch=True)
+IMAGE = Check("image", "host", check_image, ("runtime_info", "image"), label="image", launch=True)

@@ -5,14 +5,16 @@ Thresholds (``PreflightOptions``): **fail** when free < 2 % **or** free < 5 GiB;
 """
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Any
 
-from clusterctl.checks.job import GIB
-from clusterctl.checks.probe import tool_error
+from clusterctl.checks.job import GIB, PreflightJob, PreflightOptions
+from clusterctl.checks.model import Check, HostProbe, Probe, tool_error
 from clusterctl.checks.results import CheckResult, failed, passed, skipped, warned
+from clusterctl.checks.runtime import in_container
 
 if TYPE_CHECKING:
-    from clusterctl.checks.preflight import HostProbe
+    from clusterctl.inventory import Host
 
 
 def parse_df(output: str, rc: int = 0) -> list[dict[str, Any]]:
@@ -35,7 +37,7 @@ def _fmt(n: int) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 1024 ** 2:.0f} MiB"
 
 
-def _judge(label: str, path: str, fs: dict[str, Any], p: "HostProbe") -> tuple[str, str, dict[str, Any]]:
+def _judge(label: str, path: str, fs: dict[str, Any], p: HostProbe) -> tuple[str, str, dict[str, Any]]:
     o = p.options
     size, free = fs["size"], fs["available"]
     pct = 100.0 * free / size if size else 100.0
@@ -48,7 +50,7 @@ def _judge(label: str, path: str, fs: dict[str, Any], p: "HostProbe") -> tuple[s
     return "pass", text, info
 
 
-def check_disk(p: "HostProbe") -> CheckResult:
+def check_disk(p: HostProbe) -> CheckResult:
     targets = []
     if p.job is not None and p.job.checkpoint_dir:
         targets.append(("checkpoints", p.job.checkpoint_dir, "df_checkpoint"))
@@ -86,3 +88,26 @@ def check_disk(p: "HostProbe") -> CheckResult:
         return warned("disk", bad, f"free space soon (warns below {o.disk_warn_pct:g}% and "
                       f"{_fmt(o.disk_warn_bytes)}): delete old checkpoints or images", **data)
     return passed("disk", detail, **data)
+
+
+# ------------------------------------------------------------------------------------------------ probes, checks
+def _df_checkpoint(host: "Host", job: PreflightJob | None, o: PreflightOptions) -> str:
+    """``df`` of the checkpoint dir, or of its nearest existing parent."""
+    assert job is not None and job.checkpoint_dir
+    return (f"b df_checkpoint; d={shlex.quote(job.checkpoint_dir)}; "
+            "while [ ! -e \"$d\" ] && [ \"$d\" != / ] && [ \"$d\" != . ]; do d=$(dirname -- \"$d\"); done; "
+            f"to {o.probe_timeout_s:g} df -P -B1 -- \"$d\" </dev/null 2>&1; e df_checkpoint $?\n")
+
+
+def _df_runtime(host: "Host", job: PreflightJob | None, o: PreflightOptions) -> str:
+    """``df`` of the container storage root, read from ``$ri`` (the ``runtime_info`` probe runs before)."""
+    return ("root=$(printf '%s' \"$ri\" | sed -n -e 's/.*\"DockerRootDir\": *\"\\([^\"]*\\)\".*/\\1/p' "
+            "-e 's/.*\"graphRoot\": *\"\\([^\"]*\\)\".*/\\1/p' | head -n 1)\n"
+            f"b df_runtime; if [ -n \"$root\" ]; then to {o.probe_timeout_s:g} df -P -B1 -- \"$root\" </dev/null 2>&1; "
+            "else echo 'container storage root unknown'; false; fi; e df_runtime $?\n")
+
+
+DF_CHECKPOINT = Probe("df_checkpoint", _df_checkpoint,
+                      applies=lambda host, job, o: job is not None and bool(job.checkpoint_dir))
+DF_RUNTIME = Probe("df_runtime", _df_runtime, applies=in_container)
+DISK = Check("disk", "host", check_disk, ("runtime_info", "df_checkpoint", "df_runtime"), label="disk")

@@ -3,22 +3,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from clusterctl.checks.model import Check, HostProbe, Probe, parse_epoch, section, tool_cmd
 from clusterctl.checks.results import CheckResult, failed, passed, skipped, warned
 from clusterctl.errors import (AuthError, CommandTimeout, ConnectError, DeadlineExceeded, HostKeyError,
                                TransportError)
 
 if TYPE_CHECKING:
-    from clusterctl.checks.preflight import HostProbe
     from clusterctl.inventory import Host
-
-
-def parse_epoch(output: str, rc: int = 0) -> float | None:
-    """``date +%s.%N`` -> seconds. Without %N support (busybox prints ``...N`` or nothing) whole seconds."""
-    text = output.strip().splitlines()[0].strip() if output.strip() else ""
-    head, _, frac = text.partition(".")
-    if not head.isdigit():
-        return None
-    return float(f"{head}.{frac}") if frac.isdigit() else float(head)
 
 
 def parse_timedatectl(output: str, rc: int = 0) -> dict[str, Any]:
@@ -70,7 +61,7 @@ def check_ssh_error(err: BaseException, host: "Host") -> CheckResult:
     return failed("ssh", message, ssh_hint(err, host), error=kind)
 
 
-def check_ssh(p: "HostProbe") -> CheckResult:
+def check_ssh(p: HostProbe) -> CheckResult:
     overhead = max(0.0, p.rtt_s - p.script_s)
     data = {"connect_s": round(p.connect_s, 4), "command_s": round(overhead, 4), "round_trip_s": round(p.rtt_s, 4)}
     if p.exit_code != 0 and not p.sections:
@@ -83,7 +74,7 @@ def check_ssh(p: "HostProbe") -> CheckResult:
     return passed("ssh", text, **data)
 
 
-def check_clock(p: "HostProbe") -> CheckResult:
+def check_clock(p: HostProbe) -> CheckResult:
     start = p.sections.get("clock0")
     remote_start = parse_epoch(start.output) if start else None
     if remote_start is None:
@@ -102,3 +93,10 @@ def check_clock(p: "HostProbe") -> CheckResult:
     if certain > p.options.clock_warn_s or ntp is False:
         return warned("clock", text, hint, **data)
     return passed("clock", text, **data)
+
+
+# ------------------------------------------------------------------------------------------------ probes, checks
+TIMEDATECTL = Probe("timedatectl", lambda host, job, o: section(
+    "timedatectl", tool_cmd(o.probe_timeout_s, ("timedatectl", "show", "-p", "NTPSynchronized", "--value"))))
+SSH = Check("ssh", "host", check_ssh, label="ssh", launch=True)     # run first: where it fails, the rest is skipped
+CLOCK = Check("clock", "host", check_clock, ("timedatectl",), label="clock")   # clock0/clock1: every script has them

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterctl.checks.job import CLUSTER_CHECKS, HOST_CHECKS
+from clusterctl.checks.registry import CLUSTER_CHECKS, HOST_CHECKS
 from tests.testbed import IMAGE, profile
 from tests.testbed import Testbed as _Testbed  # (not collected as a test class)
 from tests.testbed.system import address_in_use
