@@ -13,7 +13,6 @@ from typing import List, Optional
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from clusterctl import __version__
 from clusterctl.errors import ClusterctlError
@@ -98,24 +97,18 @@ def inventory_cmd(inventory: Optional[str], output: str) -> int:
 # ---------------------------------------------------------------------------------------------- preflight
 def check_key_files(hosts) -> None:
     """Unusable ansible_ssh_private_key_file -> exit 2 at its inventory line, before anything connects."""
-    from clusterctl.transport.ssh import check_key_files as check
+    from clusterctl.jobs import check_key_files as check
 
     check(hosts)
 
 
-def _preflight(ctx, hosts, job, *, only=None, accept_new=False, pull=False, show_progress=True):
+def progress_bar(show: bool):
+    """The preflight progress bar on stderr (a ``progress(done, total, label)`` callback), or None."""
     from contextlib import nullcontext
 
-    from clusterctl.checks.job import PreflightJob, PreflightOptions
-    from clusterctl.checks.preflight import run_preflight
     from clusterctl.checks.report import progress_display
-    from clusterctl.transport import connect
 
-    options = connect_options(ctx, accept_new)
-    pjob = PreflightJob.from_spec(job) if job is not None else None
-    with (progress_display(err) if show_progress else nullcontext(None)) as progress:
-        return run_preflight(hosts, connect=lambda h: connect(h, options), job=pjob,
-                             options=PreflightOptions(pull=pull), only=only, progress=progress)
+    return progress_display(err) if show else nullcontext(None)
 
 
 @app.command("preflight")
@@ -129,13 +122,16 @@ def _preflight(ctx, hosts, job, *, only=None, accept_new=False, pull=False, show
 @click.pass_context
 def preflight_cmd(ctx, inventory, job, limit, output, strict, pull, accept_new) -> int:
     """Check every host before a launch; every failure says how to fix it."""
-    from clusterctl import controller
     from clusterctl import inventory as inv_mod
+    from clusterctl import jobs
+    from clusterctl.checks.job import PreflightJob, PreflightOptions
+    from clusterctl.checks.preflight import run_preflight
     from clusterctl.checks.report import render_table
     from clusterctl.checks.results import exit_code
+    from clusterctl.transport import connect
 
     if job:   # checked against the job (nodes, nproc_per_node: exit 2 at the job file's line); its hosts, or all
-        jc = controller.load_context(job, inventory)
+        jc = jobs.load_context(job, inventory)
         spec, inv = jc.spec, jc.inventory
         hosts = list(jc.hosts) if spec.hosts else list(inv.hosts)
     else:
@@ -147,7 +143,11 @@ def preflight_cmd(ctx, inventory, job, limit, output, strict, pull, accept_new) 
         chosen = hostpattern.select(inv, limit)
         hosts = [h for h in hosts if h in chosen]
     check_key_files(hosts)
-    report = _preflight(ctx, hosts, spec, accept_new=accept_new, pull=pull, show_progress=output != "json")
+    options = connect_options(ctx, accept_new)
+    with progress_bar(output != "json") as progress:
+        report = run_preflight(hosts, connect=lambda h: connect(h, options),
+                               job=PreflightJob.from_spec(spec) if spec is not None else None,
+                               options=PreflightOptions(pull=pull), progress=progress)
     if output == "json":
         sys.stdout.write(report.to_json() + "\n")
     else:
@@ -283,77 +283,59 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
     """Start JOB (a job YAML) on the inventory's hosts and supervise it."""
     import os
 
-    from clusterctl import controller
+    from clusterctl import jobs
     from clusterctl.checks.report import render_table
-    from clusterctl.state import JobActive
 
-    root, store = controller.open_store(ctx.obj.state_dir)
-    jc = controller.load_context(job, inventory, cordons=store.cordons())   # cordoned hosts left out
+    ws = jobs.open_workspace(ctx.obj.state_dir)
+    request = jobs.LaunchRequest(job, inventory, connect_options(ctx, accept_new), skip_preflight=skip_preflight,
+                                 environ=os.environ)
     if dry_run:   # needs no secret values: they show as ***
-        plan = controller.dry_run_plan(jc)
+        plan = jobs.dry_run(ws, request)
         if output == "json":
             print_json(plan.to_dict())
         else:
             out.print(plan.render(), markup=False)
         return 0
-    controller.check_environment(job, jc.spec, os.environ)   # exit 2 at the line of a secret/webhook_env not set
-    active = store.find_job(jc.spec.name)
-    if active is not None and not active.terminal:
-        raise JobActive(active)   # before the preflight, whose port check would trip over the running job
-    interfaces: dict = {}
-    gpu_flags: dict = {}
-    check_key_files(jc.hosts)
-    if skip_preflight:   # the supervisor would see a bad host key only as an unreachable node
-        controller.verify_host_keys(jc.hosts, connect_options(ctx, accept_new))
-    else:
-        from clusterctl.checks.registry import LAUNCH_CHECKS
-
-        report = _preflight(ctx, jc.hosts, jc.spec, only=LAUNCH_CHECKS, accept_new=accept_new,
-                            show_progress=output != "json")
-        if not report.ok:
-            render_table(report, err)
-            err.print("launch stopped: preflight failed (fix the above, or --skip-preflight)", markup=False)
-            return 1
-        interfaces = report.interfaces()
-        gpu_flags = report.gpu_flags()
-        for c in report.cluster:
-            if c.id == "rendezvous_exposure" and c.status == "warn":
-                err.print(f"warning: {c.detail}" + (f"\n  {c.hint}" if c.hint else ""), markup=False)
-    job_id = controller.record_job(store, jc, job, inventory, interfaces, gpu_flags)
-    pid = controller.spawn_supervisor(root, job_id, accept_new=accept_new or ctx.obj.accept_new_host_keys)
+    with progress_bar(not skip_preflight and output != "json") as progress:
+        launched = jobs.launch(ws, request, on_progress=progress)
+    if isinstance(launched, jobs.PreflightFailed):
+        render_table(launched.report, err)
+        err.print("launch stopped: preflight failed (fix the above, or --skip-preflight)", markup=False)
+        return 1
+    for detail, hint in launched.warnings:
+        err.print(f"warning: {detail}" + (f"\n  {hint}" if hint else ""), markup=False)
     if output == "json" and detach:
-        print_json({"job_id": job_id, "name": jc.spec.name, "supervisor_pid": pid})
+        print_json({"job_id": launched.job_id, "name": launched.name, "supervisor_pid": launched.supervisor_pid})
         return 0
-    err.print(f"job {job_id} launched on {', '.join(h.name for h in jc.hosts[: jc.spec.max_nodes])} "
-              f"(supervisor pid {pid})" + (f"; spares {', '.join(h.name for h in jc.hosts[jc.spec.max_nodes:])}"
-                                           if len(jc.hosts) > jc.spec.max_nodes else ""), markup=False)
-    for host, why in jc.excluded:
+    err.print(f"job {launched.job_id} launched on {', '.join(launched.nodes)} (supervisor pid "
+              f"{launched.supervisor_pid})" + (f"; spares {', '.join(launched.spares)}" if launched.spares else ""),
+              markup=False)
+    for host, why in launched.excluded:
         err.print(f"excluded {host}: cordoned: {why}", markup=False)
     if detach:
-        err.print(f"follow it: clusterctl logs -f {jc.spec.name}   stop it: clusterctl stop {jc.spec.name}",
+        err.print(f"follow it: clusterctl logs -f {launched.name}   stop it: clusterctl stop {launched.name}",
                   markup=False)
         return 0
-    return _attach(root, store, job_id, jc.spec.name, output)
+    return _attach(ws, launched.job_id, launched.name, output)
 
 
-def _attach(root, store, job_id, name, output, extra=None, from_start=True) -> int:
-    from clusterctl import controller, status
+def _attach(ws, job_id, name, output, extra=None, from_start=True) -> int:
+    from clusterctl import jobs
     from clusterctl.state import JobState
 
     try:
-        state = controller.follow(root, store, job_id, lambda line: out.print(line, markup=False),
-                                  from_start=from_start)
+        ended = jobs.attach(ws, job_id, lambda line: out.print(line, markup=False), from_start=from_start)
     except KeyboardInterrupt:
         err.print(f"\ndetached; job {name} keeps running. Re-attach: clusterctl logs -f {name}   "
                   f"stop: clusterctl stop {name}", markup=False)
         return 0
-    view = status.job_view(store, store.get_job(job_id),
-                           supervision=controller.supervision(root, store.get_job(job_id)))
+    view = ended.view
     if output == "json":
         print_json({**(extra or {}), **view})
     else:
-        err.print(f"job {name}: {state.value}" + (f" ({view['reason']})" if view["reason"] else ""), markup=False)
-    return 0 if state == JobState.SUCCEEDED else 1
+        err.print(f"job {name}: {ended.state.value}" + (f" ({view['reason']})" if view["reason"] else ""),
+                  markup=False)
+    return 0 if ended.state == JobState.SUCCEEDED else 1
 
 
 @app.command("_supervise", hidden=True)
@@ -394,14 +376,14 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
     if watch and not job:
         raise click.UsageError("--watch needs a JOB")
     if job:
+        from clusterctl import jobs
+
+        ws = jobs.Workspace(root, store)
         job_id = store.get_job(job).job_id
+        options = connect_options(ctx, accept_new)
 
         def view():
-            j = store.get_job(job_id)
-            if not j.terminal and not controller.supervision(root, j)["supervised"]:
-                controller.reconcile_job(root, store, job_id, connect_options(ctx, accept_new))
-                j = store.get_job(job_id)
-            return status.job_view(store, j, supervision=controller.supervision(root, j))
+            return jobs.status(ws, job_id, options)
 
         if watch:
             return _watch(view, output)
@@ -409,7 +391,7 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
         if output == "json":
             print_json(v)
         else:
-            for line in _status_lines(v):
+            for line in status.text(v):
                 out.print(line, markup=False)
         return 0
     now = time.time()
@@ -431,11 +413,10 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
         return 0
     from clusterctl.columns import Column, fit
 
-    unsupervised = [v["supervised"] is False and v["state"] not in ("SUCCEEDED", "FAILED", "STOPPED")
-                    for v in views]
+    unsupervised = [status.unsupervised(v) for v in views]
     for v, lost in zip(views, unsupervised):
         if lost:
-            err.print(_unsupervised_line(v), markup=False)
+            err.print(status.unsupervised_line(v, now), markup=False)
     cols = [Column("job"), Column("name", min=4, max=24), Column("state"), Column("attempt", right=True, short="att"),
             Column("nodes", min=5, max=40), Column("started", short="start"), Column("ended"),
             Column("elapsed", right=True, short="took"),
@@ -449,67 +430,6 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
     return 0
 
 
-def _unsupervised_line(v) -> str:
-    sup = v["supervisor"]
-    seen = f"last seen {_ago(sup['last_seen'])}" if sup["last_seen"] else "never seen"
-    return (f"UNSUPERVISED: job {v['job_id']} is {v['state']} but clusterctl's supervisor is not running "
-            f"(pid {sup['pid'] or '-'}, {seen}): nothing restarts it on failure. "
-            f"Run: clusterctl resume {v['name']}")
-
-
-def _ago(t) -> str:
-    import time
-
-    if not t:
-        return "-"
-    s = int(time.time() - t)
-    return f"{s}s ago" if s < 120 else f"{s // 60}m ago" if s < 7200 else f"{s // 3600}h ago"
-
-
-def _status_lines(v) -> list:
-    lines: list = []
-    p = lines.append
-    if v["supervised"] is False and v["state"] not in ("SUCCEEDED", "FAILED", "STOPPED"):
-        p(_unsupervised_line(v))
-    p(f"job       {v['job_id']}  ({v['name']})")
-    p(f"state     {v['state']}" + (f"  — {v['reason']}" if v["reason"] else ""))
-    sup = v["supervisor"]
-    p(f"supervisor pid {sup['pid'] or '-'} " + ("alive" if sup["alive"] else "not running")
-      + (f", last heartbeat {_ago(sup['last_seen'])}" if sup["last_seen"] else ""))
-    p(f"attempt   {v['attempt']}  started {_ago(v['started_at'])}  rendezvous {v['rendezvous_host'] or '-'}")
-    p("nodes     " + ", ".join(_node_text(n) for n in v["nodes"]))
-    ck = v["checkpoint"]
-    p("checkpoint " + (f"{ck['path']} (step {ck['step']})" if ck else "none"))
-    r = v["restarts"]
-    p(f"restarts  user errors {r['failures_used']}/{r['max_failures']}, "
-      f"infrastructure {r['node_failures_used']}/{r['max_node_failures']}"
-      + (f" ({'within ' + r['window'] if r['window_s'] else 'since the last progress'})" if "window" in r else ""))
-    for f in v["failures"]:
-        rank = f["rank"] if f["rank"] is not None else "-"
-        p(f"failure   attempt {f['attempt']} [{f['class']}] node {f['node'] or '-'} rank {rank} "
-          f"exit {f['exit_code'] if f['exit_code'] is not None else '-'} signal {f['signal'] or '-'}"
-          + (" OOM" if f.get("oom") else "") + f": {f['message']}")
-        for line in (f["error_tail"] or "").splitlines()[-10:]:
-            p(f"          | {line}")
-        for line in f.get("stacks") or []:
-            p(f"          waiting: {line}")
-    return lines
-
-
-def _print_status(v) -> None:
-    for line in _status_lines(v):
-        out.print(line, markup=False)
-
-
-def _node_text(n) -> str:
-    state = n["state"] or "?"
-    if n.get("signal"):
-        state += f"({n['signal']})"
-    elif n.get("exit_code") not in (None, 0) or state == "exited":
-        state += f"(exit {n['exit_code'] if n.get('exit_code') is not None else '?'})"
-    return f"{n['node']}={state}"
-
-
 def _watch(view, output: str, interval_s: float = 2.0) -> int:
     """`status JOB --watch`: rich Live on a terminal, else one line (json: one object) per change, until the job
     ends; exit 0 when it succeeded, 1 when it failed or was stopped. ``view()``: the job's current status view."""
@@ -519,15 +439,17 @@ def _watch(view, output: str, interval_s: float = 2.0) -> int:
     from rich.live import Live
     from rich.text import Text
 
+    from clusterctl import status as status_mod
+
     def ended(v) -> bool:
-        return v["state"] in ("SUCCEEDED", "FAILED", "STOPPED")
+        return v["state"] in status_mod.ENDED
 
     if output == "table" and out.is_terminal:
         with Live(Text(""), console=out, auto_refresh=False) as live:
             while True:
                 v = view()
                 stamp = datetime.datetime.now().strftime("%H:%M:%S")
-                live.update(Text("\n".join([*_status_lines(v), f"(every {interval_s:g}s, {stamp}; Ctrl-C to "
+                live.update(Text("\n".join([*status_mod.text(v), f"(every {interval_s:g}s, {stamp}; Ctrl-C to "
                                                                  "stop watching)"])), refresh=True)
                 if ended(v):
                     break
@@ -643,18 +565,16 @@ def logs_cmd(ctx, job, node, rank, attempt, tail, follow, accept_new) -> int:
 @click.pass_context
 def stop_cmd(ctx, job, grace, output, accept_new) -> int:
     """SIGTERM torchrun on every node, kill after --grace, remove exactly this job's containers."""
-    from clusterctl import controller
+    from clusterctl import jobs
 
-    root, store = controller.open_store(ctx.obj.state_dir)
-    j = store.get_job(job)
-    errors = controller.stop_job(root, store, j.job_id, connect_options(ctx, accept_new), grace_s=grace)
+    stopped = jobs.stop(jobs.open_workspace(ctx.obj.state_dir), job, connect_options(ctx, accept_new), grace_s=grace)
     if output == "json":
-        print_json({"job_id": j.job_id, "state": store.get_job(j.job_id).state.value, "errors": errors})
+        print_json({"job_id": stopped.job_id, "state": stopped.state.value, "errors": dict(stopped.errors)})
     else:
-        for node, msg in errors.items():
+        for node, msg in stopped.errors.items():
             err.print(f"{node}: could not clean up: {msg}", markup=False)
-        err.print(f"job {j.job_id}: {store.get_job(j.job_id).state.value}", markup=False)
-    return 1 if errors else 0
+        err.print(f"job {stopped.job_id}: {stopped.state.value}", markup=False)
+    return 1 if stopped.errors else 0
 
 
 @app.command("resume")
@@ -669,38 +589,20 @@ def stop_cmd(ctx, job, grace, output, accept_new) -> int:
 def resume_cmd(ctx, job, exclude, checkpoint, detach, output, accept_new) -> int:
     """Bring a job back: re-attach if it still runs, else relaunch from its newest valid checkpoint. A job that
     finished well while unsupervised becomes SUCCEEDED; nothing is relaunched."""
-    from clusterctl import controller
+    from clusterctl import jobs
 
-    root, store = controller.open_store(ctx.obj.state_dir)
-    j = store.get_job(job)
-    if not controller.live_supervisor(root, j):    # a relaunch is coming: cordoned hosts must leave >= MIN
-        _check_cordons(store, j, exclude)
-    accept = accept_new or ctx.obj.accept_new_host_keys
-    outcome = controller.resume(root, store, j.job_id, connect_options(ctx, accept_new), accept_new=accept,
-                                exclude=exclude, checkpoint=checkpoint)
-    err.print(f"job {j.job_id}: {outcome.message}", markup=False)
-    extra = {"job_id": j.job_id, "outcome": outcome.action, "message": outcome.message,
+    ws = jobs.open_workspace(ctx.obj.state_dir)
+    outcome = jobs.resume(ws, jobs.ResumeRequest(job, connect_options(ctx, accept_new), tuple(exclude), checkpoint))
+    for host, why in outcome.excluded:
+        err.print(f"excluded {host}: cordoned: {why}", markup=False)
+    err.print(f"job {outcome.job_id}: {outcome.message}", markup=False)
+    extra = {"job_id": outcome.job_id, "outcome": outcome.action, "message": outcome.message,
              "supervisor_pid": outcome.pid}
     if detach or outcome.pid is None or outcome.action == "already_supervised":
         if output == "json":
-            print_json({**extra, "state": store.get_job(j.job_id).state.value})
+            print_json({**extra, "state": ws.store.get_job(outcome.job_id).state.value})
         return 0
-    return _attach(root, store, j.job_id, j.name, output, extra=extra, from_start=False)
-
-
-def _check_cordons(store, job, exclude) -> None:
-    """resume: exit 2 naming the cordoned hosts when the job's MIN cannot be met without them."""
-    from clusterctl import nodehealth
-
-    from clusterctl import record
-
-    rec = record.load(store, job)
-    usable, excluded = nodehealth.split([h for h in rec.host_names if h not in exclude], store.cordons())
-    min_nodes = rec.spec.min_nodes
-    if excluded and len(usable) < min_nodes:
-        raise nodehealth.too_few(min_nodes, len(usable), excluded)
-    for host, why in excluded:
-        err.print(f"excluded {host}: cordoned: {why}", markup=False)
+    return _attach(ws, outcome.job_id, outcome.name, output, extra=extra, from_start=False)
 
 
 @app.command("forget")

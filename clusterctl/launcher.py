@@ -27,7 +27,7 @@ from clusterctl.plan import NODE_MODULES, LaunchPlan, build_plan, checkpoint_ins
 from clusterctl.spec import JobSpec
 from clusterctl.state import JobState, Store
 from clusterctl.supervisor import Observation
-from clusterctl.transport import ConnectOptions, Transport, connect, fan_out
+from clusterctl.transport import CommandResult, ConnectOptions, Transport, connect, fan_out
 from clusterctl.transport.streams import Stream, StreamMux, open_stream
 
 # `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
@@ -462,6 +462,11 @@ class ClusterOps:
         except TransportError:
             return []
         return causes.node_lines(r.stdout, node)
+
+    def read_log(self, node: str, attempt: int, timeout: float) -> CommandResult:
+        """The node's own log of ``attempt``, whole (stdout and stderr); what ``logs`` completes its copy from."""
+        argv = self._runtime(node).logs_argv(self._ref(node, attempt))
+        return self._run(node, ["sh", "-c", '"$@" 2>&1', "clusterctl-logs", *argv], timeout=timeout)
 
     def _oom(self, node: str, name: str, pid: int | None) -> bool:
         """Did the OOM killer do it? bare: the kernel log names the rank's pid; containers: the runtime's

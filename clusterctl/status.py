@@ -9,10 +9,13 @@ from typing import Any
 
 from clusterctl import budget
 from clusterctl import record as record_mod
-from clusterctl.state import Job, Store
+from clusterctl.state import TERMINAL_STATES, Job, Store
+from clusterctl.supervisor import Verdict
 
-FAILURE_KLASSES = ("user_error", "killed", "config_error", "node_lost", "rendezvous_lost", "hang")
+# the verdicts that are failures (not continue, success or stop), in the enum's order
+FAILURE_KLASSES = tuple(v.value for v in Verdict if v not in (Verdict.CONTINUE, Verdict.SUCCESS, Verdict.STOPPED))
 FAILURE_EVENTS = ("verdict", "start_failed", "reconciled")
+ENDED = frozenset(s.value for s in TERMINAL_STATES)     # a view's state once the job is over
 
 
 def job_view(store: Store, job: Job, now: float | None = None, supervision: dict | None = None) -> dict[str, Any]:
@@ -103,3 +106,64 @@ def events_view(store: Store, job: Job) -> list[dict[str, Any]]:
     return [{"time": e.time, "attempt": e.attempt, "kind": e.kind, "class": e.klass, "node": e.node,
              "rank": e.rank, "exit_code": e.exit_code, "signal": e.signal, "checkpoint_step": e.checkpoint_step,
              "oom": e.oom, "message": e.message} for e in store.events(job.job_id)]
+
+
+# ------------------------------------------------------------------------------------------------ text
+def unsupervised(v: dict[str, Any]) -> bool:
+    """An active job whose supervisor is gone: nothing restarts it on failure."""
+    return v["supervised"] is False and v["state"] not in ENDED
+
+
+def unsupervised_line(v: dict[str, Any], now: float | None = None) -> str:
+    sup = v["supervisor"]
+    seen = f"last seen {_ago(sup['last_seen'], now)}" if sup["last_seen"] else "never seen"
+    return (f"UNSUPERVISED: job {v['job_id']} is {v['state']} but clusterctl's supervisor is not running "
+            f"(pid {sup['pid'] or '-'}, {seen}): nothing restarts it on failure. "
+            f"Run: clusterctl resume {v['name']}")
+
+
+def text(v: dict[str, Any], now: float | None = None) -> list[str]:
+    """``status JOB`` as lines of text (a ``job_view``)."""
+    lines: list[str] = []
+    p = lines.append
+    if unsupervised(v):
+        p(unsupervised_line(v, now))
+    p(f"job       {v['job_id']}  ({v['name']})")
+    p(f"state     {v['state']}" + (f"  — {v['reason']}" if v["reason"] else ""))
+    sup = v["supervisor"]
+    p(f"supervisor pid {sup['pid'] or '-'} " + ("alive" if sup["alive"] else "not running")
+      + (f", last heartbeat {_ago(sup['last_seen'], now)}" if sup["last_seen"] else ""))
+    p(f"attempt   {v['attempt']}  started {_ago(v['started_at'], now)}  rendezvous {v['rendezvous_host'] or '-'}")
+    p("nodes     " + ", ".join(_node_text(n) for n in v["nodes"]))
+    ck = v["checkpoint"]
+    p("checkpoint " + (f"{ck['path']} (step {ck['step']})" if ck else "none"))
+    r = v["restarts"]
+    p(f"restarts  user errors {r['failures_used']}/{r['max_failures']}, "
+      f"infrastructure {r['node_failures_used']}/{r['max_node_failures']}"
+      + (f" ({'within ' + r['window'] if r['window_s'] else 'since the last progress'})" if "window" in r else ""))
+    for f in v["failures"]:
+        rank = f["rank"] if f["rank"] is not None else "-"
+        p(f"failure   attempt {f['attempt']} [{f['class']}] node {f['node'] or '-'} rank {rank} "
+          f"exit {f['exit_code'] if f['exit_code'] is not None else '-'} signal {f['signal'] or '-'}"
+          + (" OOM" if f.get("oom") else "") + f": {f['message']}")
+        for line in (f["error_tail"] or "").splitlines()[-10:]:
+            p(f"          | {line}")
+        for line in f.get("stacks") or []:
+            p(f"          waiting: {line}")
+    return lines
+
+
+def _ago(t: float | None, now: float | None = None) -> str:
+    if not t:
+        return "-"
+    s = int((time.time() if now is None else now) - t)
+    return f"{s}s ago" if s < 120 else f"{s // 60}m ago" if s < 7200 else f"{s // 3600}h ago"
+
+
+def _node_text(n: dict[str, Any]) -> str:
+    state = n["state"] or "?"
+    if n.get("signal"):
+        state += f"({n['signal']})"
+    elif n.get("exit_code") not in (None, 0) or state == "exited":
+        state += f"(exit {n['exit_code'] if n.get('exit_code') is not None else '?'})"
+    return f"{n['node']}={state}"

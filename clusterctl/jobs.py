@@ -1,0 +1,410 @@
+"""The job lifecycle, one use case per command: ``launch``, ``dry_run``, ``resume``, ``stop``, ``status``, ``attach``.
+
+Each takes a request (plain values), its dependencies (``connect``, ``spawn``, a progress callback) and returns an
+outcome value; none prints or exits (``cli.py`` maps flags to a request and an outcome to text and an exit code).
+The "before we start" policy lives here once: the job's hosts (cordons left out), the environment it needs, the
+"already active" rule (``Store.active_job``, the same rule ``create_job`` applies atomically), usable key files,
+host keys that are known and unchanged, and the quick preflight.
+
+``controller.py`` keeps the mechanics these use cases drive: the state dir, the detached supervisor process and
+its liveness, the log copy, and the ``ClusterOps`` built from a job record.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, Union
+
+from clusterctl import controller, nodehealth
+from clusterctl import inventory as inventory_mod
+from clusterctl import record as record_mod
+from clusterctl import yamlfile
+from clusterctl.errors import AuthError, ClusterctlError, HostKeyError, InputError, UserError
+from clusterctl.inventory import Host, Inventory
+from clusterctl.plan import LaunchPlan, build_plan
+from clusterctl.record import JobRecord
+from clusterctl.spec import JobSpec, load_job
+from clusterctl.state import JobState, Store
+from clusterctl.transport import ConnectOptions, Transport
+from clusterctl.transport import connect as default_connect
+from clusterctl.yamlfile import line_of
+
+Connect = Callable[[Host, ConnectOptions], Transport]
+Spawn = Callable[..., int]                 # controller.spawn_supervisor(root, job_id, *, accept_new, adopt=False)
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The state dir and its store."""
+    root: Path
+    store: Store
+
+
+def open_workspace(state_dir: str | None) -> Workspace:
+    return Workspace(*controller.open_store(state_dir))
+
+
+# ---------------------------------------------------------------------------------------------- the job's hosts
+@dataclass(frozen=True)
+class JobContext:
+    spec: JobSpec
+    inventory: Inventory
+    hosts: list[Host]
+    excluded: tuple[tuple[str, str], ...] = ()     # (cordoned host, reason), left out of hosts
+    recorded: tuple[Host, ...] = ()                # the job's hosts with the cordoned ones (usable once uncordoned)
+
+
+def load_context(job_path: str, inventory_path: str | None, cordons: Mapping[str, Any] | None = None) -> JobContext:
+    """The job and the hosts it will use, checked against each other (errors at the job file's line).
+    ``cordons``: host -> cordon (``Store.cordons()``); those hosts are left out (``excluded``)."""
+    spec = load_job(job_path)
+    inv = inventory_mod.load(inventory_path)
+    data = yamlfile.load_yaml_with_lines(job_path)
+
+    def bad(key: str, message: str) -> InputError:
+        return InputError(job_path, line_of(data, key), message, key=key)
+
+    everyone = _job_hosts(spec, inv, data, job_path) if spec.hosts else list(inv.hosts)
+    hosts, excluded = nodehealth.split(everyone, cordons or {})
+    if len(hosts) < spec.min_nodes:
+        if excluded:
+            raise nodehealth.too_few(spec.min_nodes, len(hosts), excluded)
+        raise bad("nodes", f"the job needs at least {spec.min_nodes} node(s) but the inventory {inv.source} "
+                           f"offers {len(hosts)}: {', '.join(h.name for h in hosts)}")
+    for h in hosts:
+        if spec.nproc_per_node == "gpu" and not h.gpus:
+            raise bad("nproc_per_node", f"\"gpu\" but {h.name} has no GPUs (clusterctl_gpus)")
+        if isinstance(spec.nproc_per_node, int) and h.gpus and spec.nproc_per_node > h.gpus:
+            raise bad("nproc_per_node", f"{spec.nproc_per_node} > {h.gpus} GPUs on {h.name}")
+    chosen = hosts[: spec.max_nodes] if spec.hosts is None else hosts
+    rdzv = spec.rendezvous.host
+    if rdzv is not None and rdzv not in [h.name for h in chosen[: spec.max_nodes]]:
+        why = (" (it is cordoned)" if rdzv in dict(excluded) else " (it is a spare: beyond nodes' MAX)"
+               if rdzv in [h.name for h in chosen] else "")
+        rdzv_node = data.get("rendezvous") if isinstance(data, dict) else None
+        raise InputError(job_path, line_of(rdzv_node, "host"),
+                         f"{rdzv!r} is not one of the job's hosts{why}: "
+                         f"{', '.join(h.name for h in chosen[: spec.max_nodes])}; pick one of them or leave it "
+                         "out (the first node holds the rendezvous)", key="rendezvous.host")
+    cordoned = dict(excluded)
+    recorded = tuple(h for h in everyone if h in chosen or h.name in cordoned)
+    return JobContext(spec, inv, chosen, tuple(excluded), recorded)
+
+
+def _job_hosts(spec: JobSpec, inv: Inventory, data: Any, job_path: str) -> list[Host]:
+    """The job's ``hosts:`` resolved; an unknown name is an error at its line with the nearest name."""
+    known = [*inv.groups, *(h.name for h in inv.hosts)]
+    for i, p in enumerate(spec.hosts or ()):
+        if p not in known:
+            hint = difflib.get_close_matches(p, known, 1)
+            raise InputError(job_path, line_of(data.get("hosts"), i),
+                             f"no host or group {p!r} in the inventory {inv.source}"
+                             + (f" (did you mean {hint[0]!r}?)" if hint else
+                                f"; it has {', '.join(h.name for h in inv.hosts[:8])}"), key=f"hosts[{i}]")
+    return inv.select(spec.hosts or ())
+
+
+def check_environment(job_path: str, spec: JobSpec, environ: Mapping[str, str]) -> None:
+    """Every ``secret_env`` name and ``notify[].webhook_env`` set in clusterctl's environment, else an error at its
+    line (a launch needs them; ``--dry-run`` does not: it shows ***)."""
+    data = yamlfile.load_yaml_with_lines(job_path)
+    for i, name in enumerate(spec.secret_env):
+        if name not in environ:
+            raise InputError(job_path, line_of(data.get("secret_env"), i),
+                             f"{name} is not set in clusterctl's environment: `export {name}=...` before the "
+                             "launch (the value is sent to the nodes on stdin, never printed or stored)",
+                             key=f"secret_env[{i}]")
+    for i, t in enumerate(spec.notify):
+        if t.webhook_env is not None and not environ.get(t.webhook_env):
+            entry = data["notify"][i]
+            raise InputError(job_path, line_of(entry, "webhook_env"),
+                             f"{t.webhook_env} is not set in clusterctl's environment: `export "
+                             f"{t.webhook_env}=https://...` before the launch", key=f"notify[{i}].webhook_env")
+
+
+def check_key_files(hosts: Sequence[Host]) -> None:
+    """Unusable ansible_ssh_private_key_file -> exit 2 at its inventory line, before anything connects."""
+    from clusterctl.transport.ssh import check_key_files as check
+
+    check(hosts)
+
+
+def verify_host_keys(hosts: Sequence[Host], options: ConnectOptions, connect: Connect = default_connect) -> None:
+    """Connect to every host once. A changed/unknown host key or a refused login is an error now (with the
+    transport's message: fingerprints, known_hosts file:line, the fix), not a node the supervisor waits for.
+    Unreachable hosts are left to the supervisor (they may come back)."""
+    from clusterctl.transport import fan_out
+
+    def probe(h: Host) -> None:
+        t = connect(h, options)
+        try:
+            t.run(["true"], timeout=options.command_timeout)
+        finally:
+            t.close()
+
+    results = fan_out(list(hosts), probe, host_timeout=options.connect_timeout * 3 + options.command_timeout)
+    bad = [r.error for r in results if isinstance(r.error, (HostKeyError, AuthError))]
+    if bad:
+        raise ClusterctlError("cannot connect safely:\n" + "\n".join(f"  {e}" for e in bad))
+
+
+def quick_preflight(hosts: Sequence[Host], spec: JobSpec, options: ConnectOptions, *,
+                    connect: Connect = default_connect, on_progress: Progress | None = None):
+    """The launch subset of preflight (``LAUNCH_CHECKS``: one round trip per host) -> ``PreflightReport``."""
+    from clusterctl.checks.job import PreflightJob
+    from clusterctl.checks.preflight import run_preflight
+    from clusterctl.checks.registry import LAUNCH_CHECKS
+
+    return run_preflight(hosts, connect=lambda h: connect(h, options), job=PreflightJob.from_spec(spec),
+                         only=LAUNCH_CHECKS, progress=on_progress)
+
+
+# ---------------------------------------------------------------------------------------------- launch
+@dataclass(frozen=True)
+class LaunchRequest:
+    job_path: str
+    inventory_path: str | None = None
+    options: ConnectOptions = field(default_factory=ConnectOptions)   # accept_new_host_keys: for this launch only
+    skip_preflight: bool = False
+    environ: Mapping[str, str] = field(default_factory=dict)         # where secret_env / webhook_env are read
+
+
+@dataclass(frozen=True)
+class Launched:
+    job_id: str
+    name: str
+    supervisor_pid: int
+    nodes: tuple[str, ...]                       # the first attempt's hosts
+    spares: tuple[str, ...] = ()                 # hosts beyond nodes' MAX
+    excluded: tuple[tuple[str, str], ...] = ()   # (cordoned host, reason)
+    warnings: tuple[tuple[str, str | None], ...] = ()   # (detail, hint): preflight warnings the user must see
+
+
+@dataclass(frozen=True)
+class PreflightFailed:
+    report: Any                                  # checks.results.PreflightReport
+
+
+def dry_run(ws: Workspace, request: LaunchRequest) -> LaunchPlan:
+    """The plan ``launch`` would run (cordoned hosts left out); needs no secret values: they show as ***."""
+    ctx = load_context(request.job_path, request.inventory_path, cordons=ws.store.cordons())
+    hosts = ctx.hosts[: ctx.spec.max_nodes]
+    return build_plan(ctx.spec, hosts, job_id=f"{ctx.spec.name}-DRYRUN", attempt=1, interfaces=None,
+                      spares=[h.name for h in ctx.hosts[ctx.spec.max_nodes:]], excluded=ctx.excluded)
+
+
+def launch(ws: Workspace, request: LaunchRequest, *, connect: Connect = default_connect,
+           on_progress: Progress | None = None,
+           spawn: Spawn = controller.spawn_supervisor) -> Union[Launched, PreflightFailed]:
+    """Check, record and start a job; its detached supervisor does the rest. ``PreflightFailed``: nothing was
+    recorded or started. Input errors (exit 2) and unsafe hosts are raised."""
+    ctx = load_context(request.job_path, request.inventory_path, cordons=ws.store.cordons())
+    spec = ctx.spec
+    check_environment(request.job_path, spec, request.environ)
+    active = ws.store.active_job(spec.name)
+    if active is not None:     # before the preflight, whose port check would trip over the running job
+        from clusterctl.state import JobActive
+
+        raise JobActive(active)
+    check_key_files(ctx.hosts)
+    interfaces: dict[str, str] = {}
+    gpu_flags: dict[str, str] = {}
+    warnings: list[tuple[str, str | None]] = []
+    if request.skip_preflight:   # the supervisor would see a bad host key only as an unreachable node
+        verify_host_keys(ctx.hosts, request.options, connect)
+    else:
+        report = quick_preflight(ctx.hosts, spec, request.options, connect=connect, on_progress=on_progress)
+        if not report.ok:
+            return PreflightFailed(report)
+        interfaces = report.interfaces()
+        gpu_flags = report.gpu_flags()
+        warnings = [(c.detail, c.hint) for c in report.cluster
+                    if c.id == "rendezvous_exposure" and c.status == "warn"]
+    job_id = record_job(ws.store, ctx, request.job_path, interfaces, gpu_flags)
+    pid = spawn(ws.root, job_id, accept_new=request.options.accept_new_host_keys)
+    return Launched(job_id, spec.name, pid, tuple(h.name for h in ctx.hosts[: spec.max_nodes]),
+                    tuple(h.name for h in ctx.hosts[spec.max_nodes:]), ctx.excluded, tuple(warnings))
+
+
+def record_job(store: Store, ctx: JobContext, job_path: str, interfaces: Mapping[str, str],
+               gpu_flags: Mapping[str, str] | None = None) -> str:
+    """Store the job (PENDING) with its typed record; ``JobActive`` (atomic) if one of that name is active.
+    ``gpu_flags``: host -> "gpus" | "cdi", preflight's choice for the containers' GPUs."""
+    rec = JobRecord(spec=ctx.spec, source=os.path.abspath(job_path), hosts=ctx.recorded or tuple(ctx.hosts),
+                    interfaces=dict(interfaces), gpu_flags=dict(gpu_flags or {}))
+    inv = ctx.inventory.source
+    return store.create_job(ctx.spec.name, rec.to_json(),
+                            None if inv == inventory_mod.EMBEDDED_DEFAULT else os.path.abspath(inv),
+                            os.path.abspath(job_path))
+
+
+# ---------------------------------------------------------------------------------------------- attach
+@dataclass(frozen=True)
+class Ended:
+    state: JobState
+    view: dict                                   # status.job_view of the ended job
+
+
+def attach(ws: Workspace, job_id: str, echo: Callable[[str], None], *, from_start: bool = True) -> Ended:
+    """Print the job's output and events as they come (``from_start``: from its first line) until it ends.
+    Ctrl-C (``KeyboardInterrupt``) is the caller's: the job runs on."""
+    from clusterctl import status as status_mod
+
+    state = controller.follow(ws.root, ws.store, job_id, echo, from_start=from_start)
+    job = ws.store.get_job(job_id)
+    return Ended(state, status_mod.job_view(ws.store, job, supervision=controller.supervision(ws.root, job)))
+
+
+# ---------------------------------------------------------------------------------------------- status
+def status(ws: Workspace, job_ref: str, options: ConnectOptions, *, connect: Connect = default_connect) -> dict:
+    """``status JOB``: the job's view; an active job that no supervisor watches is first reconciled with what its
+    nodes say (bounded by the connect timeout + 5 s)."""
+    from clusterctl import status as status_mod
+
+    j = ws.store.get_job(job_ref)
+    if not j.terminal and not controller.supervision(ws.root, j)["supervised"]:
+        controller.reconcile_job(ws.root, ws.store, j.job_id, options, connect=connect)
+        j = ws.store.get_job(j.job_id)
+    return status_mod.job_view(ws.store, j, supervision=controller.supervision(ws.root, j))
+
+
+# ---------------------------------------------------------------------------------------------- stop
+@dataclass(frozen=True)
+class Stopped:
+    job_id: str
+    state: JobState
+    errors: Mapping[str, str]                    # node -> why it could not be cleaned up
+
+
+def stop(ws: Workspace, job_ref: str, options: ConnectOptions, *, grace_s: float = 10.0,
+         connect: Connect = default_connect) -> Stopped:
+    """SIGTERM to torchrun everywhere, kill after the grace period, remove exactly this job's containers; the
+    nodes' end is recorded (``stopped``, or how they had ended before)."""
+    store = ws.store
+    job_id = store.get_job(job_ref).job_id
+    job = store.get_job(job_id)
+    if not job.terminal:
+        store.set_state(job_id, JobState.STOPPED, "stopped by user")
+        store.add_event(job_id, "stop", "stop requested by user")
+    ops, _, nodes = controller.build_ops(ws.root, store, job_id, options, starts=False,   # stopping needs no secrets
+                                         connect=connect)
+    try:
+        attempts = store.attempts(job_id)
+        if attempts:
+            a = attempts[-1]
+            ops.adopt(a.attempt, list(a.nodes), a.rdzv_host)
+        errors = ops.stop(None, nodes, grace_s=grace_s)
+        if attempts:
+            a = attempts[-1]
+            ended = {n.node: n.state for n in store.nodes(job_id, a.attempt)}
+            for node in a.nodes:
+                if node not in errors and ended.get(node) not in ("exited", "killed", "gone"):
+                    store.set_node(job_id, a.attempt, node, state="stopped")
+            if a.ended_at is None:
+                store.end_attempt(job_id, a.attempt, "stopped")
+    finally:
+        ops.close()
+    return Stopped(job_id, store.get_job(job_id).state, dict(errors))
+
+
+# ---------------------------------------------------------------------------------------------- resume
+@dataclass(frozen=True)
+class ResumeRequest:
+    job_ref: str
+    options: ConnectOptions = field(default_factory=ConnectOptions)
+    exclude: tuple[str, ...] = ()
+    checkpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class Resumed:
+    action: str          # already_supervised | succeeded | reattached | relaunched
+    message: str         # one line for the user
+    pid: int | None = None
+    job_id: str = ""
+    name: str = ""
+    excluded: tuple[tuple[str, str], ...] = ()   # cordoned hosts a relaunch leaves out
+
+
+def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_connect,
+           spawn: Spawn = controller.spawn_supervisor, wait: Callable[[float], None] = time.sleep) -> Resumed:
+    """Bring a job back. Idempotent: with a live supervisor it only reports it. An active job whose nodes all
+    still run is re-attached; one whose attempt finished well while nobody watched becomes SUCCEEDED; otherwise
+    the cause is recorded, the last attempt cleaned up, and the job relaunched from its latest valid checkpoint."""
+    from clusterctl.reconcile import reconcile
+
+    store, root, options = ws.store, ws.root, request.options
+    exclude, checkpoint = tuple(request.exclude), request.checkpoint
+    job = store.get_job(request.job_ref)
+    job_id = job.job_id
+
+    def done(action: str, message: str, pid: int | None = None, excluded=()) -> Resumed:
+        return Resumed(action, message, pid, job_id, job.name, tuple(excluded))
+
+    pid = controller.live_supervisor(root, job)
+    if pid:
+        return done("already_supervised", f"already supervised (supervisor pid {pid}); nothing to do", pid)
+    excluded = _cordoned(store, job, exclude)      # a relaunch is coming: cordoned hosts must leave >= MIN
+    if job.state == JobState.SUCCEEDED:
+        return done("succeeded", "the job already SUCCEEDED; nothing relaunched (launch it again to start over)",
+                    excluded=excluded)
+    rec = record_mod.load(store, job)
+    unknown = [h for h in exclude if h not in rec.host_names]
+    if unknown:
+        raise UserError(f"--exclude: {', '.join(unknown)} not among the job's hosts {', '.join(rec.host_names)}")
+    attempts = store.attempts(job_id)
+    ops, _, nodes = controller.build_ops(root, store, job_id, options, connect=connect)
+    accept_new = options.accept_new_host_keys
+    try:
+        verify_host_keys([ops.hosts[n] for n in nodes if n not in exclude], options, connect)
+        if attempts and not job.terminal:
+            a = attempts[-1]
+            found = reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5)
+            if found is not None and found.state == JobState.SUCCEEDED:
+                controller.complete_logs(ops, store, job_id, a.attempt)
+                return done("succeeded", f"attempt {a.attempt} had finished with exit code 0 on every node while "
+                                         "unsupervised: the job is SUCCEEDED, nothing relaunched", excluded=excluded)
+            if found is not None and found.decision is None and not exclude and not checkpoint:
+                # a second look a moment later: a container whose processes were just killed can still be listed
+                # as running for a second, and re-attaching to a dead attempt would wait for nothing
+                wait(2.0)
+                again = ops.observe(a.attempt, list(a.nodes), watch=False, deadline_s=options.connect_timeout + 5)
+                if again and all(o.state == "running" for o in again):
+                    pid = spawn(root, job_id, accept_new=accept_new, adopt=True)
+                    return done("reattached", f"attempt {a.attempt} still runs on {', '.join(a.nodes)}: "
+                                              f"re-attached (supervisor pid {pid})", pid, excluded)
+        if attempts:
+            controller.complete_logs(ops, store, job_id, attempts[-1].attempt)
+        errors = ops.stop(None, nodes)
+        for node, msg in errors.items():
+            store.add_event(job_id, "cleanup_pending", f"could not clean up {node}: {msg}", node=node)
+        keep = [n for n in nodes if n not in exclude]
+        latest = ops.latest_checkpoint([n for n in keep if n not in errors]) if not checkpoint else None
+    finally:
+        ops.close()
+    rec = rec.replace(hosts=tuple(h for h in rec.hosts if h.name not in exclude), checkpoint_override=checkpoint)
+    record_mod.save(store, job_id, rec)
+    store.update_job(job_id, failures_used=0, node_failures_used=0)
+    store.set_state(job_id, JobState.RECOVERING, "resumed by user")
+    start = (f"checkpoint {checkpoint}" if checkpoint else
+             f"checkpoint step {latest[1]} ({latest[0]})" if latest and latest[0] else
+             "the start (no valid checkpoint)" if latest else "the latest valid checkpoint")
+    store.add_event(job_id, "resume", f"resumed by user from {start}"
+                    + (f", excluding {', '.join(exclude)}" if exclude else ""))
+    pid = spawn(root, job_id, accept_new=accept_new)
+    return done("relaunched", f"relaunching attempt {store.get_job(job_id).attempt + 1} from {start}"
+                + (f" without {', '.join(exclude)}" if exclude else "") + f" (supervisor pid {pid})", pid, excluded)
+
+
+def _cordoned(store: Store, job, exclude: Sequence[str]) -> list[tuple[str, str]]:
+    """The job's cordoned hosts (host, reason); ``UserError`` naming them when the job's MIN cannot be met
+    without them."""
+    rec = record_mod.load(store, job)
+    usable, excluded = nodehealth.split([h for h in rec.host_names if h not in exclude], store.cordons())
+    if excluded and len(usable) < rec.spec.min_nodes:
+        raise nodehealth.too_few(rec.spec.min_nodes, len(usable), excluded)
+    return excluded

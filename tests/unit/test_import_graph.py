@@ -1,0 +1,65 @@
+"""The module-level import graph of clusterctl is acyclic (docs/design.md), and the layers point one way: the
+supervisor loop knows nothing of the launcher, the controller nothing of the use cases, and the pure modules
+nothing of transports."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "clusterctl"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = p.relative_to(PKG.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    """Imports run when a module is imported (top level; not ``if TYPE_CHECKING:``, not inside functions)."""
+    mods = _modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, path in mods.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                targets = [resolve(a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [resolve(f"{node.module}.{a.name}") or resolve(node.module) for a in node.names]
+            else:
+                continue
+            graph[m] |= {t for t in targets if t and t.startswith("clusterctl") and t != m}
+    return graph
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for n in graph[todo.pop()]:
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
+
+
+def test_no_module_imports_itself_back():
+    graph = _graph()
+    cycles = sorted(m for m in graph if m in _reaches(graph, m) and m != "clusterctl")
+    assert cycles == []
+
+
+def test_layers_point_one_way():
+    graph = _graph()
+    assert "clusterctl.launcher" not in _reaches(graph, "clusterctl.supervisor")
+    assert "clusterctl.jobs" not in _reaches(graph, "clusterctl.controller")
+    assert "clusterctl.cli" not in _reaches(graph, "clusterctl.jobs")
+    for pure in ("clusterctl.plan", "clusterctl.spec", "clusterctl.supervisor", "clusterctl.causes",
+                 "clusterctl.checks.model", "clusterctl.checks.registry"):
+        assert not {m for m in _reaches(graph, pure) if m.startswith("clusterctl.transport")}, pure

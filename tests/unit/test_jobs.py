@@ -1,0 +1,222 @@
+"""The job use cases (clusterctl/jobs.py) over a temporary store, fake transports and a fake spawn: what is
+checked before anything starts, what is recorded, what is started, and what each outcome says."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_checks_fakes import FakeHost, FakeTransport, sections_for  # noqa: E402
+
+from clusterctl import jobs, record  # noqa: E402
+from clusterctl.errors import ClusterctlError, ConnectError, HostKeyError, InputError, UserError  # noqa: E402
+from clusterctl.state import JobActive, JobState, Store  # noqa: E402
+from clusterctl.transport import ConnectOptions  # noqa: E402
+
+INVENTORY = """\
+all:
+  vars: {clusterctl_runtime: podman, clusterctl_gpus: 0}
+  hosts:
+    n1: {ansible_host: 10.77.0.11}
+    n2: {ansible_host: 10.77.0.12}
+    n3: {ansible_host: 10.77.0.13}
+"""
+JOB = """\
+name: j
+nodes: "2:2"
+nproc_per_node: 1
+script: train.py
+"""
+
+
+class World:
+    """Three fake hosts, each answering the probe script from healthy canned sections; records every connect."""
+
+    def __init__(self):
+        self.fakes = {f"n{i}": FakeHost(sections_for(f"10.77.0.1{i}", f"n{i}", runtime="podman", gpus=0))
+                      for i in (1, 2, 3)}
+        self.connects: list[str] = []
+        self.options: list[ConnectOptions] = []
+        self.lock = threading.Lock()
+        self.shared = {"nonce": "x", "peers": 1}
+
+    def connect(self, host, options):
+        with self.lock:
+            self.connects.append(host.name)
+            self.options.append(options)
+        f = self.fakes[host.name]
+        if f.connect_error is not None:
+            raise f.connect_error
+        return FakeTransport(host, f, self.shared, time.time)
+
+
+class Spawn:
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def __call__(self, root, job_id, *, accept_new, adopt=False):
+        self.calls.append((job_id, accept_new, adopt))
+        return 4242
+
+
+@pytest.fixture
+def env(tmp_path):
+    (tmp_path / "inventory.yaml").write_text(INVENTORY)
+    (tmp_path / "job.yaml").write_text(JOB)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    ws = jobs.Workspace(tmp_path, Store(tmp_path / "state.db"))
+    return ws, World(), Spawn()
+
+
+def request(ws, **kw):
+    return jobs.LaunchRequest(str(ws.root / "job.yaml"), str(ws.root / "inventory.yaml"), **kw)
+
+
+def launch(ws, world, spawn, **kw):
+    return jobs.launch(ws, request(ws, **kw), connect=world.connect, spawn=spawn)
+
+
+# ------------------------------------------------------------------------------------------- launch
+def test_launch_checks_records_and_spawns_once(env):
+    ws, world, spawn = env
+    progress = []
+    out = jobs.launch(ws, request(ws), connect=world.connect, spawn=spawn,
+                      on_progress=lambda *a: progress.append(a))
+    assert isinstance(out, jobs.Launched), getattr(out, "report", None) and out.report.failures()
+    assert (out.name, out.supervisor_pid, out.nodes, out.spares, out.excluded) == ("j", 4242, ("n1", "n2"), (), ())
+    assert spawn.calls == [(out.job_id, False, False)]
+    assert sorted(world.connects) == ["n1", "n2"]            # the quick preflight: one connection per host
+    assert progress and progress[-1][0] == progress[-1][1]
+    job = ws.store.get_job(out.job_id)
+    assert job.state == JobState.PENDING
+    rec = record.load(ws.store, job)
+    assert rec.host_names == ["n1", "n2"] and rec.source == str(ws.root / "job.yaml")
+    assert rec.interfaces == {"n1": "eth0", "n2": "eth0"}    # what preflight found, for the supervisor
+
+
+def test_a_failed_preflight_records_and_starts_nothing(env):
+    ws, world, spawn = env
+    world.fakes["n2"].sections["ss"] = ("LISTEN 0 128 0.0.0.0:29400 0.0.0.0:*", 0)   # the rendezvous port is taken
+    out = launch(ws, world, spawn)
+    assert isinstance(out, jobs.PreflightFailed)
+    assert [(where, c.id) for where, c in out.report.failures()] == [("n2", "ports")]
+    assert ws.store.list_jobs() == [] and spawn.calls == []
+
+
+def test_an_active_job_of_that_name_stops_the_launch_before_any_connection(env):
+    ws, world, spawn = env
+    first = launch(ws, world, spawn)
+    world.connects.clear()
+    with pytest.raises(JobActive, match=first.job_id):
+        launch(ws, world, spawn)
+    assert world.connects == [] and len(spawn.calls) == 1
+    ws.store.set_state(first.job_id, JobState.STOPPED, "stopped by user")
+    assert isinstance(launch(ws, world, spawn), jobs.Launched)   # a finished one does not
+
+
+def test_a_missing_secret_is_an_input_error_before_any_connection(env):
+    ws, world, spawn = env
+    (ws.root / "job.yaml").write_text(JOB + "secret_env: [WANDB_API_KEY]\n")
+    with pytest.raises(InputError, match="WANDB_API_KEY is not set") as e:
+        launch(ws, world, spawn)
+    assert e.value.exit_code == 2 and e.value.line == 5
+    assert world.connects == [] and ws.store.list_jobs() == []
+    assert isinstance(launch(ws, world, spawn, environ={"WANDB_API_KEY": "s3cret"}), jobs.Launched)
+
+
+def test_skip_preflight_still_refuses_an_unknown_host_key_but_not_an_unreachable_host(env):
+    ws, world, spawn = env
+    world.fakes["n2"].connect_error = HostKeyError("n2", "unknown host key for 10.77.0.12")
+    with pytest.raises(ClusterctlError, match="cannot connect safely"):
+        launch(ws, world, spawn, skip_preflight=True)
+    assert ws.store.list_jobs() == [] and spawn.calls == []
+    world.fakes["n2"].connect_error = ConnectError("n2", "connection refused")   # may come back: the supervisor waits
+    world.options.clear()
+    out = launch(ws, world, spawn, skip_preflight=True, options=ConnectOptions(accept_new_host_keys=True))
+    assert isinstance(out, jobs.Launched) and record.load(ws.store, ws.store.get_job(out.job_id)).interfaces == {}
+    assert spawn.calls == [(out.job_id, True, False)]
+    assert world.options and all(o.accept_new_host_keys for o in world.options)
+
+
+def test_cordoned_hosts_are_left_out_and_too_few_is_a_user_error(env):
+    ws, world, spawn = env
+    (ws.root / "job.yaml").write_text(JOB.replace('"2:2"', '"2:3"'))
+    ws.store.cordon("n1", "ECC errors")
+    out = launch(ws, world, spawn)
+    assert (out.nodes, out.excluded) == (("n2", "n3"), (("n1", "ECC errors"),))
+    assert record.load(ws.store, ws.store.get_job(out.job_id)).host_names == ["n1", "n2", "n3"]
+    ws.store.set_state(out.job_id, JobState.STOPPED)
+    ws.store.cordon("n2", "disk")
+    with pytest.raises(UserError, match=r"at least 2 node\(s\) but only 1 remain"):
+        launch(ws, world, spawn)
+
+
+def test_dry_run_connects_to_nothing_and_needs_no_secret(env):
+    ws, world, spawn = env
+    (ws.root / "job.yaml").write_text(JOB + "secret_env: [WANDB_API_KEY]\n")
+    plan = jobs.dry_run(ws, request(ws))
+    assert plan.job_id == "j-DRYRUN" and [n.host for n in plan.nodes] == ["n1", "n2"]
+    assert world.connects == [] and ws.store.list_jobs() == []
+
+
+# ------------------------------------------------------------------------------------------- stop / status
+def test_stop_of_a_job_that_never_started_marks_it_stopped(env):
+    ws, world, spawn = env
+    out = launch(ws, world, spawn)
+    stopped = jobs.stop(ws, "j", ConnectOptions(), grace_s=0, connect=world.connect)
+    assert (stopped.job_id, stopped.state, dict(stopped.errors)) == (out.job_id, JobState.STOPPED, {})
+    assert [e.kind for e in ws.store.events(out.job_id)][-1] == "stop"
+
+
+def test_status_of_a_finished_job_asks_no_node(env):
+    ws, world, spawn = env
+    out = launch(ws, world, spawn)
+    ws.store.set_state(out.job_id, JobState.STOPPED, "stopped by user")
+    world.connects.clear()
+    view = jobs.status(ws, "j", ConnectOptions(), connect=world.connect)
+    assert (view["job_id"], view["state"], view["reason"]) == (out.job_id, "STOPPED", "stopped by user")
+    assert view["restarts"]["max_failures"] == 3 and world.connects == []
+
+
+# ------------------------------------------------------------------------------------------- resume
+def test_resume_of_a_succeeded_job_relaunches_nothing(env):
+    ws, world, spawn = env
+    out = launch(ws, world, spawn)
+    for s in (JobState.STARTING, JobState.RUNNING, JobState.SUCCEEDED):
+        ws.store.set_state(out.job_id, s)
+    r = jobs.resume(ws, jobs.ResumeRequest("j"), connect=world.connect, spawn=spawn)
+    assert (r.action, r.job_id, r.name, r.pid) == ("succeeded", out.job_id, "j", None)
+    assert len(spawn.calls) == 1
+
+
+def test_resume_refuses_an_unknown_exclude_and_too_few_uncordoned_hosts(env):
+    ws, world, spawn = env
+    out = launch(ws, world, spawn)
+    ws.store.set_state(out.job_id, JobState.STOPPED)
+    with pytest.raises(UserError, match="--exclude: n9 not among the job's hosts n1, n2"):
+        jobs.resume(ws, jobs.ResumeRequest("j", exclude=("n9",)), connect=world.connect, spawn=spawn)
+    ws.store.cordon("n2", "flaky NIC")
+    with pytest.raises(UserError, match=r"cordoned host\(s\) n2 \(flaky NIC\)"):
+        jobs.resume(ws, jobs.ResumeRequest("j"), connect=world.connect, spawn=spawn)
+    assert len(spawn.calls) == 1
+
+
+def test_resume_of_a_stopped_job_relaunches_from_the_start(env):
+    ws, world, spawn = env
+    out = launch(ws, world, spawn)
+    ws.store.set_state(out.job_id, JobState.STOPPED, "stopped by user")
+    waits = []
+    r = jobs.resume(ws, jobs.ResumeRequest("j", checkpoint="/ckpt/step-10"), connect=world.connect, spawn=spawn,
+                    wait=waits.append)
+    assert r.action == "relaunched" and r.pid == 4242 and waits == []
+    assert "from checkpoint /ckpt/step-10" in r.message
+    assert spawn.calls[-1] == (out.job_id, False, False)
+    job = ws.store.get_job(out.job_id)
+    assert job.state == JobState.RECOVERING
+    assert record.load(ws.store, job).checkpoint_override == "/ckpt/step-10"
+    assert ws.store.events(out.job_id)[-1].kind == "resume"
