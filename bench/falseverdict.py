@@ -19,7 +19,6 @@ killed node is still detected quickly.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import random
@@ -33,9 +32,8 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402  (puts the repository root on sys.path)
+from common import DOC, exit_on_signals  # noqa: E402
 
 from tests.integration import recovery_harness as rh  # noqa: E402
 from tests.testbed import Testbed, profile  # noqa: E402
@@ -43,7 +41,6 @@ from tests.testbed import system  # noqa: E402
 
 from docsection import write_subsection  # noqa: E402
 
-DOC = ROOT / "docs" / "benchmarks.md"
 SECTION, SUB = "## recovery", "### false verdicts under load"
 SESSION = re.compile(r"^sshd: \S+@")          # an sshd session process (not the listener)
 
@@ -171,16 +168,12 @@ def section(r: dict, args) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.parser(__doc__.splitlines()[0], prefix="bfv", subnet=236)
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--stall", default="0.5-3.0", help="seconds each SIGSTOP of the node's sshd lasts (LO-HI)")
     ap.add_argument("--run", default="1.0-3.0", help="seconds between two stalls (LO-HI)")
-    ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--prefix", default="bfv")
-    ap.add_argument("--subnet", type=int, default=236)
     args = ap.parse_args(argv)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda s, f: sys.exit(128 + s))
+    exit_on_signals()
     ensure_stress_ng()
     base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-falseverdict-"))
     tb = Testbed(3, base / "tb", [profile(gpus=0)] * 3, prefix=args.prefix, subnet_octet=args.subnet)

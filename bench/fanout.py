@@ -18,17 +18,12 @@ covers every host) and prints the top functions. The testbed is torn down at the
 """
 from __future__ import annotations
 
-import argparse
 import cProfile
 import dataclasses
 import datetime
 import io
-import os
-import platform
 import pstats
 import resource
-import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,9 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402  (puts the repository root on sys.path)
+from common import ROOT, cpu_s, exit_on_signals, machine, parallel, ssh_argv  # noqa: E402
 
 from clusterctl import inventory  # noqa: E402
 from clusterctl.transport import ConnectOptions, connect, fan_out  # noqa: E402
@@ -46,9 +40,7 @@ from tests.testbed import Testbed, profile  # noqa: E402
 
 PROBE = "nproc; uname -r; df -P -B1 /; ss -Hltn; ip -o addr show"
 COMMANDS = {"true": ["true"], "probe": ["sh", "-c", PROBE]}
-from docsection import write_section  # noqa: E402
 
-DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## fan-out"
 GOAL_CPU_MS = 15.0
 METHODS = ("clusterctl", "clusterctl-kh1000", "clusterctl-exec", "openssh", "openssh-c25519")
@@ -68,11 +60,6 @@ Notes:
   3.8-5.8 s (slower than OpenSSH). It now matches host names first: 10-11 ms per host and ~1.3 s. The
   `clusterctl-kh1000` rows guard this.
 """
-
-
-def cpu_s(who: int) -> float:
-    r = resource.getrusage(who)
-    return r.ru_utime + r.ru_stime
 
 
 def run_clusterctl(hosts, argv, opts) -> tuple[float, float, int]:
@@ -107,22 +94,9 @@ def run_exec_cli(inv_path: Path, hosts, argv) -> tuple[float, float, int]:
     return wall, cpu, sum(1 for r in res if r["exit_code"] == 0 and (argv == ["true"] or r["stdout"]))
 
 
-def ssh_argv(tb, known_hosts: str, address: str, argv: list[str], kex: str | None = None) -> list[str]:
-    return ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={known_hosts}", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=30",
-            *(["-o", f"KexAlgorithms={kex}"] if kex else []),
-            "-i", str(tb.key), f"{tb.user}@{address}", shlex.join(argv)]
-
-
 def run_openssh(tb, known_hosts, hosts, argv, kex: str | None = None) -> tuple[float, float, int]:
-    cmds = [ssh_argv(tb, known_hosts, h.address, argv, kex) for h in hosts]
-    s0, c0, t0 = cpu_s(resource.RUSAGE_SELF), cpu_s(resource.RUSAGE_CHILDREN), time.perf_counter()
-    procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-             for c in cmds]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    wall = time.perf_counter() - t0
-    cpu = (cpu_s(resource.RUSAGE_CHILDREN) - c0) + (cpu_s(resource.RUSAGE_SELF) - s0)
-    return wall, cpu, sum(1 for p, o in zip(procs, outs) if p.returncode == 0 and (argv == ["true"] or o))
+    wall, cpu, res = parallel([ssh_argv(tb, h.address, argv, known_hosts=known_hosts, kex=kex) for h in hosts])
+    return wall, cpu, sum(1 for rc, o in res if rc == 0 and (argv == ["true"] or o))
 
 
 def profile_clusterctl(hosts, opts, top: int = 25) -> str:
@@ -144,23 +118,6 @@ def profile_clusterctl(hosts, opts, top: int = 25) -> str:
     st.sort_stats("tottime").print_stats(top)
     st.sort_stats("cumulative").print_stats(top)
     return buf.getvalue()
-
-
-def machine() -> str:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    ssh_v = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
-    import paramiko
-
-    return (f"{os.cpu_count()} cores ({model or platform.machine()}), {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}, paramiko {paramiko.__version__}, {ssh_v}; sshd and clients "
-            f"share the same cores")
 
 
 def fmt_table(rows) -> str:
@@ -195,25 +152,14 @@ def verdict(rows, sizes) -> list[str]:
     return lines
 
 
-def write_doc(section: str) -> None:
-    write_section(SECTION, section, DOC)
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="8,32,64")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--prefix", default="bfa")
-    ap.add_argument("--subnet", type=int, default=231)
-    ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    ap = common.parser(__doc__.split("\n\n")[0], prefix="bfa", subnet=231, sizes="8,32,64", reps=3)
     ap.add_argument("--profile", action="store_true", help="also cProfile clusterctl on the largest size")
     args = ap.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    sizes = common.sizes_of(args)
     n_max = max(sizes)
 
-    # SIGTERM/SIGHUP -> SystemExit, so the finally below tears the testbed down
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda s, f: sys.exit(128 + s))
+    exit_on_signals()   # so the finally below tears the testbed down
 
     base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-fanout-"))
     tb = Testbed(n_max, base, [profile(gpus=0, image=False)] * n_max, prefix=args.prefix,
@@ -280,7 +226,8 @@ def main(argv=None) -> int:
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     section = "\n".join([
         SECTION, "",
-        f"Measured {when} on {machine()}. {args.reps} repetitions per cell, order alternated per repetition; "
+        f"Measured {when} on {machine('sshd and clients')}. {args.reps} repetitions per cell, order alternated per "
+        "repetition; "
         f"medians. Rerun: `python bench/fanout.py --sizes {args.sizes} --reps {args.reps}` (as root; it builds "
         f"and removes its own testbed, prefix `{args.prefix}`, 10.{args.subnet}.0.0/24).", "",
         "- **clusterctl**: `fan_out(hosts, connect(h, opts).run(argv); close())`, 64 workers, fresh connection "
@@ -307,12 +254,9 @@ def main(argv=None) -> int:
         *checks, "",
         NOTES,
     ])
-    print(section)
+    common.publish(SECTION, section, write=not args.no_write)
     if prof_text:
         print(prof_text)
-    if not args.no_write:
-        write_doc(section)
-        print(f"wrote {DOC}", file=sys.stderr)
     return 0
 
 

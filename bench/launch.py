@@ -25,14 +25,12 @@ The testbed is torn down at the end, even on error or SIGTERM.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
 import platform
 import re
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,15 +39,12 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402  (puts the repository root on sys.path)
+from common import ROOT, exit_on_signals  # noqa: E402
 
 from tests.testbed import IMAGE, Testbed, profile  # noqa: E402
 
-from docsection import write_section  # noqa: E402
 
-DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## launch"
 TRAIN = ROOT / "examples" / "quickstart" / "train.py"
 VENV_BIN = Path(sys.prefix) / "bin"
@@ -163,24 +158,14 @@ def run_by_hand(plan: dict, runtime: str, rdzv_id: str, tb: Testbed) -> dict:
     return {"first_step": stamp[0] - t0}
 
 
-def write_doc(section: str, heading: str = SECTION) -> None:
-    write_section(heading, section, DOC)
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="2,4")
-    ap.add_argument("--reps", type=int, default=3)
+    ap = common.parser(__doc__.split("\n\n")[0], prefix="bla", subnet=238, sizes="2,4", reps=3)
     ap.add_argument("--runtime", choices=("bare", "podman", "docker"), default="podman")
     ap.add_argument("--port", type=int, default=29470)
-    ap.add_argument("--prefix", default="bla")
-    ap.add_argument("--subnet", type=int, default=238)
-    ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = ap.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    sizes = common.sizes_of(args)
     n_max = max(sizes)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda s, f: sys.exit(128 + s))
+    exit_on_signals()
 
     base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-launch-"))
     tb = Testbed(n_max, base, [profile(gpus=0)] * n_max, prefix=args.prefix, subnet_octet=args.subnet,
@@ -266,9 +251,7 @@ def main(argv=None) -> int:
         + ", the torchrun argv and environment taken from `clusterctl launch --dry-run --output json` (fresh "
         "`--rdzv-id` per run); rank 0's first `step` line on node1's ssh stdout.", "",
         *rows, "", *verdicts, "", *[f"- {t}" for t in timelines], ""])
-    print(section)
-    if not args.no_write:
-        write_doc(section, heading)
+    common.publish(heading, section, write=not args.no_write)
     return 0
 
 

@@ -21,13 +21,8 @@ The testbed is torn down at the end, even on error or SIGTERM.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
-import os
-import platform
 import resource
-import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,9 +31,8 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402  (puts the repository root on sys.path)
+from common import cpu_s, exit_on_signals, parallel, ssh_argv  # noqa: E402
 
 from clusterctl import inventory  # noqa: E402
 from clusterctl.checks import PreflightJob, PreflightOptions, run_preflight  # noqa: E402
@@ -46,17 +40,10 @@ from clusterctl.checks.probe import build_probe_script  # noqa: E402
 from clusterctl.transport import ConnectOptions, connect, fan_out  # noqa: E402
 from tests.testbed import Testbed, profile  # noqa: E402
 
-from docsection import write_section  # noqa: E402
 
-DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## preflight"
 GOAL_CPU_MS = 5.0
 CONNECT_TIMEOUT_S = 5.0
-
-
-def cpu_s(who: int) -> float:
-    r = resource.getrusage(who)
-    return r.ru_utime + r.ru_stime
 
 
 class Counting:
@@ -119,58 +106,23 @@ def run_transport(hosts, opts, scripts) -> dict:
 
 
 def run_openssh(tb, hosts, scripts) -> dict:
-    cmds = [["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-             "-o", f"UserKnownHostsFile={tb.known_hosts}", "-o", "IdentitiesOnly=yes",
-             "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S:g}", "-i", str(tb.key), f"{tb.user}@{h.address}",
-             shlex.join(["sh", "-c", s])] for h, s in zip(hosts, scripts)]
-    s0, c0, t0 = cpu_s(resource.RUSAGE_SELF), cpu_s(resource.RUSAGE_CHILDREN), time.perf_counter()
-    procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-             for c in cmds]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    wall = time.perf_counter() - t0
-    cpu = (cpu_s(resource.RUSAGE_CHILDREN) - c0) + (cpu_s(resource.RUSAGE_SELF) - s0)
-    return {"wall": wall, "cpu": cpu, "ok": sum(1 for p, o in zip(procs, outs) if b"@@cc>clock1" in o),
-            "conns": 1, "cmds": 1}
-
-
-def machine() -> str:
-    model = ""
-    try:
-        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                      if ln.startswith("model name")), "")
-    except OSError:
-        pass
-    ssh_v = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
-    import paramiko
-
-    load = os.getloadavg()[0]
-    return (f"{os.cpu_count()} cores ({model or platform.machine()}), load average {load:.1f} at the start, "
-            f"{platform.system()} {platform.release()}, Python {platform.python_version()}, paramiko "
-            f"{paramiko.__version__}, {ssh_v}; sshd, podman, the stub tools and the clients share the same cores")
-
-
-def write_doc(section: str) -> None:
-    write_section(SECTION, section, DOC)
+    wall, cpu, res = parallel([ssh_argv(tb, h.address, ["sh", "-c", s], connect_timeout=CONNECT_TIMEOUT_S)
+                               for h, s in zip(hosts, scripts)])
+    return {"wall": wall, "cpu": cpu, "ok": sum(1 for _, o in res if b"@@cc>clock1" in o), "conns": 1, "cmds": 1}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="8,32,64")
-    ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--prefix", default="bpf")
-    ap.add_argument("--subnet", type=int, default=232)
-    ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    ap = common.parser(__doc__.split("\n\n")[0], prefix="bpf", subnet=232, sizes="8,32,64", reps=1)
     args = ap.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    sizes = common.sizes_of(args)
     n_max = max(sizes)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda s, f: sys.exit(128 + s))
+    exit_on_signals()
 
     base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-preflight-"))
     tb = Testbed(n_max, base, [profile(gpus=2, image=False)] * n_max, prefix=args.prefix,
                  subnet_octet=args.subnet)
     samples: dict[tuple[int, str], list[dict]] = {}
-    where = machine()
+    where = common.machine("sshd, podman, the stub tools and the clients", load=True)
     try:
         t0 = time.monotonic()
         tb.up()
@@ -264,10 +216,7 @@ def main(argv=None) -> int:
         "- Everything (64 sshd, podman, stub tools, clients) shares this machine's cores, so wall time is mostly the "
         "remote side's CPU; other load on the machine shows up as noise.", "",
         *rows, "", "Goals (from the issue):", "", *goals, ""])
-    print(section)
-    if not args.no_write:
-        write_doc(section)
-        print(f"wrote {SECTION} into {DOC}", file=sys.stderr)
+    common.publish(SECTION, section, write=not args.no_write)
     return 0
 
 

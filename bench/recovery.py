@@ -36,7 +36,6 @@ sub-section of ``## recovery``.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -49,9 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402  (puts the repository root on sys.path)
+from common import DOC, ROOT, exit_on_signals  # noqa: E402
 
 from tests.integration import fault_series as fs  # noqa: E402
 from tests.integration import recovery_harness as rh  # noqa: E402
@@ -60,7 +58,6 @@ from tests.testbed import Testbed, profile  # noqa: E402
 from docsection import read_subsection, write_subsection  # noqa: E402
 from docsection import write_section as replace_section  # noqa: E402
 
-DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## recovery"
 SERIES = "### series: N faults in one run"
 SIDE = "### docker and podman side by side"
@@ -332,22 +329,18 @@ def series_section(results: list[dict], args) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.parser(__doc__.splitlines()[0], prefix="brc", subnet=232)
     ap.add_argument("--faults", default=",".join(FAULTS))
     ap.add_argument("--methods", default="clusterctl,torchrun")
     ap.add_argument("--torchrun-wait", type=float, default=90)
     ap.add_argument("--reps", type=int, default=3, help="clusterctl runs per fault (torchrun: one)")
-    ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--series", type=int, default=0, metavar="N",
                     help="instead: N faults in one run on 4 hosts, MTTR of each (the ### series sub-table)")
     ap.add_argument("--runtimes", default="podman",
                     help="clusterctl's runtimes, comma-separated (podman, docker): more than podman writes the "
                          "side-by-side sub-table instead of the main one")
-    ap.add_argument("--prefix", default="brc")
-    ap.add_argument("--subnet", type=int, default=232)
     args = ap.parse_args(argv)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda s, f: sys.exit(128 + s))
+    exit_on_signals()
     base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-recovery-"))
     if args.series:
         text = series_section(run_series(base, args.series, args), args)
