@@ -99,6 +99,17 @@ def test_launch_checks_records_and_spawns_once(env):
     assert rec.interfaces == {"n1": "eth0", "n2": "eth0"}    # what preflight found, for the supervisor
 
 
+def test_launch_records_how_each_gpu_hosts_containers_get_gpus(env):
+    ws, world, spawn = env
+    (ws.root / "inventory.yaml").write_text(INVENTORY.replace("clusterctl_gpus: 0", "clusterctl_gpus: 8"))
+    for i in (1, 2, 3):
+        world.fakes[f"n{i}"] = FakeHost(sections_for(f"10.77.0.1{i}", f"n{i}", runtime="podman", gpus=8))
+    out = launch(ws, world, spawn)
+    assert isinstance(out, jobs.Launched), getattr(out, "report", None) and out.report.failures()
+    rec = record.load(ws.store, ws.store.get_job(out.job_id))
+    assert rec.gpu_flags == {"n1": "cdi", "n2": "cdi"}      # preflight's nvidia_toolkit choice, for the plan
+
+
 def test_a_failed_preflight_records_and_starts_nothing(env):
     ws, world, spawn = env
     world.fakes["n2"].sections["ss"] = ("LISTEN 0 128 0.0.0.0:29400 0.0.0.0:*", 0)   # the rendezvous port is taken
