@@ -56,6 +56,12 @@ def test_killed_start_wrapper_leaves_no_env_file(tmp_path):
             time.sleep(0.02)
         (tmp_path / "m").unlink()
         assert len(list(tmp.iterdir())) == 1            # the private dir with the env file exists now
+        # signal it once it waits for the runtime (`wait "$c"`, in sigsuspend): a signal between `& c=$!` and `wait` is acted on
+        # only when the runtime returns (sh's own race: harmless on a node, where `podman run -d` returns at once;
+        # here the fake runtime sleeps 30 s)
+        while not (wchan := open(f"/proc/{p.pid}/wchan").read()).startswith(("do_wait", "sigsuspend")):
+            assert time.monotonic() < end, wchan
+            time.sleep(0.02)
         os.kill(p.pid, sig)
         assert p.wait(10) != 0
         try:
