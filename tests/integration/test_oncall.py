@@ -29,7 +29,7 @@ VENV_BIN = Path(sys.executable).parent
 @pytest.fixture(scope="module")
 def otb(tmp_path_factory, testbed_slot):
     letter = string.ascii_lowercase[testbed_slot]
-    tb = rh.cpu_testbed(3, tmp_path_factory.mktemp("oncall-tb"), f"tbo{letter}", range(220, 240))
+    tb = rh.cpu_testbed(3, tmp_path_factory.mktemp("oncall-tb"), f"tbo{letter}", range(220, 240), docker=True)
     yield tb
     tb.down()
 
@@ -214,7 +214,7 @@ def test_bare_runtime_without_torchrun_on_path_fails_preflight_check_torchrun(ot
 
 
 # ------------------------------------------------------------------------------------ (g) logs exactly once
-@pytest.mark.parametrize("runtime", ["podman", "bare"])    # docker: open (wip/issue-12-docker-arms.patch)
+@pytest.mark.parametrize("runtime", ["podman", "bare", "docker"])
 def test_logs_hold_every_line_once_in_order_after_a_supervisor_kill_and_resume(job, otb, tmp_path, runtime):
     """docker: also its resume after a controller crash (the supervisor re-attaches to running containers)."""
     run = job(steps=1)

@@ -6,6 +6,9 @@ left on any host.
 
 Faults kill only the job's processes (`tb.kill(host, pattern=JOB_PATTERN)`): `tb.kill(host)` without a pattern
 would also kill the host's sshd.
+
+The testbed runs a dockerd per host too: docker meets every fault of this module's podman tests in one run
+(`test_docker_meets_every_fault_in_one_run`, one launch instead of one per fault: CI time).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration import fault_series as fs
 from tests.integration import recovery_harness as rh
 from tests.testbed import Testbed as _Testbed, profile  # aliased so pytest does not try to collect it
 
@@ -25,11 +29,11 @@ from tests.testbed import Testbed as _Testbed, profile  # aliased so pytest does
 
 @pytest.fixture(scope="module")
 def rtb(tmp_path_factory, testbed_slot):
-    """One 3-host testbed (no GPUs) for the module: each test uses its own job name and shared
+    """One 3-host testbed (no GPUs, a dockerd per host) for the module: each test uses its own job name and shared
     sub-directory."""
     letter = string.ascii_lowercase[testbed_slot]
     tb = _Testbed(3, tmp_path_factory.mktemp("recovery-tb"), [profile(gpus=0)] * 3, prefix=f"tbr{letter}",
-                 subnet_octet=240 + testbed_slot)
+                 subnet_octet=240 + testbed_slot, docker=True)
     try:
         tb.up()
     except Exception as e:  # noqa: BLE001 - a failure with the reason, never a skip
@@ -251,6 +255,28 @@ def test_supervisor_and_job_killed_then_resume_relaunches(job, rtb):
     assert starts[0]["checkpoint_step"] == last, (last, run.events_text())
     rh.check_steps(run)
     rh.check_clean(run)
+
+
+@pytest.mark.parametrize("runtime", ["docker"])      # podman: the one-fault tests above, test_longrun's series
+def test_docker_meets_every_fault_in_one_run(job, rtb, runtime):
+    """Every fault of this module's podman tests, one after the other in one launch (CI time): a worker node's job
+    killed, a worker node partitioned (healed once given up), the rendezvous host's job killed, a worker node
+    partitioned with its job killed, the rendezvous host partitioned with its job killed. Each classified, each
+    followed by training from the newest checkpoint (fault_series: the next fault waits for a new checkpoint), the
+    healed nodes re-admitted and their dead containers removed, the steps consecutive, nothing left."""
+    run = job(runtime=runtime, steps=300, nodes="2:3", nproc=1)
+    run.launch()
+    faults = ("kill_node", "partition_heal", "kill_rdzv_host", "partition_kill", "partition_kill_rdzv")
+    results = fs.run_series(run, faults)
+    st = finish(run)
+    assert [r["klass"] for r in results] == ["node_lost", "node_lost", "rendezvous_lost", "node_lost",
+                                             "rendezvous_lost"], results
+    assert st["attempt"] == len(faults) + 1, st
+    slow = [(r["fault"], r["mttr"]) for r in results if r["mttr"] > 25]     # test_longrun's bound under CI load
+    assert not slow, f"training resumed later than 25s after: {slow}\n{results}"
+    rh.check_steps(run)
+    timeline(run)
+    rh.check_clean(run, timeout=60)
 
 
 def test_script_that_always_fails_stops_after_max_failures(job, rtb):
