@@ -16,8 +16,11 @@ DEMO_ENV := PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 
 .PHONY: test demo demo-recovery deps demo-deps test-deps venv demo-venv clean-venv
 
+# two pytest processes: two unit tests (a 2-process gloo save, a signalled sh wrapper) failed only when run in the
+# process that had run the integration tests before them (some state leaks into that process; not found yet)
 test: test-deps venv
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q --durations=10 tests --ignore=tests/integration
+	$(PY) -m pytest -q --durations=25 tests/integration
 
 demo: demo-deps demo-venv
 	$(DEMO_ENV) $(PY) examples/quickstart/demo.py train
