@@ -304,11 +304,7 @@ class Testbed:
         for h in self.hosts:
             if self.partitioned(h):
                 self.heal(h)
-            if (h.dir / "storage" / "libpod").exists():
-                self.exec(h, ["podman", "rm", "-a", "-f", "-t", "0"], timeout=60, check=False)
-            if h.daemon is not None and dockerd.pid(h.daemon) is not None:
-                self.exec(h, ["sh", "-c", 'ids=$(docker ps -aq) && [ -z "$ids" ] || docker rm -f $ids'],
-                          timeout=60, check=False)
+            self.remove_containers(h)
             sshd = self.sshd_pid(h)
             system.kill_pids([pid for pid, cmd in self.processes(h)
                               if pid != sshd and not self.is_daemon(cmd) and not re.match(r"^sshd|/sshd ", cmd)])
