@@ -3,7 +3,7 @@
     python bench/recovery.py [--faults kill_worker_node,kill_rdzv_host,partition] [--reps 3] [--no-write]
                              [--prefix brc --subnet 232] [--torchrun-wait 90]
     python bench/recovery.py --series N [--no-write]      # N faults in one run (4 hosts): MTTR of each
-    python bench/recovery.py --runtimes podman,docker [--faults ...] [--reps 3]   # docker beside podman
+    python bench/recovery.py --runtimes podman,docker [--faults ...] [--reps 3]   # + docker beside podman
 
 On a 3-host testbed (network namespaces, sshd, podman; ``profile(gpus=0)``) the quickstart script
 (``--step-time 0.1 --checkpoint-every 10``, 2 ranks per node, rank 0 records every trained step with its wall
@@ -25,8 +25,9 @@ MTTR = fault -> the first step recorded by a new attempt (clusterctl) / a new re
 sub-sections, written by the series arm and bench/falseverdict.py, are kept).
 
 **Docker arm** (``--runtimes podman,docker``): the clusterctl runs once per runtime (podman, and docker with a
-real dockerd per host), the faults and repetitions interleaved in the same run; the table goes to the
-``### docker and podman side by side`` sub-section of ``## recovery`` (the main table is left alone).
+real dockerd per host), the faults and repetitions interleaved in the same run; their table goes to the
+``### docker and podman side by side`` sub-section of ``## recovery``, and the main table is written from the same
+run's podman and torchrun runs.
 
 **Series arm** (``--series N``): one clusterctl job on a 4-host testbed (``nodes: "2:4"``, 1 rank per node) takes
 N faults in a row, cycling through issue 16's five (a node killed, a node partitioned and healed, the rendezvous
@@ -231,10 +232,10 @@ def section(results: list[dict], args) -> str:
         load = float("nan")
     lines = [SECTION, "",
              f"Measured {when} on {os.cpu_count()} cores, Linux {platform.release()}, Python "
-             f"{platform.python_version()}, load average {load:.1f} at the end (other testbeds were running). "
+             f"{platform.python_version()}, load average {load:.1f} at the end. "
              f"3-host testbed (`profile(gpus=0)`), quickstart script, 2 ranks per node, {STEPS} steps, "
              f"`--step-time {STEP_TIME} --checkpoint-every {EVERY}`, fault at step >= {FAULT_AT}. "
-             f"Rerun: `python bench/recovery.py` (as root; own testbed, prefix `{args.prefix}`, "
+             f"Rerun: `python bench/recovery.py{' --runtimes ' + args.runtimes if args.runtimes != 'podman' else ''}` (as root; own testbed, prefix `{args.prefix}`, "
              f"10.{args.subnet}.0.0/24).", "",
              "- MTTR: fault -> first step recorded by the new attempt (clusterctl) / new restart round (torchrun), "
              "from the script's `--record` timestamps. Steps lost: steps trained more than once over the run.",
@@ -276,8 +277,7 @@ def side_section(results: list[dict], args) -> str:
              f"Measured {when} on {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end. Same "
              f"job and faults as the table above; each fault run with podman and with docker (a real Docker Engine "
              f"per host, `docker.io` 20.10), interleaved, {args.reps} run(s) per fault and runtime. Rerun: "
-             f"`python bench/recovery.py --runtimes {args.runtimes} --methods clusterctl --faults {args.faults} "
-             f"--reps {args.reps}` "
+             f"`python bench/recovery.py --runtimes {args.runtimes} --faults {args.faults} --reps {args.reps}` "
              f"(own testbed, prefix `{args.prefix}`, 10.{args.subnet}.0.0/24).", "",
              "| fault | method | MTTR s | detect s | relaunch s | steps lost | outcome |",
              "|---|---|---:|---:|---:|---:|---|"]
@@ -337,8 +337,8 @@ def main(argv=None) -> int:
     ap.add_argument("--series", type=int, default=0, metavar="N",
                     help="instead: N faults in one run on 4 hosts, MTTR of each (the ### series sub-table)")
     ap.add_argument("--runtimes", default="podman",
-                    help="clusterctl's runtimes, comma-separated (podman, docker): more than podman writes the "
-                         "side-by-side sub-table instead of the main one")
+                    help="clusterctl's runtimes, comma-separated (podman, docker): with docker, the side-by-side "
+                         "sub-table is written too (the main table keeps podman's runs and torchrun's)")
     args = ap.parse_args(argv)
     exit_on_signals()
     base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-recovery-"))
@@ -349,7 +349,6 @@ def main(argv=None) -> int:
             write_subsection(SECTION, SERIES, text, DOC)
         return 0
     rts = args.runtimes.split(",")
-    side = rts != ["podman"]
     tb = Testbed(3, base / "tb", [profile(gpus=0)] * 3, prefix=args.prefix, subnet_octet=args.subnet,
                  docker="docker" in rts)
     results = []
@@ -359,8 +358,6 @@ def main(argv=None) -> int:
             for method in args.methods.split(","):
                 for rep in range(1, (args.reps if method == "clusterctl" else 1) + 1):
                     for rt in (rts if method == "clusterctl" else ["-"]):
-                        if side and method != "clusterctl":
-                            continue              # the side-by-side table compares runtimes, not torchrun
                         t = time.monotonic()
                         r = run_clusterctl(tb, base, kind, rep, rt) if method == "clusterctl" else \
                             run_torchrun(tb, base, kind, args.torchrun_wait)
@@ -368,19 +365,19 @@ def main(argv=None) -> int:
                         results.append(r)
     finally:
         tb.down()
-    if side:
-        text = side_section(results, args)
+    if rts != ["podman"]:         # docker beside podman: the side-by-side sub-table
+        text = side_section([r for r in results if r["method"].startswith("clusterctl")], args)
         print(text)
         if not args.no_write:
             write_subsection(SECTION, SIDE, text, DOC)
-        return 0
-    text = section(results, args)
-    print(text)
-    text += "".join("\n" + sub for sub in (read_subsection(SECTION, s, DOC) for s in SUBSECTIONS) if sub)
-    if not args.no_write:
-        replace_section(SECTION, text, DOC)
+    main_rows = [r for r in results if r["method"] in ("clusterctl", "torchrun")]
+    if "podman" in rts and main_rows:   # the main table: podman's runs and plain torchrun's
+        text = section(main_rows, args)
+        print(text)
+        text += "".join("\n" + sub for sub in (read_subsection(SECTION, s, DOC) for s in SUBSECTIONS) if sub)
+        if not args.no_write:
+            replace_section(SECTION, text, DOC)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
