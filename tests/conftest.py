@@ -31,10 +31,22 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "integration: runs against the real multi-host testbed (root)")
 
 
+# The integration modules that take longest (minutes each on a 2-core box), longest first. `make test` runs the
+# integration tests on 3 pytest-xdist workers, a whole module per worker (`--dist loadfile --no-loadscope-reorder`),
+# taking modules in collection order: starting the long ones first keeps one of them from being left for last.
+LONGEST_FIRST = ("test_recovery", "test_oncall", "test_launch", "test_longrun", "test_security", "test_toolkit_a",
+                 "test_resume", "test_toolkit_b", "test_preflight")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "integration" in item.path.parts:
             item.add_marker(pytest.mark.integration)
+
+    def rank(item) -> int:
+        name = item.path.stem
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+    items.sort(key=rank)     # stable: the tests of a module keep their order
 
 
 def _build(n, base_dir, profiles, prefix, subnet) -> Testbed:

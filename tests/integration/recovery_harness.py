@@ -215,9 +215,9 @@ def cpu_testbed(n: int, base: Path, prefix: str, octets, docker: bool = False) -
     import pytest
 
     from tests.testbed import Testbed, profile
-    from tests.testbed.system import address_in_use
+    from tests.testbed.system import claim_octet
 
-    octet = next((o for o in octets if address_in_use(f"10.{o}.0.1") is None), None)
+    octet = claim_octet(octets)
     if octet is None:
         pytest.fail(f"no free 10.x.0.0/24 subnet among {list(octets)} for testbed {prefix}", pytrace=False)
     tb = Testbed(n, base, [profile(gpus=0)] * n, prefix=prefix, subnet_octet=octet, docker=docker)

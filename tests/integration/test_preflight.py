@@ -27,7 +27,7 @@ import yaml
 from clusterctl.checks.registry import CLUSTER_CHECKS, HOST_CHECKS
 from tests.testbed import IMAGE, profile
 from tests.testbed import Testbed as _Testbed  # (not collected as a test class)
-from tests.testbed.system import address_in_use
+from tests.testbed.system import claim_octet
 
 CONNECT_TIMEOUT_S = 5.0     # ConnectOptions.connect_timeout (the CLI's default)
 SLACK_S = 6.0               # "a few seconds": process start (imports), phase 2, teardown, on a loaded 2-core box
@@ -68,9 +68,9 @@ def clusterctl(*args: str, home: Path, env: dict | None = None, timeout: float =
 
 def _free_subnet(slot: int) -> int:
     # 240..255 are outside conftest's ranges (120..219) and the benches' (231, 232); skip ones in use
-    for octet in [242 + (slot + k) % 14 for k in range(14)]:
-        if address_in_use(f"10.{octet}.0.1") is None:
-            return octet
+    octet = claim_octet([242 + (slot + k) % 14 for k in range(14)])
+    if octet is not None:
+        return octet
     pytest.fail("no free 10.x.0.0/24 subnet for the preflight testbed", pytrace=False)
 
 
@@ -275,7 +275,7 @@ DOCKER_PROFILES = [profile(gpus=2), profile(gpus=2, image=False)]
 @pytest.fixture(scope="module")
 def dpf(tmp_path_factory, testbed_slot):
     base = tmp_path_factory.mktemp("preflight-docker")
-    octet = next((o for o in range(200, 220) if address_in_use(f"10.{o}.0.1") is None), None)
+    octet = claim_octet(range(200, 220))
     if octet is None:
         pytest.fail("no free 10.x.0.0/24 subnet for the docker preflight testbed", pytrace=False)
     tb = _Testbed(2, base / "tb", DOCKER_PROFILES, prefix=f"tbq{string.ascii_lowercase[testbed_slot]}",

@@ -24,6 +24,7 @@ import pytest
 from tests.integration import fault_series as fs
 from tests.integration import recovery_harness as rh
 from tests.testbed import Testbed as _Testbed, profile  # aliased so pytest does not try to collect it
+from tests.testbed.system import claim_octet
 
 
 
@@ -33,7 +34,7 @@ def rtb(tmp_path_factory, testbed_slot):
     sub-directory."""
     letter = string.ascii_lowercase[testbed_slot]
     tb = _Testbed(3, tmp_path_factory.mktemp("recovery-tb"), [profile(gpus=0)] * 3, prefix=f"tbr{letter}",
-                 subnet_octet=240 + testbed_slot, docker=True)
+                 subnet_octet=claim_octet(range(240 + testbed_slot, 250)), docker=True)
     try:
         tb.up()
     except Exception as e:  # noqa: BLE001 - a failure with the reason, never a skip

@@ -65,7 +65,7 @@ def tb(tmp_path_factory, testbed_slot):
     """3 CPU hosts (gpus=0: no GPU flags) of our own, so faults and foreign containers touch nobody else; a dockerd
     per host for the docker arms (secrets, foreign containers)."""
     letter = string.ascii_lowercase[testbed_slot]
-    octet = next(o for o in range(160 + 3 * testbed_slot, 215) if not tb_system.address_in_use(f"10.{o}.0.1"))
+    octet = tb_system.claim_octet(range(160 + 3 * testbed_slot, 215))
     bed = testbed_pkg.Testbed(N, tmp_path_factory.mktemp("sectb"), [profile(gpus=0)] * N, prefix=f"tbs{letter}",
                   subnet_octet=octet, docker=True)
     try:

@@ -42,6 +42,31 @@ def address_in_use(addr: str) -> str | None:
     return None
 
 
+_CLAIMED: dict[int, int] = {}     # octet -> the fd holding its lock, for this process's lifetime
+
+
+def claim_octet(octets, registry: Path = Path("/run/clusterctl-testbed")) -> int | None:
+    """The first 10.<octet>.0.0/24 of ``octets`` that no other process has claimed and no link here holds, claimed
+    for this process (a lock file per octet: pytest-xdist workers build testbeds at the same moment, and looking
+    for a free address is not enough between the look and the bridge being made). Freed when the process ends."""
+    registry.mkdir(parents=True, exist_ok=True)
+    for octet in octets:
+        if octet in _CLAIMED:
+            continue
+        fd = os.open(registry / f"subnet-{octet}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        if address_in_use(f"10.{octet}.0.1") is not None:
+            os.close(fd)
+            continue
+        _CLAIMED[octet] = fd
+        return octet
+    return None
+
+
 def netns_pids(ns: str) -> list[int]:
     return pids_by_netns([ns])[ns]
 
