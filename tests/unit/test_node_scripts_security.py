@@ -35,6 +35,11 @@ def test_container_apply_delivers_every_env_name(tmp_path, name):
 
 
 # ------------------------------------------------------------------------------------ item 13: no env file left
+def _default_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def test_killed_start_wrapper_leaves_no_env_file(tmp_path):
     """The wrapper is signalled while the runtime runs (the SSH session dropped, a timeout): its 0600 env file
     and directory are removed, not left in $TMPDIR."""
@@ -46,8 +51,10 @@ def test_killed_start_wrapper_leaves_no_env_file(tmp_path):
     (bindir / "podman").chmod(0o755)
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", TMPDIR=str(tmp), FAKE_MARK=str(tmp_path / "m"))
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        # default dispositions, as sshd gives a session: a signal ignored on entry (pytest run under nohup, or in the
+        # background of a non-interactive shell) cannot be trapped by a POSIX sh
         p = subprocess.Popen(["sh", "-c", runtimes.CONTAINER_START, "clusterctl-start", "podman", "run", "img"],
-                             stdin=subprocess.PIPE, env=env, start_new_session=True)
+                             stdin=subprocess.PIPE, env=env, start_new_session=True, preexec_fn=_default_signals)
         p.stdin.write(b"export SECRET='s3cr3t'\n")
         p.stdin.close()
         end = time.monotonic() + 10
