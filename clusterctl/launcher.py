@@ -402,8 +402,9 @@ class ClusterOps:
             if inst.state in ("running", "created", "restarting", "paused"):
                 w = self._watches.get(host.name)
                 gone_s = time.monotonic() - w.gone_at if w and w.attempt == attempt and w.gone_at else 0.0
-                if inst.state == "running" and rt.name != "bare" and (
-                        gone_s >= GONE_CONFIRM_S or not self._alive(host.name, rt, inst.name)):
+                gone_argv = (rt.init_gone_argv(_Ref(inst.name, "", None, self.job_id), GONE_CONFIRM_S)
+                             if inst.state == "running" else None)
+                if gone_argv is not None and (gone_s >= GONE_CONFIRM_S or self._init_gone(host.name, gone_argv)):
                     # podman keeps saying "Up" when conmon and the container's init were SIGKILLed
                     return Observation(host.name, "missing", progress=progress,
                                        error_tail="the container's processes are gone (killed) although "
@@ -543,20 +544,11 @@ class ClusterOps:
         self.changed.wait(seconds)
         self.changed.clear()
 
-    def _alive(self, node: str, rt, name: str) -> bool:
-        """Is the init process of a container the runtime lists as running still there? (one command)
-
-        Its pid gone is a normal exit unless the runtime still says "running" ``GONE_CONFIRM_S`` later (conmon, which
-        records the exit, was killed too)."""
-        # the container is selected by this job's id label and its exact name (runtimes.SELECT_CONTAINER)
-        script = (runtimes.PID_ALIVE + '; ' + runtimes.SELECT_CONTAINER.replace("exit 1", "exit 0") + '; '
-                  'p=$("$0" inspect --format "{{.State.Pid}}" "$cid" 2>/dev/null) || exit 0; '
-                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; alive "$p" && exit 0; sleep "$3"; '
-                  's=$("$0" inspect --format "{{.State.Status}}" "$cid" 2>/dev/null) || exit 0; '
-                  '[ "$s" = running ] && exit 3; exit 0')
-        r = self._run(node, ["sh", "-c", script, rt.program, self.job_id, name, str(GONE_CONFIRM_S)],
-                      timeout=self.probe_timeout_s)
-        return r.exit_code != 3
+    def _init_gone(self, node: str, argv: list[str]) -> bool:
+        """Is the init process of a container the runtime lists as running gone? (one command, the runtime's
+        ``init_gone_argv``). Its pid gone is a normal exit unless the runtime still says "running"
+        ``GONE_CONFIRM_S`` later (conmon, which records the exit, was killed too)."""
+        return self._run(node, argv, timeout=self.probe_timeout_s).exit_code == 3
 
     def stop(self, attempt: int | None, nodes: Sequence[str], grace_s: float = 0.0) -> dict[str, str]:
         """Stop this job on ``nodes``: TERM + grace when ``grace_s``, then kill and remove by label/job id."""

@@ -165,6 +165,10 @@ class Runtime(Protocol):
     def pid_argv(self, node: NodeRef) -> list[str]:
         """Print the host pid of the node's main process (container init / bare runner); nothing when none."""
 
+    def init_gone_argv(self, node: NodeRef, confirm_s: float) -> list[str] | None:
+        """A command that exits 3 when the node is listed as running but its main process is gone (and still
+        listed so ``confirm_s`` later); exit 0 otherwise. None: the runtime's listing needs no second look."""
+
 
 # Shell function: is process $1 alive? A zombie is not: a container init whose conmon was killed with it stays a
 # zombie until its new parent reaps it, and /proc/PID exists until then. (builtins only: it runs every 0.5 s)

@@ -158,6 +158,10 @@ class BareRuntime:
         script = f'd=$1; {_EXPAND_D}; [ -f "$d/exit" ] || cat -- "$d/pid"'
         return ["sh", "-c", script, "clusterctl-pid", node.node_dir]
 
+    def init_gone_argv(self, node: NodeRef, confirm_s: float) -> None:
+        """None: LIST itself asks whether the runner's pid lives, so a "running" bare attempt needs no second look."""
+        return None
+
     def parse_list(self, stdout: str) -> list[Instance]:
         return parse_list(stdout)
 
