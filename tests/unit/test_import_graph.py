@@ -92,6 +92,7 @@ def test_layers_point_one_way():
     assert "clusterctl.launcher" not in _reaches(graph, "clusterctl.supervisor")
     assert "clusterctl.jobs" not in _reaches(graph, "clusterctl.controller")
     assert "clusterctl.cli" not in _reaches(graph, "clusterctl.jobs")
+    assert not {m for m in _reaches(graph, "clusterctl.plan") if m.startswith("clusterctl.checks")}
     for pure in ("clusterctl.plan", "clusterctl.spec", "clusterctl.supervisor", "clusterctl.causes",
-                 "clusterctl.checks.model", "clusterctl.checks.registry"):
+                 "clusterctl.checks.model", "clusterctl.checks.registry", "clusterctl.hostport"):
         assert not {m for m in _reaches(graph, pure) if m.startswith("clusterctl.transport")}, pure
