@@ -124,6 +124,16 @@ class NodeRef(Protocol):
 
 
 @dataclass(frozen=True)
+class Ref:
+    """A ``NodeRef`` as a value: what the stop/logs/pid/inspect builders need about a node of an attempt."""
+
+    container_name: str
+    node_dir: str
+    log_path: str | None
+    job_id: str = ""      # its containers are selected by this id's label (SELECT_CONTAINER)
+
+
+@dataclass(frozen=True)
 class Instance:
     """One container (or bare attempt) as reported by a status listing."""
 

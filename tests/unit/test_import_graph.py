@@ -94,5 +94,6 @@ def test_layers_point_one_way():
     assert "clusterctl.cli" not in _reaches(graph, "clusterctl.jobs")
     assert not {m for m in _reaches(graph, "clusterctl.plan") if m.startswith("clusterctl.checks")}
     for pure in ("clusterctl.plan", "clusterctl.spec", "clusterctl.supervisor", "clusterctl.causes",
-                 "clusterctl.checks.model", "clusterctl.checks.registry", "clusterctl.hostport"):
+                 "clusterctl.checks.model", "clusterctl.checks.registry", "clusterctl.hostport",
+                 "clusterctl.observe"):
         assert not {m for m in _reaches(graph, pure) if m.startswith("clusterctl.transport")}, pure
