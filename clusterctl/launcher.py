@@ -29,6 +29,7 @@ from clusterctl.spec import JobSpec
 from clusterctl.state import JobState, Store
 from clusterctl.supervisor import Observation
 from clusterctl.transport import CommandResult, ConnectOptions, Transport, connect, fan_out
+from clusterctl.transport.pool import Pool
 from clusterctl.transport.streams import Stream, StreamMux, open_stream
 
 # `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
@@ -231,9 +232,9 @@ class ClusterOps:
     checkpoint_override: str | None = None   # `resume --checkpoint PATH`: used by the first attempt only
 
     def __post_init__(self) -> None:
-        self._transports: dict[str, Transport] = {}
+        # one kept connection per node; connect reads self.connect/hosts/options when it connects
+        self._pool = Pool(lambda node: self.connect(self.hosts[node], self.options))
         self._lock = threading.Lock()
-        self._connecting: dict[str, threading.Lock] = {}
         self._followers: dict[str, _Follower] = {}
         self._watches: dict[str, _Watch] = {}
         self._arrivals: dict[str, Arrivals] = {}   # per node, across attempts: the gaps between its watch lines
@@ -263,37 +264,14 @@ class ClusterOps:
 
     # ------------------------------------------------------------------------------------------ plumbing
     def transport(self, node: str) -> Transport:
-        """The node's kept connection, made on first use. Connecting holds only that node's lock: a node whose
-        link is down (connect timeout) never holds up the connections to the others."""
-        with self._lock:
-            t = self._transports.get(node)
-            if t is not None:
-                return t
-            node_lock = self._connecting.setdefault(node, threading.Lock())
-        with node_lock:
-            with self._lock:
-                t = self._transports.get(node)
-            if t is None:
-                t = self.connect(self.hosts[node], self.options)
-                with self._lock:
-                    self._transports[node] = t
-            return t
+        """The node's kept connection, made on first use (``transport.pool.Pool``)."""
+        return self._pool.get(node)
 
     def _run(self, node: str, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None):
-        try:
-            return self.transport(node).run(argv, timeout=timeout, stdin=stdin)
-        except TransportError:
-            self.drop(node)
-            raise
+        return self._pool.run(node, argv, timeout=timeout, stdin=stdin)
 
     def drop(self, node: str) -> None:
-        with self._lock:
-            t = self._transports.pop(node, None)
-        if t is not None:
-            try:
-                t.close()
-            except Exception:  # noqa: BLE001 - closing a dead connection may fail in any way
-                pass
+        self._pool.drop(node)
 
     def close(self) -> None:
         self.stop_followers()
@@ -301,8 +279,7 @@ class ClusterOps:
         if self._streams is not None:
             self._streams.close()
             self._streams = None
-        for node in list(self._transports):
-            self.drop(node)
+        self._pool.close()
         self.sink.close()
 
     def _runtime(self, node: str):
