@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -23,11 +23,13 @@ from clusterctl import paths, runtimes
 from clusterctl.errors import TransportError
 from clusterctl.heartbeat import Arrivals
 from clusterctl.inventory import Host
+from clusterctl.observe import Confirm, Explain, heard, interpret
 from clusterctl.plan import NODE_MODULES, LaunchPlan, build_plan, checkpoint_installer
 from clusterctl.spec import JobSpec
 from clusterctl.state import JobState, Store
 from clusterctl.supervisor import Observation
 from clusterctl.transport import CommandResult, ConnectOptions, Transport, connect, fan_out
+from clusterctl.transport.pool import Pool
 from clusterctl.transport.streams import Stream, StreamMux, open_stream
 
 # `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
@@ -38,20 +40,7 @@ RANK_PREFIX = re.compile(rb"^\[(\d+)\]:")
 TAIL_LINES = 200          # lines of a node's own log read to explain its end
 
 
-# a container whose init the watch has seen gone this long while the runtime still lists it as running was killed
-# with its conmon (a normal exit is recorded by conmon within milliseconds)
-GONE_CONFIRM_S = 0.5
-
 root_cause, signal_of = causes.root_cause, causes.signal_of
-
-
-@dataclass(frozen=True)
-class _Ref:
-    """What the runtimes' stop/logs/pid builders need about a node of an attempt (a ``runtimes.NodeRef``)."""
-    container_name: str
-    node_dir: str
-    log_path: str | None
-    job_id: str = ""      # its containers are selected by this id's label (runtimes.SELECT_CONTAINER)
 
 
 MAX_LINE = 64 << 10   # LogSink: output without a newline is written in pieces of this size, not buffered
@@ -243,9 +232,9 @@ class ClusterOps:
     checkpoint_override: str | None = None   # `resume --checkpoint PATH`: used by the first attempt only
 
     def __post_init__(self) -> None:
-        self._transports: dict[str, Transport] = {}
+        # one kept connection per node; connect reads self.connect/hosts/options when it connects
+        self._pool = Pool(lambda node: self.connect(self.hosts[node], self.options))
         self._lock = threading.Lock()
-        self._connecting: dict[str, threading.Lock] = {}
         self._followers: dict[str, _Follower] = {}
         self._watches: dict[str, _Watch] = {}
         self._arrivals: dict[str, Arrivals] = {}   # per node, across attempts: the gaps between its watch lines
@@ -275,37 +264,14 @@ class ClusterOps:
 
     # ------------------------------------------------------------------------------------------ plumbing
     def transport(self, node: str) -> Transport:
-        """The node's kept connection, made on first use. Connecting holds only that node's lock: a node whose
-        link is down (connect timeout) never holds up the connections to the others."""
-        with self._lock:
-            t = self._transports.get(node)
-            if t is not None:
-                return t
-            node_lock = self._connecting.setdefault(node, threading.Lock())
-        with node_lock:
-            with self._lock:
-                t = self._transports.get(node)
-            if t is None:
-                t = self.connect(self.hosts[node], self.options)
-                with self._lock:
-                    self._transports[node] = t
-            return t
+        """The node's kept connection, made on first use (``transport.pool.Pool``)."""
+        return self._pool.get(node)
 
     def _run(self, node: str, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None):
-        try:
-            return self.transport(node).run(argv, timeout=timeout, stdin=stdin)
-        except TransportError:
-            self.drop(node)
-            raise
+        return self._pool.run(node, argv, timeout=timeout, stdin=stdin)
 
     def drop(self, node: str) -> None:
-        with self._lock:
-            t = self._transports.pop(node, None)
-        if t is not None:
-            try:
-                t.close()
-            except Exception:  # noqa: BLE001 - closing a dead connection may fail in any way
-                pass
+        self._pool.drop(node)
 
     def close(self) -> None:
         self.stop_followers()
@@ -313,8 +279,7 @@ class ClusterOps:
         if self._streams is not None:
             self._streams.close()
             self._streams = None
-        for node in list(self._transports):
-            self.drop(node)
+        self._pool.close()
         self.sink.close()
 
     def _runtime(self, node: str):
@@ -380,13 +345,10 @@ class ClusterOps:
             w = self._watch(attempt, n)
             if w.last is None:
                 continue
-            age = time.monotonic() - w.last
             limit = self._arrivals[n].limit() if n in self._arrivals else self.heartbeat_timeout_s
-            if age > limit:
-                known[n] = Observation(n, "unreachable",
-                                       error_tail=f"no heartbeat for {age:.1f}s (limit {limit:.1f}s)")
-            elif w.alive:
-                known[n] = Observation(n, "running", progress=self._progress(n))
+            o = heard(n, w, limit=limit, now=time.monotonic())
+            if o is not None:
+                known[n] = replace(o, progress=self._progress(n)) if o.state == "running" else o
 
         def probe(host: Host) -> Observation:
             rt = self._runtime(host.name)
@@ -394,24 +356,15 @@ class ClusterOps:
                           timeout=self.probe_timeout_s)
             if not r.ok:
                 raise TransportError(host.name, f"status probe failed: {r.stderr.strip()[-200:]}")
-            mine = [i for i in rt.parse_list(r.stdout) if i.attempt == attempt]
+            instances = rt.parse_list(r.stdout)
             progress = self._progress(host.name)
-            if not mine:
-                return Observation(host.name, "missing", progress=progress)
-            inst = mine[0]
-            if inst.state in ("running", "created", "restarting", "paused"):
-                w = self._watches.get(host.name)
-                gone_s = time.monotonic() - w.gone_at if w and w.attempt == attempt and w.gone_at else 0.0
-                if inst.state == "running" and rt.name != "bare" and (
-                        gone_s >= GONE_CONFIRM_S or not self._alive(host.name, rt, inst.name)):
-                    # podman keeps saying "Up" when conmon and the container's init were SIGKILLed
-                    return Observation(host.name, "missing", progress=progress,
-                                       error_tail="the container's processes are gone (killed) although "
-                                                  f"{rt.name} still lists it as running")
-                return Observation(host.name, "running", progress=progress)
-            if inst.state == "dead":
-                return Observation(host.name, "missing", progress=progress)
-            return self._ended(host.name, attempt, inst, progress)
+            got = interpret(host.name, instances, attempt, runtime=rt, job_id=self.job_id,
+                            watch=self._watches.get(host.name), now=time.monotonic(), progress=progress)
+            if isinstance(got, Confirm):
+                return got.gone if self._init_gone(host.name, got.argv) else got.running
+            if isinstance(got, Explain):
+                return self._ended(host.name, attempt, got.instance, progress)
+            return got
 
         out = dict(known)
         for r in fan_out([self.hosts[n] for n in nodes if n not in known], probe,
@@ -422,12 +375,11 @@ class ClusterOps:
         return [out[n] for n in nodes]
 
     def _ended(self, node: str, attempt: int, inst, progress: bool) -> Observation:
-        """An exited node: exit code, signal, the failing rank and its last lines (from the node's own log),
-        a configuration error no retry can fix, and whether the OOM killer did it."""
+        """A node that exited with a failure (``observe.Explain``; a clean exit is decided without the node):
+        exit code, signal, the failing rank and its last lines (from the node's own log), a configuration error
+        no retry can fix, and whether the OOM killer did it."""
         code = inst.exit_code
         sig = signal_of(code)
-        if not code:
-            return Observation(node, "exited", exit_code=code, signal=sig, progress=progress)
         lines = self._node_log(node, self._ref(node, attempt, inst.name))
         text = "\n".join(lines)
         cause = causes.root_cause_of(text)
@@ -445,16 +397,16 @@ class ClusterOps:
                            error_tail=tail, rank=rank,
                            config_error=f"{cfg.message}. Fix: {cfg.fix}" if cfg else None, oom=oom)
 
-    def _ref(self, node: str, attempt: int, name: str | None = None) -> _Ref:
+    def _ref(self, node: str, attempt: int, name: str | None = None) -> runtimes.Ref:
         if self.plan is not None and self.plan.attempt == attempt and node in self._plan_nodes:
             p = self._plan_node(node)
-            return _Ref(name or p.container_name, p.node_dir, p.log_path, self.job_id)
+            return runtimes.Ref(name or p.container_name, p.node_dir, p.log_path, self.job_id)
         ndir = runtimes.node_dir(self._jobs_root(node), self.job_id, attempt)
         bare = self.hosts[node].runtime == "bare"
-        return _Ref(name or runtimes.container_name(self.job_id, node), ndir, f"{ndir}/node.log" if bare else None,
-                    self.job_id)
+        return runtimes.Ref(name or runtimes.container_name(self.job_id, node), ndir,
+                            f"{ndir}/node.log" if bare else None, self.job_id)
 
-    def _node_log(self, node: str, ref: _Ref, lines: int = TAIL_LINES) -> list[str]:
+    def _node_log(self, node: str, ref: runtimes.Ref, lines: int = TAIL_LINES) -> list[str]:
         """The last ``lines`` lines of the node's own log (stdout and stderr), as ``[node/rank] text``."""
         argv = self._runtime(node).logs_argv(ref, tail=lines)
         try:
@@ -475,7 +427,8 @@ class ClusterOps:
         if rt.name == "bare":
             argv = ["sh", "-c", "dmesg 2>/dev/null | tail -n 500"]
         else:
-            argv = rt.inspect_argv(_Ref(name, "", None, self.job_id), "oomkilled={{.State.OOMKilled}}")   # by label
+            argv = rt.inspect_argv(runtimes.Ref(name, "", None, self.job_id),   # selected by label
+                                   "oomkilled={{.State.OOMKilled}}")
         try:
             r = self._run(node, argv, timeout=self.probe_timeout_s)
         except TransportError:
@@ -543,20 +496,10 @@ class ClusterOps:
         self.changed.wait(seconds)
         self.changed.clear()
 
-    def _alive(self, node: str, rt, name: str) -> bool:
-        """Is the init process of a container the runtime lists as running still there? (one command)
-
-        Its pid gone is a normal exit unless the runtime still says "running" ``GONE_CONFIRM_S`` later (conmon, which
-        records the exit, was killed too)."""
-        # the container is selected by this job's id label and its exact name (runtimes.SELECT_CONTAINER)
-        script = (runtimes.PID_ALIVE + '; ' + runtimes.SELECT_CONTAINER.replace("exit 1", "exit 0") + '; '
-                  'p=$("$0" inspect --format "{{.State.Pid}}" "$cid" 2>/dev/null) || exit 0; '
-                  '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; alive "$p" && exit 0; sleep "$3"; '
-                  's=$("$0" inspect --format "{{.State.Status}}" "$cid" 2>/dev/null) || exit 0; '
-                  '[ "$s" = running ] && exit 3; exit 0')
-        r = self._run(node, ["sh", "-c", script, rt.program, self.job_id, name, str(GONE_CONFIRM_S)],
-                      timeout=self.probe_timeout_s)
-        return r.exit_code != 3
+    def _init_gone(self, node: str, argv: list[str]) -> bool:
+        """``observe.Confirm``: is the init process of a container the runtime lists as running gone? (one
+        command, the runtime's ``init_gone_argv``: exit 3)."""
+        return self._run(node, argv, timeout=self.probe_timeout_s).exit_code == 3
 
     def stop(self, attempt: int | None, nodes: Sequence[str], grace_s: float = 0.0) -> dict[str, str]:
         """Stop this job on ``nodes``: TERM + grace when ``grace_s``, then kill and remove by label/job id."""

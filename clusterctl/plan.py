@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from clusterctl import runtimes
+from clusterctl import hostport, runtimes
 from clusterctl.errors import UserError
 from clusterctl.ids import JOB_ID_RE
 from clusterctl.inventory import Host
@@ -152,10 +152,6 @@ def read_secrets(names: Iterable[str], environ: Mapping[str, str]) -> dict[str, 
     return {n: environ[n] for n in names}
 
 
-def _endpoint(address: str, port: int) -> str:
-    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-
-
 def _nproc(spec: JobSpec, host: Host) -> int:
     if spec.nproc_per_node != "gpu":
         return int(spec.nproc_per_node)
@@ -260,7 +256,7 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
     interfaces = interfaces or {}
     infiniband = infiniband or {}
     gpu_flags = gpu_flags or {}
-    endpoint = _endpoint(rdzv_host.address, spec.rendezvous.port)
+    endpoint = hostport.endpoint(rdzv_host.address, spec.rendezvous.port)
     rdzv_id = f"{job_id}-{attempt}"
     nnodes_arg = nnodes(spec, attempt, len(hosts))
 

@@ -78,11 +78,6 @@ def is_ip(address: str) -> bool:
         return False
 
 
-def endpoint(address: str, port: int) -> str:
-    """``host:port``, an IPv6 address in brackets."""
-    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-
-
 def parse_epoch(output: str, rc: int = 0) -> float | None:
     """``date +%s.%N`` -> seconds. Without %N support (busybox prints ``...N`` or nothing) whole seconds."""
     text = output.strip().splitlines()[0].strip() if output.strip() else ""

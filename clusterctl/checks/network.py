@@ -5,8 +5,9 @@ import ipaddress
 import re
 from typing import Any
 
-from clusterctl.checks.model import Check, HostProbe, Probe, endpoint, is_ip, section, tool_cmd, tool_error
+from clusterctl.checks.model import Check, HostProbe, Probe, is_ip, section, tool_cmd, tool_error
 from clusterctl.checks.results import CheckResult, failed, passed, warned
+from clusterctl.hostport import endpoint
 
 
 def parse_ss_listen(output: str, rc: int = 0) -> list[dict[str, Any]]:

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 from clusterctl.checks import cluster as cl
 from clusterctl.checks import registry
 from clusterctl.checks.job import PreflightJob, PreflightOptions
-from clusterctl.checks.model import HostProbe, Section, endpoint
+from clusterctl.checks.model import HostProbe, Section
 from clusterctl.checks.probe import build_probe_script, nonce_path, split_sections
 from clusterctl.checks.registry import ALL_CHECKS, CLUSTER_CHECKS, HOST_CHECKS
 from clusterctl.checks.results import CheckResult, ClusterCheck, HostReport, PreflightReport, skipped
 from clusterctl.checks.system import check_ssh, check_ssh_error
 from clusterctl.errors import UserError
+from clusterctl.hostport import endpoint
 
 if TYPE_CHECKING:
     from clusterctl.inventory import Host

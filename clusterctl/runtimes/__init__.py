@@ -124,6 +124,16 @@ class NodeRef(Protocol):
 
 
 @dataclass(frozen=True)
+class Ref:
+    """A ``NodeRef`` as a value: what the stop/logs/pid/inspect builders need about a node of an attempt."""
+
+    container_name: str
+    node_dir: str
+    log_path: str | None
+    job_id: str = ""      # its containers are selected by this id's label (SELECT_CONTAINER)
+
+
+@dataclass(frozen=True)
 class Instance:
     """One container (or bare attempt) as reported by a status listing."""
 
@@ -164,6 +174,10 @@ class Runtime(Protocol):
 
     def pid_argv(self, node: NodeRef) -> list[str]:
         """Print the host pid of the node's main process (container init / bare runner); nothing when none."""
+
+    def init_gone_argv(self, node: NodeRef, confirm_s: float) -> list[str] | None:
+        """A command that exits 3 when the node is listed as running but its main process is gone (and still
+        listed so ``confirm_s`` later); exit 0 otherwise. None: the runtime's listing needs no second look."""
 
 
 # Shell function: is process $1 alive? A zombie is not: a container init whose conmon was killed with it stays a

@@ -24,7 +24,26 @@ from clusterctl.causes import ERROR_FILE_LINE
 from clusterctl.runtimes import (APPLY_ENV_AND_EXEC, DEFAULT_JOBS_ROOT, ENV_SCRIPT_VAR, LABEL_ATTEMPT, LABEL_JOB_ID,
                                  LIB_DIR_VAR, Instance, NodeRef, RunRequest)
 
-_EXPAND_D = 'case $d in "~/"*) d=$HOME/${d#"~/"};; esac'
+
+def _expand_home(var: str) -> str:
+    """Shell text: a leading ``~/`` in ``$var`` becomes ``$HOME/`` (the node's, not the controller's)."""
+    return f'case ${var} in "~/"*) {var}=$HOME/${{{var}#"~/"}};; esac'
+
+
+def _kill_by_env(*needles: str, indent: str = "") -> str:
+    """Shell text: SIGKILL every process of the user whose environment holds every ``NAME=value`` of ``needles``
+    (double-quoted shell words: ``$jid`` expands). torch starts its workers in their own sessions, so a process
+    group kill alone would orphan them. ``indent``: of every line after the first."""
+    has = [f'tr \'\\0\' \'\\n\' <"$e" 2>/dev/null | grep -qxF "{n}"' for n in needles]
+    cond = f" &&\n{indent}     ".join(has)
+    return (f'for e in /proc/[0-9]*/environ; do\n'
+            f'{indent}  if {cond}; then\n'
+            f'{indent}    p=${{e#/proc/}}; kill -s KILL -- "${{p%/environ}}" 2>/dev/null\n'
+            f'{indent}  fi\n'
+            f'{indent}done')
+
+
+_EXPAND_D = _expand_home("d")
 
 # $1 NODE_DIR  $2 NAME  $3 WORKDIR  $4 RUNNER  $5... torchrun argv
 START = f"""set -u
@@ -73,12 +92,7 @@ case $sig in
   TERM|INT) [ -z "$ended" ] || exit 0; kill -s "$sig" -- "$pid" 2>/dev/null || exit 3 ;;
   KILL)
     [ -n "$ended" ] || kill -s KILL -- "-$pid" 2>/dev/null
-    for e in /proc/[0-9]*/environ; do
-      if tr '\\0' '\\n' <"$e" 2>/dev/null | grep -qxF "CLUSTERCTL_JOB_ID=$jid" &&
-         tr '\\0' '\\n' <"$e" 2>/dev/null | grep -qxF "CLUSTERCTL_ATTEMPT=$att"; then
-        p=${{e#/proc/}}; kill -s KILL -- "${{p%/environ}}" 2>/dev/null
-      fi
-    done ;;
+    {_kill_by_env("CLUSTERCTL_JOB_ID=$jid", "CLUSTERCTL_ATTEMPT=$att", indent="    ")} ;;
   *) [ -z "$ended" ] || exit 0; kill -s "$sig" -- "-$pid" 2>/dev/null || exit 3 ;;
 esac
 exit 0
@@ -108,16 +122,12 @@ KILL_JOB = f"""d=$1 jid=$2
 for a in "$d"/*/; do
   [ -f "$a/pid" ] && [ ! -f "$a/exit" ] && kill -s KILL -- "-$(cat -- "$a/pid")" 2>/dev/null
 done
-for e in /proc/[0-9]*/environ; do
-  if tr '\\0' '\\n' <"$e" 2>/dev/null | grep -qxF "CLUSTERCTL_JOB_ID=$jid"; then
-    p=${{e#/proc/}}; kill -s KILL -- "${{p%/environ}}" 2>/dev/null
-  fi
-done
+{_kill_by_env("CLUSTERCTL_JOB_ID=$jid")}
 exit 0
 """
 
 # $1 LOG  $2... tail options
-LOGS = 'f=$1; shift; case $f in "~/"*) f=$HOME/${f#"~/"};; esac; exec tail "$@" -- "$f"'
+LOGS = f'f=$1; shift; {_expand_home("f")}; exec tail "$@" -- "$f"'
 
 
 def _job_dir(node_dir: str) -> str:
@@ -157,6 +167,10 @@ class BareRuntime:
         # the runner's pid, until it has written its exit status (its pid may be reused afterwards)
         script = f'd=$1; {_EXPAND_D}; [ -f "$d/exit" ] || cat -- "$d/pid"'
         return ["sh", "-c", script, "clusterctl-pid", node.node_dir]
+
+    def init_gone_argv(self, node: NodeRef, confirm_s: float) -> None:
+        """None: LIST itself asks whether the runner's pid lives, so a "running" bare attempt needs no second look."""
+        return None
 
     def parse_list(self, stdout: str) -> list[Instance]:
         return parse_list(stdout)

@@ -5,13 +5,23 @@ import json
 import re
 from typing import Any
 
-from clusterctl.runtimes import (CONTAINER_APPLY, CONTAINER_START, DEFAULT_JOBS_ROOT, LABEL_JOB_ID,
+from clusterctl.runtimes import (CONTAINER_APPLY, CONTAINER_START, DEFAULT_JOBS_ROOT, LABEL_JOB_ID, PID_ALIVE,
                                  SELECT_CONTAINER, Instance, NodeRef, RunRequest)
 
 CDI_ALL_GPUS = "--device=nvidia.com/gpu=all"
 _EXITED_RE = re.compile(r"^Exited \((-?[0-9]+)\)")
 _STATES = {"running", "exited", "created", "paused", "restarting", "removing", "dead"}
 _STATE_ALIASES = {"stopped": "exited", "configured": "created", "initialized": "created", "up": "running"}
+
+# $0 the runtime  $1 the job id  $2 the container name  $3 seconds to wait before asking the status again.
+# Exit 3: the container is listed as running, its init process is gone, and it is still "running" $3 s later
+# (conmon, which records the exit, was killed with it). Exit 0 otherwise, also when it cannot tell (no such
+# container of this job, inspect failed, no pid): the listing is then believed.
+INIT_GONE = (PID_ALIVE + '; ' + SELECT_CONTAINER.replace("exit 1", "exit 0") + '; '
+             'p=$("$0" inspect --format "{{.State.Pid}}" "$cid" 2>/dev/null) || exit 0; '
+             '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; alive "$p" && exit 0; sleep "$3"; '
+             's=$("$0" inspect --format "{{.State.Status}}" "$cid" 2>/dev/null) || exit 0; '
+             '[ "$s" = running ] && exit 3; exit 0')
 
 
 class ContainerRuntime:
@@ -99,6 +109,11 @@ class ContainerRuntime:
     def inspect_argv(self, node: NodeRef, template: str) -> list[str]:
         """``inspect --format=TEMPLATE`` of this job's container of ``node`` (see ``_by_label``)."""
         return self._by_label(node, 'exec "$0" inspect --format="$3" "$cid"', template)
+
+    def init_gone_argv(self, node: NodeRef, confirm_s: float) -> list[str]:
+        """Exits 3 when this job's container of ``node`` is listed as running although its init process is gone
+        (podman keeps saying "Up" when conmon and the container's init were SIGKILLed); see ``INIT_GONE``."""
+        return ["sh", "-c", INIT_GONE, self.program, node.job_id, node.container_name, str(confirm_s)]
 
     # ------------------------------------------------------------------ status
     def parse_list(self, stdout: str) -> list[Instance]:

@@ -1,4 +1,5 @@
-"""The Transport protocol and its value types."""
+"""The Transport protocol and its value types. Imports no transport implementation: ``connect`` (the factory
+that picks one) lives in ``transport/__init__.py``."""
 from __future__ import annotations
 
 import select
@@ -65,18 +66,6 @@ def readable(fd: int, timeout: float) -> bool:
 def quote(argv: Sequence[str]) -> str:
     """The one place argv becomes a shell string."""
     return shlex.join([str(a) for a in argv])
-
-
-def connect(host: "Host", options: ConnectOptions | None = None) -> Transport:
-    """Open a transport for ``host`` according to its ``clusterctl_connection``."""
-    options = options or ConnectOptions()
-    if host.connection == "local":
-        from clusterctl.transport.local import LocalTransport
-
-        return LocalTransport(host, options)
-    from clusterctl.transport.ssh import SSHTransport
-
-    return SSHTransport(host, options)
 
 
 # Writes stdin to "$1" with a private umask, then sets the mode. Fixed text; values only as argv.

@@ -27,8 +27,9 @@ if args[0] == "ps":
             print(c["id"], c["name"])
 else:
     log.write(json.dumps(args) + "\n")
-    if args[0] == "inspect":
-        print(4242)
+    if args[0] == "inspect":   # a "pid"/"status" of the container in the table, else pid 4242
+        c = next((c for c in table if c["id"] == args[-1]), {})
+        print(c.get("status", "running") if "State.Status" in " ".join(args) else c.get("pid", 4242))
 '''
 
 
@@ -99,3 +100,53 @@ def test_a_same_named_container_of_another_job_is_never_touched(fake, program):
         r, calls = fake(argv)
         assert r.returncode == 1 and calls == [], (argv, calls)
         assert "no container clusterctl-a-b-c of job" in r.stderr
+
+
+# the snippet the launcher ran inline before it moved into the runtimes (issue 9): the argv must not change
+INIT_GONE_BEFORE = (runtimes.PID_ALIVE + '; ' + runtimes.SELECT_CONTAINER.replace("exit 1", "exit 0") + '; '
+                    'p=$("$0" inspect --format "{{.State.Pid}}" "$cid" 2>/dev/null) || exit 0; '
+                    '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; alive "$p" && exit 0; sleep "$3"; '
+                    's=$("$0" inspect --format "{{.State.Status}}" "$cid" 2>/dev/null) || exit 0; '
+                    '[ "$s" = running ] && exit 3; exit 0')
+
+
+@pytest.mark.parametrize("program", ["podman", "docker"])
+def test_init_gone_argv_is_the_launchers_old_command(program):
+    ref = Ref("a-20261201-000000-cafe", "b-c")
+    assert runtimes.get(program).init_gone_argv(ref, 0.5) == [
+        "sh", "-c", INIT_GONE_BEFORE, program, "a-20261201-000000-cafe", ref.container_name, "0.5"]
+
+
+def test_bare_needs_no_second_look_at_a_running_attempt():
+    assert runtimes.get("bare").init_gone_argv(Ref("a-20261201-000000-cafe", "b-c"), 0.5) is None
+
+
+NO_PID = 4194305     # above the largest pid_max Linux allows (2**22): never a live process
+
+
+@pytest.mark.parametrize("program", ["podman", "docker"])
+@pytest.mark.parametrize("pid,status,code,inspects", [
+    ("self", "running", 0, 1),        # init alive: a normal running container, no second inspect
+    (NO_PID, "running", 3, 2),        # init gone, still listed as running after the wait: killed with conmon
+    (NO_PID, "exited", 0, 2),         # init gone and the runtime caught up: a normal exit, the listing decides
+    (0, "running", 0, 1),             # no pid to look at: cannot tell, the listing is believed
+])
+def test_init_gone_runs_against_the_runtime(fake, tmp_path, program, pid, status, code, inspects):
+    import json
+
+    table = json.loads((tmp_path / "table.json").read_text())
+    table[2].update(pid=os.getpid() if pid == "self" else pid, status=status)
+    (tmp_path / "table.json").write_text(json.dumps(table))
+    r, calls = fake(runtimes.get(program).init_gone_argv(Ref("a-20261201-000000-cafe", "b-c"), 0))
+    assert r.returncode == code, r.stderr
+    assert calls == [["inspect", "--format", "{{.State.Pid}}", "ccc333"],
+                     ["inspect", "--format", "{{.State.Status}}", "ccc333"]][:inspects]
+
+
+@pytest.mark.parametrize("program", ["podman", "docker"])
+def test_init_gone_never_inspects_another_jobs_container(fake, program):
+    class Old:
+        job_id, container_name, node_dir, log_path = "a-b-20261201-000000-other", "clusterctl-a-b-c", "/x", None
+
+    r, calls = fake(runtimes.get(program).init_gone_argv(Old(), 0))
+    assert r.returncode == 0 and calls == []

@@ -17,8 +17,30 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
-    """Imports run when a module is imported (top level; not ``if TYPE_CHECKING:``, not inside functions)."""
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or \
+        (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports(body: list[ast.stmt], nested: bool):
+    """The import statements of ``body``: top level only, or (``nested``) also those inside functions, classes
+    and branches. Never those under ``if TYPE_CHECKING:`` (they do not run)."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node):
+            yield from _imports(node.orelse, nested)
+        elif nested:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list):
+                    yield from _imports([n for n in inner if isinstance(n, (ast.stmt, ast.excepthandler))], nested)
+
+
+def _graph(nested: bool = False) -> dict[str, set[str]]:
+    """Imports run when a module is imported (top level; not ``if TYPE_CHECKING:``, not inside functions); with
+    ``nested``, also the imports inside functions (run on first call)."""
     mods = _modules()
 
     def resolve(name: str) -> str | None:
@@ -28,10 +50,10 @@ def _graph() -> dict[str, set[str]]:
 
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for m, path in mods.items():
-        for node in ast.parse(path.read_text()).body:
+        for node in _imports(ast.parse(path.read_text()).body, nested):
             if isinstance(node, ast.Import):
                 targets = [resolve(a.name) for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            elif node.module and node.level == 0:
                 targets = [resolve(f"{node.module}.{a.name}") or resolve(node.module) for a in node.names]
             else:
                 continue
@@ -55,11 +77,23 @@ def test_no_module_imports_itself_back():
     assert cycles == []
 
 
+def test_no_cycle_even_through_imports_inside_functions():
+    """A lazy import is still a dependency: ``transport.base`` once imported ``transport.ssh``/``local`` inside
+    ``connect()`` while both import ``base``. ``connect`` now lives in ``transport/__init__.py``; no cycle of any
+    kind is allowed."""
+    graph = _graph(nested=True)
+    cycles = sorted(m for m in graph if m in _reaches(graph, m) and m != "clusterctl")
+    assert cycles == []
+    assert not {"clusterctl.transport.ssh", "clusterctl.transport.local"} & graph["clusterctl.transport.base"]
+
+
 def test_layers_point_one_way():
     graph = _graph()
     assert "clusterctl.launcher" not in _reaches(graph, "clusterctl.supervisor")
     assert "clusterctl.jobs" not in _reaches(graph, "clusterctl.controller")
     assert "clusterctl.cli" not in _reaches(graph, "clusterctl.jobs")
+    assert not {m for m in _reaches(graph, "clusterctl.plan") if m.startswith("clusterctl.checks")}
     for pure in ("clusterctl.plan", "clusterctl.spec", "clusterctl.supervisor", "clusterctl.causes",
-                 "clusterctl.checks.model", "clusterctl.checks.registry"):
+                 "clusterctl.checks.model", "clusterctl.checks.registry", "clusterctl.hostport",
+                 "clusterctl.observe"):
         assert not {m for m in _reaches(graph, pure) if m.startswith("clusterctl.transport")}, pure

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from clusterctl import runtimes
 
 FAKE_PODMAN = """#!/bin/sh
@@ -86,3 +88,45 @@ def test_bare_runner_copies_torchruns_error_file_into_the_log(tmp_path):
     assert "CUDA out of memory (a test)" in (node_dir / "error.json").read_text()
     log = (node_dir / "node.log").read_text()
     assert causes.error_file_in(log).startswith("RuntimeError: CUDA out of memory (a test)")
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("~/.clusterctl/nodes/n1", "/home/u/.clusterctl/nodes/n1"),
+    ("/abs/~/x", "/abs/~/x"),
+    ("~other/x", "~other/x"),          # only the user's own home, as before
+    ("~", "~"),
+])
+def test_bare_expands_a_leading_tilde_slash_on_the_node(value, expected):
+    from clusterctl.runtimes import bare
+
+    r = subprocess.run(["sh", "-c", f'{bare._expand_home("v")}; printf %s "$v"', "sh"], capture_output=True,
+                       text=True, env={"v": value, "HOME": "/home/u", "PATH": "/usr/bin:/bin"}, timeout=10)
+    assert r.stdout == expected
+
+
+def test_bare_kill_by_environment_needs_every_needle(tmp_path):
+    """One loop (``bare._kill_by_env``) behind STOP's KILL (job id and attempt) and KILL_JOB (job id only)."""
+    import uuid
+
+    from clusterctl.runtimes import bare
+
+    jid, other = f"kt-{uuid.uuid4().hex}", f"kt-{uuid.uuid4().hex}"
+
+    def sleeper(job_id, attempt):
+        return subprocess.Popen(["sleep", "60"], env={"PATH": "/usr/bin:/bin", "CLUSTERCTL_JOB_ID": job_id,
+                                                      "CLUSTERCTL_ATTEMPT": attempt})
+
+    a, b, c = sleeper(jid, "2"), sleeper(jid, "3"), sleeper(other, "2")
+    try:
+        script = f'jid=$1 att=$2\n{bare._kill_by_env("CLUSTERCTL_JOB_ID=$jid", "CLUSTERCTL_ATTEMPT=$att")}'
+        subprocess.run(["sh", "-c", script, "sh", jid, "2"], check=True, timeout=30)
+        assert a.wait(timeout=10) == -9
+        assert b.poll() is None and c.poll() is None
+        (tmp_path / jid).mkdir()                      # the job's directory, no attempt in it: only the loop acts
+        subprocess.run(["sh", "-c", bare.KILL_JOB, "sh", str(tmp_path / jid), jid], check=True, timeout=30)
+        assert b.wait(timeout=10) == -9
+        assert c.poll() is None
+    finally:
+        for p in (a, b, c):
+            p.kill()
+            p.wait()

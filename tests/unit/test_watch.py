@@ -202,7 +202,7 @@ def test_wait_for_change_wakes_when_a_watched_process_ends(tmp_path):
 def test_a_container_listed_running_after_its_init_was_seen_gone_is_missing(tmp_path):
     """podman keeps listing a container as running when its conmon was SIGKILLed with it; the watch saw the init
     go, so after GONE_CONFIRM_S the listing is not believed (and no extra inspect is needed)."""
-    from clusterctl import launcher
+    from clusterctl import observe
 
     ops, transports = _ops(tmp_path, dict.fromkeys(HOSTS, "alive"), dict.fromkeys(HOSTS, _ps("j-1", 1, "running")))
     try:
@@ -210,7 +210,7 @@ def test_a_container_listed_running_after_its_init_was_seen_gone_is_missing(tmp_
         time.sleep(0.1)
         transports["n2"].mode = "dead"
         ops.wait_for_change(5)
-        time.sleep(launcher.GONE_CONFIRM_S + 0.1)
+        time.sleep(observe.GONE_CONFIRM_S + 0.1)
         transports["n2"].runs.clear()
         obs = {o.node: o for o in ops.observe(1, list(HOSTS))}
         assert obs["n2"].state == "missing" and "still lists it as running" in obs["n2"].error_tail
