@@ -90,11 +90,11 @@ class Run:
         while time.monotonic() < end:
             if self.max_step() >= step:
                 return time.time()
-            st = self.status()
-            if st["state"].lower() in ("failed", "stopped", "succeeded"):
-                raise AssertionError(f"job ended ({st['state']}: {st['reason']}) before step {step}\n"
+            job = self.job_row()       # not `clusterctl status`: a CLI process per look takes seconds on a busy
+            if job is not None and job.terminal:   # box, and the job trains past the step meanwhile
+                raise AssertionError(f"job ended ({job.state.value}: {job.reason}) before step {step}\n"
                                      + self.events_text())
-            time.sleep(0.3)
+            time.sleep(0.2)
         raise AssertionError(f"step {step} not reached in {timeout}s (at {self.max_step()})\n" + self.events_text())
 
     def wait_attempt(self, attempt: int, timeout: float = 60) -> dict:
@@ -116,7 +116,15 @@ class Run:
         raise AssertionError(f"job not finished after {timeout}s: {self.status()}\n" + self.events_text())
 
     def supervisor_pid(self) -> int:
-        return int(self.status()["supervisor_pid"])
+        return int(self.job_row().supervisor_pid)
+
+    def job_row(self):
+        """The job's row, read from the state DB directly (no CLI process: fast even on a loaded box)."""
+        from clusterctl import paths
+        from clusterctl.state import Store
+
+        with Store(paths.db_path(self.state_dir)) as store:
+            return store.find_job(self.name)
 
 
 def _alive(pid) -> bool:
@@ -199,13 +207,22 @@ def rank_pids(tb, host) -> list[int]:
     return out
 
 
+def _current_attempt(run: Run):
+    """The job's newest attempt, from the state DB (no CLI process: the test acts on it right away)."""
+    from clusterctl import paths
+    from clusterctl.state import Store
+
+    with Store(paths.db_path(run.state_dir)) as store:
+        return store.attempts(store.get_job(run.name).job_id)[-1]
+
+
 def rdzv_host(run: Run) -> str:
-    return run.status()["rendezvous_host"]
+    return _current_attempt(run).rdzv_host
 
 
 def other_host(run: Run) -> str:
-    st = run.status()
-    return next(n["node"] for n in st["nodes"] if n["node"] != st["rendezvous_host"])
+    att = _current_attempt(run)
+    return next(n for n in att.nodes if n != att.rdzv_host)
 
 
 def cpu_testbed(n: int, base: Path, prefix: str, octets, docker: bool = False) -> "object":
