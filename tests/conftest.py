@@ -14,7 +14,6 @@ Integration tests never skip: if the testbed cannot be built they fail with the 
 
 from __future__ import annotations
 
-import fcntl
 import itertools
 import os
 import string
@@ -23,6 +22,7 @@ import pytest
 
 from tests.testbed import Testbed, profile
 from tests.testbed.core import REGISTRY
+from tests.testbed.system import try_lock
 
 SESSION_HOSTS = 6
 
@@ -31,9 +31,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "integration: runs against the real multi-host testbed (root)")
 
 
-# The integration modules that take longest (minutes each on a 2-core box), longest first. `make test` runs the
-# integration tests on 3 pytest-xdist workers, a whole module per worker (`--dist loadfile --no-loadscope-reorder`),
-# taking modules in collection order: starting the long ones first keeps one of them from being left for last.
+# The integration modules that take longest (minutes each on a 2-core box), longest first. `make test
+# TEST_WORKERS=N` runs a whole module per pytest-xdist worker (`--dist loadfile --no-loadscope-reorder`), taking
+# modules in collection order: starting the long ones first keeps one of them from being left for last.
 LONGEST_FIRST = ("test_recovery", "test_oncall", "test_launch", "test_longrun", "test_security", "test_toolkit_a",
                  "test_resume", "test_toolkit_b", "test_preflight")
 
@@ -69,11 +69,7 @@ def testbed_slot():
     slot removes its leftovers (``Testbed.up`` cleans its prefix first)."""
     REGISTRY.mkdir(parents=True, exist_ok=True)
     for slot in range(SLOTS):
-        fd = os.open(REGISTRY / f"pytest-slot-{slot}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        if (fd := try_lock(REGISTRY / f"pytest-slot-{slot}.lock")) is None:
             continue
         yield slot
         os.close(fd)

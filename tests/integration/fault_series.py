@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import time
 
-from clusterctl import paths
-from clusterctl.state import Store
 from clusterctl.status import events_view
 from tests.integration import recovery_harness as rh
 
@@ -28,7 +26,7 @@ def _victim(st: dict, kind: str) -> str:
 def events(run: rh.Run) -> list[dict]:
     """`clusterctl events -o json`, read from the state DB directly: a CLI process per look would take CPU
     from the very relaunch being timed (2 shared cores)."""
-    with Store(paths.db_path(run.state_dir)) as store:
+    with run.store() as store:
         return events_view(store, store.get_job(run.name))
 
 

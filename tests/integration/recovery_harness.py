@@ -118,13 +118,21 @@ class Run:
     def supervisor_pid(self) -> int:
         return int(self.job_row().supervisor_pid)
 
-    def job_row(self):
-        """The job's row, read from the state DB directly (no CLI process: fast even on a loaded box)."""
+    def store(self):
+        """The job's state DB, opened directly: no CLI process, so a look is fast even on a loaded box and the test
+        acts on what it saw right away."""
         from clusterctl import paths
         from clusterctl.state import Store
 
-        with Store(paths.db_path(self.state_dir)) as store:
+        return Store(paths.db_path(self.state_dir))
+
+    def job_row(self):
+        with self.store() as store:
             return store.find_job(self.name)
+
+    def current_attempt(self):
+        with self.store() as store:
+            return store.attempts(store.get_job(self.name).job_id)[-1]
 
 
 def _alive(pid) -> bool:
@@ -207,21 +215,12 @@ def rank_pids(tb, host) -> list[int]:
     return out
 
 
-def _current_attempt(run: Run):
-    """The job's newest attempt, from the state DB (no CLI process: the test acts on it right away)."""
-    from clusterctl import paths
-    from clusterctl.state import Store
-
-    with Store(paths.db_path(run.state_dir)) as store:
-        return store.attempts(store.get_job(run.name).job_id)[-1]
-
-
 def rdzv_host(run: Run) -> str:
-    return _current_attempt(run).rdzv_host
+    return run.current_attempt().rdzv_host
 
 
 def other_host(run: Run) -> str:
-    att = _current_attempt(run)
+    att = run.current_attempt()
     return next(n for n in att.nodes if n != att.rdzv_host)
 
 

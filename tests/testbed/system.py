@@ -42,6 +42,18 @@ def address_in_use(addr: str) -> str | None:
     return None
 
 
+def try_lock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path`` (created 0600), or None when another process holds it. The lock
+    lasts until the fd is closed or the process ends."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 _CLAIMED: dict[int, int] = {}     # octet -> the fd holding its lock, for this process's lifetime
 
 
@@ -51,13 +63,7 @@ def claim_octet(octets, registry: Path = Path("/run/clusterctl-testbed")) -> int
     for a free address is not enough between the look and the bridge being made). Freed when the process ends."""
     registry.mkdir(parents=True, exist_ok=True)
     for octet in octets:
-        if octet in _CLAIMED:
-            continue
-        fd = os.open(registry / f"subnet-{octet}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        if octet in _CLAIMED or (fd := try_lock(registry / f"subnet-{octet}.lock")) is None:
             continue
         if address_in_use(f"10.{octet}.0.1") is not None:
             os.close(fd)
