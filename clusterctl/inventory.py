@@ -231,7 +231,7 @@ class _Parser:
         self.host_vars: dict[str, list[tuple[dict, dict]]] = {}   # host -> [(vars, lines)] in order
         self.host_lines: dict[str, int | None] = {}
         self.membership: dict[str, set[str]] = {}                 # host -> groups (incl. ancestors)
-        self.groups: dict[str, list[str]] = {}                    # group -> hosts in order
+        self.groups: dict[str, dict[str, None]] = {}              # group -> hosts in order (a dict: O(1) "in")
 
     def err(self, node, key, message, dotted=None):
         raise InputError(self.file, line_of(node, key), message, key=dotted)
@@ -270,7 +270,7 @@ class _Parser:
         else:
             prev[1].update(gvars)
             prev[2].update({k: line_of(gvars, k) for k in gvars})
-        self.groups.setdefault(name, [])
+        self.groups.setdefault(name, {})
         hosts = node.get("hosts") or {}
         if not isinstance(hosts, dict):
             self.err(node, "hosts", "hosts must be a mapping of host names (to their vars or nothing)",
@@ -304,8 +304,7 @@ class _Parser:
                 self.host_lines.setdefault(hn, line_of(hosts, pattern))
                 self.membership.setdefault(hn, set()).update(chain)
                 for g in chain:
-                    if hn not in self.groups.setdefault(g, []):
-                        self.groups[g].append(hn)
+                    self.groups.setdefault(g, {})[hn] = None
         children = node.get("children") or {}
         if not isinstance(children, dict):
             self.err(node, "children", "children must be a mapping of group names", dotted=f"{name}.children")
