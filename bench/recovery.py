@@ -95,7 +95,7 @@ def fault(tb, kind: str, rdzv: str, other: str) -> str:
 def run_clusterctl(tb, base: Path, kind: str, rep: int = 1, runtime: str = "podman") -> dict:
     tag = "" if runtime == "podman" else runtime[0]
     run = rh.new_run(tb, base / f"cc{tag}-{kind}-{rep}", f"bench{tag}{kind.replace('_', '')}{rep}", runtime=runtime,
-                     steps=STEPS, every=EVERY, step_time=STEP_TIME)
+                     steps=STEPS, every=EVERY, step_time=STEP_TIME, nproc=2)    # as the plain torchrun arm
     victim = None
     try:
         run.launch()

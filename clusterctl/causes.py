@@ -91,8 +91,8 @@ def config_error(exit_code: int | None, text: str, *, script: str | None, module
     job's own script / import the job's own module. Anything else (a missing dependency, a crash) is not."""
     if exit_code == 127:
         return ConfigError(f"{torchrun} or the entry point was not found on the node (exit code 127)",
-                           f"install torch where the job runs, or set the job's `torchrun:` to the full path of "
-                           f"torchrun on the nodes (check with `clusterctl preflight JOB.yaml`)")
+                           "install torch where the job runs, or set the job's `torchrun:` to the full path of "
+                           "torchrun on the nodes (check with `clusterctl preflight JOB.yaml`)")
     if script:
         for path in CANT_OPEN.findall(text):
             if path == script or path.endswith("/" + script.lstrip("./")) or script.endswith("/" + path.lstrip("./")):

@@ -12,7 +12,6 @@ import re
 import shlex
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError,
                       ValidationInfo, field_serializer, field_validator, model_validator)
 

@@ -106,6 +106,7 @@ def parse_dump(text: str) -> list[Thread]:
     header, ``--locals`` values) are skipped."""
     threads: list[Thread] = []
     cur: dict | None = None
+    cur_frames: list[Frame] = []
     for line in text.splitlines():
         m = _THREAD.match(line)
         if m:

@@ -150,7 +150,7 @@ def _runtime_hint(rt: str, error: str, sec: Section | None) -> str:
     if sec is not None and sec.rc == 127 or "not found" in e:
         return f"install {rt} on the host, or set clusterctl_runtime (docker | podman | bare) for it"
     if "permission denied" in e:
-        return f"add the user to the docker group: `sudo usermod -aG docker $USER`, then log in again" \
+        return "add the user to the docker group: `sudo usermod -aG docker $USER`, then log in again" \
             if rt == "docker" else f"run `{rt} info` as this user and fix the permission error"
     if "cannot connect" in e or "is the docker daemon running" in e:
         return "start the daemon: `sudo systemctl enable --now docker`"
@@ -168,7 +168,7 @@ def check_container_runtime(p: HostProbe) -> CheckResult:
                None) or (f"{rt} info: {info['error']}" if info else f"{rt} info did not run")
         return failed("container_runtime", err, _runtime_hint(rt, err, sec), runtime=rt)
     flavor = info["flavor"]
-    via = f" (podman behind the docker command)" if rt == "docker" and flavor == "podman" else ""
+    via = " (podman behind the docker command)" if rt == "docker" and flavor == "podman" else ""
     return passed("container_runtime", f"{flavor} {info['version']}{via}", runtime=rt, flavor=flavor,
                   version=info["version"], root=info["root"], rootless=info["rootless"])
 

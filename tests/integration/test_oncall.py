@@ -2,8 +2,8 @@
 gone, failures no retry can fix, ranks killed by a signal, the partitioned rendezvous host, and the job's own
 restart budgets (issue: "On-call truth").
 
-The quickstart job of recovery_harness (podman, `nodes: "2:3"`, 2 ranks per node, a checkpoint every 10 steps)
-unless a test says otherwise; `chatter.py` prints numbered lines per rank so the log copy can be checked line by
+The quickstart job of recovery_harness (podman, `nodes: "2:3"`, 1 rank per node, a checkpoint every 10 steps)
+unless a test says otherwise (2 ranks per node where one rank is killed); `chatter.py` prints numbered lines per rank so the log copy can be checked line by
 line.
 """
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_partitioned_rendezvous_host_whose_processes_died_recovers_within_15s(jo
 
 # ------------------------------------------------------------------------------------ (b) unsupervised rank kill
 def test_rank_killed_while_unsupervised_status_names_it_and_resume_relaunches(job, otb):
-    run = job(steps=100)
+    run = job(steps=100, nproc=2)
     run.launch()
     run.wait_step(35)
     kill_supervisor(run)
@@ -177,7 +177,7 @@ def test_misspelt_script_fails_after_one_attempt_as_config_error(job, otb):
 
 
 def test_kill_9_of_a_rank_is_class_killed_with_sigkill(job, otb):
-    run = job(steps=80, restarts={"max_failures": 7})
+    run = job(steps=80, nproc=2, restarts={"max_failures": 7})
     run.launch()
     run.wait_step(25)
     assert run.status()["restarts"]["max_failures"] == 7            # (h) the job's own budget
@@ -218,7 +218,7 @@ def test_bare_runtime_without_torchrun_on_path_fails_preflight_check_torchrun(ot
 @pytest.mark.parametrize("runtime", ["podman", "bare", "docker"])
 def test_logs_hold_every_line_once_in_order_after_a_supervisor_kill_and_resume(job, otb, tmp_path, runtime):
     """docker: also its resume after a controller crash (the supervisor re-attaches to running containers)."""
-    run = job(steps=1)
+    run = job(steps=1, nproc=2)
     lines, period = 200, 0.15                         # 30 s: still running when resume re-attaches under load
     inv = otb.inventory(tmp_path / f"inv-{runtime}.yaml", runtime=runtime)
     run.inventory, run.runtime = inv, runtime
@@ -257,8 +257,8 @@ def test_logs_selection_errors_are_usage_errors(job, otb):
     assert st["state"] == "SUCCEEDED"
     r = run.cli("logs", run.name, "--node", "nope", check=False)
     assert r.returncode == 2 and "node1" in r.stderr
-    r = run.cli("logs", run.name, "--rank", "6", check=False)
-    assert r.returncode == 2 and "0-5" in r.stderr
+    r = run.cli("logs", run.name, "--rank", "3", check=False)
+    assert r.returncode == 2 and "0-2" in r.stderr
     assert run.cli("logs", run.name, "--tail", "-2", check=False).returncode == 2
     assert run.cli("logs", run.name, "--tail", "0").stdout == ""
     assert len(run.cli("logs", run.name, "--tail", "2").stdout.splitlines()) == 2

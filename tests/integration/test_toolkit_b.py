@@ -9,10 +9,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.integration import recovery_harness as rh
@@ -164,7 +162,7 @@ def test_notifications_history_and_automatic_cordon(testbed, tmp_path):
         assert any(" attempt 1 " in line for line in watch) and any(" attempt 2 " in line for line in watch)
         assert len(watch) == len(set(watch)) <= 40                   # one line per change, not one per 2 s
         followed = (tmp_path / "events.txt").read_text()
-        assert "verdict" in followed and "cordon" in followed and f"job SUCCEEDED" in followed
+        assert "verdict" in followed and "cordon" in followed and "job SUCCEEDED" in followed
         listing = cli("status").stdout.splitlines()
         row = next(line for line in listing if line.startswith(job_id + " "))
         assert "SUCCEEDED" in row and all(len(line) <= 80 for line in listing)

@@ -10,7 +10,6 @@ import time
 import pytest
 
 from clusterctl import runtimes
-from clusterctl.plan import NodePlan
 
 
 # ------------------------------------------------------------------------------------ item 12: any env name

@@ -4,7 +4,6 @@ lookup that a dead node cannot stall."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading

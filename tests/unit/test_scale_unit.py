@@ -3,7 +3,6 @@ written only when they change, the heartbeat fit cached, fan_out without a scan 
 from __future__ import annotations
 
 import math
-import os
 import random
 import socket
 import statistics

@@ -2,7 +2,6 @@
 job, must refuse a host key that was not recorded before it started."""
 from __future__ import annotations
 
-import types  # noqa: F401
 from clusterctl.spec import loads_job
 
 from clusterctl import controller
