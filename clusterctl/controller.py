@@ -25,7 +25,6 @@ from clusterctl.reconcile import Reconciled, reconcile
 from clusterctl.state import JobState, Store, pid_alive, redact
 from clusterctl.supervisor import Policy, Supervisor
 from clusterctl.transport import ConnectOptions, Transport, connect
-from clusterctl.transport.ssh import check_key_files
 
 
 def open_store(state_dir: str | None, secrets: Sequence[str] = ()) -> tuple[Path, Store]:
@@ -60,6 +59,8 @@ def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions, *,
     rec = record_mod.load(store, store.get_job(job_id))
     spec = rec.spec
     hosts = rec.hosts_by_name
+    from clusterctl.transport.ssh import check_key_files   # paramiko: imported when a job is supervised, not
+                                                           # by every `status` (an on-call look stays quick)
     check_key_files(list(hosts.values()))
     secrets = read_secrets(spec.secret_env, os.environ) if starts else {}
     store.add_secrets(secrets.values())

@@ -98,21 +98,29 @@ class Run:
         raise AssertionError(f"step {step} not reached in {timeout}s (at {self.max_step()})\n" + self.events_text())
 
     def wait_attempt(self, attempt: int, timeout: float = 60) -> dict:
+        """Until ``attempt`` runs; then what `clusterctl status` says. The waiting reads the state DB: a CLI
+        process per look costs ~0.8 s of CPU, and torch's start-up on the testbed needs the cores."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            st = self.status()
-            if st["attempt"] >= attempt and st["state"].lower() == "running":
-                return st
+            job = self.job_row()
+            if job is not None and job.attempt >= attempt and job.state.value == "RUNNING":
+                st = self.status()
+                if st["attempt"] >= attempt and st["state"].lower() == "running":
+                    return st
             time.sleep(0.5)
         raise AssertionError(f"attempt {attempt} not running after {timeout}s\n" + self.events_text())
 
     def wait_end(self, timeout: float = 480) -> dict:
+        """Until the job is terminal and its supervisor gone; then what `clusterctl status` says. Read from the state
+        DB while a supervisor lives (see wait_attempt); without one, `status` itself (it reconciles)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            st = self.status()
-            if st["state"].lower() in ("failed", "stopped", "succeeded") and not _alive(st.get("supervisor_pid")):
-                return st
-            time.sleep(1)
+            job = self.job_row()
+            if job is None or job.terminal or not _alive(job.supervisor_pid):
+                st = self.status()
+                if st["state"].lower() in ("failed", "stopped", "succeeded") and not _alive(st.get("supervisor_pid")):
+                    return st
+            time.sleep(0.5)
         raise AssertionError(f"job not finished after {timeout}s: {self.status()}\n" + self.events_text())
 
     def supervisor_pid(self) -> int:

@@ -119,14 +119,13 @@ def assert_nothing_left(tb, hosts=None, timeout: float = 30) -> None:
 
 
 def wait_terminal(state: Path, job: str, timeout: float) -> dict:
-    """Wait until the job is terminal and its supervisor has exited."""
-    def done():
-        v = status_json(state, job)
-        pid = v.get("supervisor_pid")
-        alive = bool(pid) and Path(f"/proc/{pid}").exists() and b"_supervise" in Path(
-            f"/proc/{pid}/cmdline").read_bytes()
-        return v if v["state"] in ("SUCCEEDED", "FAILED", "STOPPED") and not alive else None
-    return wait_for(done, timeout, f"job {job} to end")
+    """Wait until the job is terminal and its supervisor has exited (looking at the state DB, not a CLI process
+    per second: see recovery_harness.Run.wait_end); then what `clusterctl status` says."""
+    run = rh.Run(None, state, Path(), Path(), job, 0, Path())
+    st = run.wait_end(timeout)
+    pid = st.get("supervisor_pid")
+    assert not (pid and Path(f"/proc/{pid}").exists() and b"_supervise" in Path(f"/proc/{pid}/cmdline").read_bytes())
+    return st
 
 
 def logs(state: Path, job: str, *args: str) -> list[str]:
