@@ -144,7 +144,7 @@ def simulate_one(n: int, log_rate: float, window: float) -> dict:
         th = threading.Thread(target=lambda: result.setdefault("state", sup.run()), name="supervisor", daemon=True)
         th.start()
         ready = wait_until(lambda: "started1" in marks and all(
-            w.last is not None for w in ops._watches.values()) and len(ops._watches) == n, 120)
+            w.last is not None for w in ops.watches.snapshot().values()) and len(ops.watches.snapshot()) == n, 120)
         out = {"n": n, "ready_s": ready}
         time.sleep(3)                                            # settle
         c0, r0, t0, l0 = time.process_time(), rounds[0], time.monotonic(), sum(ops.sink.copied.values())
@@ -166,7 +166,7 @@ def simulate_one(n: int, log_rate: float, window: float) -> dict:
         wait_until(lambda: "started2" in marks, 60)
         out["kill_detect_s"] = marks["verdict1"] - t_kill if "verdict1" in marks else None
         out["kill_recover_s"] = marks["started2"] - t_kill if "started2" in marks else None
-        wait_until(lambda: all(w.last is not None and w.attempt == 2 for w in ops._watches.values()), 60)
+        wait_until(lambda: all(w.last is not None and w.attempt == 2 for w in ops.watches.snapshot().values()), 60)
         time.sleep(2)
         # a partition: the watch goes silent
         t_cut = time.monotonic()
