@@ -20,14 +20,14 @@ from typing import Callable, Mapping, Sequence
 from clusterctl import causes
 from clusterctl import checkpoint as checkpoint_mod
 from clusterctl import paths, runtimes
-from clusterctl.errors import TransportError
+from clusterctl.errors import CommandTimeout, DeadlineExceeded, TransportError
 from clusterctl.inventory import Host
 from clusterctl.observe import Confirm, Explain, interpret
 from clusterctl.plan import NODE_MODULES, LaunchPlan, build_plan, checkpoint_installer
 from clusterctl.spec import JobSpec
 from clusterctl.state import JobState, Store
-from clusterctl.supervisor import Observation
-from clusterctl.transport import CommandResult, ConnectOptions, Transport, connect, fan_out
+from clusterctl.supervisor import ErrorKind, NodeError, Observation
+from clusterctl.transport import CommandResult, ConnectOptions, HostResult, Transport, connect, fan_out
 from clusterctl.transport.pool import Pool
 from clusterctl.transport.streams import StreamMux, open_stream
 from clusterctl.watch import Mux, Watch, Watches
@@ -183,6 +183,28 @@ def _rank(line: bytes) -> str:
     return m.group(1).decode() if m else "-"
 
 
+class CommandFailed(RuntimeError):
+    """A node ran a start/stop command and it failed; the message is the command's own error (its tail)."""
+
+
+def node_error(node: str, error: BaseException) -> NodeError:
+    """A start/stop failure as a value: its kind from the exception, its text as before (``str(error)``)."""
+    if isinstance(error, (DeadlineExceeded, CommandTimeout)):
+        kind = ErrorKind.TIMEOUT
+    elif isinstance(error, TransportError):
+        kind = ErrorKind.UNREACHABLE
+    elif isinstance(error, CommandFailed):
+        kind = ErrorKind.COMMAND_FAILED
+    else:
+        kind = ErrorKind.ERROR
+    return NodeError(node, kind, str(error))
+
+
+def node_errors(results: Sequence[HostResult]) -> dict[str, NodeError]:
+    """The failed hosts of a fan-out, by name."""
+    return {r.host.name: node_error(r.host.name, r.error) for r in results if r.error is not None}
+
+
 @dataclass
 class ClusterOps:
     """``supervisor.NodeOps`` over real transports."""
@@ -275,7 +297,8 @@ class ClusterOps:
             self._follow(attempt, n.host)
             self._watch(attempt, n.host)
 
-    def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> dict[str, str]:
+    def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str,
+              resume: tuple[str, int]) -> dict[str, NodeError]:
         self._set_plan(self.make_plan(attempt, nodes, rdzv_host, resume))
 
         def start_one(host: Host) -> None:
@@ -286,13 +309,13 @@ class ClusterOps:
             r = self._run(host.name, node.runtime_argv, timeout=60,
                           stdin=node.env_script(self.secrets, CHECKPOINT_INSTALLER))
             if not r.ok:
-                raise RuntimeError((r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}")[-500:])
+                raise CommandFailed((r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}")[-500:])
             self.store.set_node(self.job_id, attempt, host.name, address=host.address,
                                 container=node.container_name, state="running")
 
         self._watches.keep(nodes)   # nodes left out of this attempt
         results = fan_out([self.hosts[n] for n in nodes], start_one, host_timeout=90)
-        errors = {r.host.name: str(r.error) for r in results if r.error is not None}
+        errors = node_errors(results)
         if errors:
             self.stop(attempt, nodes)   # roll back what this attempt started (by job id), half-created ones too
             return errors
@@ -420,7 +443,7 @@ class ClusterOps:
         command, the runtime's ``init_gone_argv``: exit 3)."""
         return self._run(node, argv, timeout=self.probe_timeout_s).exit_code == 3
 
-    def stop(self, attempt: int | None, nodes: Sequence[str], grace_s: float = 0.0) -> dict[str, str]:
+    def stop(self, attempt: int | None, nodes: Sequence[str], grace_s: float = 0.0) -> dict[str, NodeError]:
         """Stop this job on ``nodes``: TERM + grace when ``grace_s``, then kill and remove by label/job id."""
         self._watches.stop_followers(nodes)
         self._watches.stop(nodes)
@@ -439,10 +462,10 @@ class ClusterOps:
             r = self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
                           timeout=60)
             if not r.ok:
-                raise RuntimeError(r.stderr.strip()[-300:] or f"exit code {r.exit_code}")
+                raise CommandFailed(r.stderr.strip()[-300:] or f"exit code {r.exit_code}")
 
         results = fan_out([self.hosts[n] for n in nodes], stop_one, host_timeout=grace_s + 75)
-        return {r.host.name: str(r.error) for r in results if r.error is not None}
+        return node_errors(results)
 
     def reachable(self, nodes: Sequence[str]) -> list[str]:
         """The nodes that run a command now. A node that failed its last probe is asked over a fresh connection:
