@@ -17,9 +17,7 @@ the integration lock on a shared one): other load shows in the numbers.
 """
 from __future__ import annotations
 
-import argparse
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -27,13 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import common  # noqa: E402  (puts the repository root on sys.path)
+from common import exit_on_signals  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench.docsection import write_section  # noqa: E402
 from clusterctl import checkpoint  # noqa: E402
 
 CHUNK_MB = 64
@@ -176,13 +173,12 @@ state in place) between checkpoints. Rerun: `flock /tmp/cc-integration.lock .ven
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.options(__doc__.splitlines()[0], reps=3)
     p.add_argument("--size-mb", type=int, default=1024)
-    p.add_argument("--reps", type=int, default=3)
     p.add_argument("--train-s", type=float, default=12.0)
     p.add_argument("--dir", default=None, help="checkpoint root's parent (default: a temp dir under /var/tmp)")
-    p.add_argument("--no-write", action="store_true", help="print the section, leave docs/benchmarks.md alone")
     args = p.parse_args(argv)
+    exit_on_signals()   # so the finally below removes the checkpoints
     torch.set_num_threads(1)
     base = Path(tempfile.mkdtemp(prefix="cc-bench-ckpt-", dir=args.dir or "/var/tmp"))
     args.dir_kind = f"`{base.parent}` (local disk)" if args.dir is None else f"`{base.parent}`"
@@ -193,10 +189,7 @@ def main(argv=None) -> int:
     finally:
         dist.destroy_process_group()
         shutil.rmtree(base, ignore_errors=True)
-    text = section(res, args)
-    print(text)
-    if not args.no_write:
-        write_section("## checkpoint", text)
+    common.publish("## checkpoint", section(res, args), write=not args.no_write)
     return 0
 
 

@@ -23,19 +23,26 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def options(description: str, *, reps: int | None = None, prog: str | None = None) -> argparse.ArgumentParser:
+    """An ArgumentParser with ``--no-write`` and, with its default given, ``--reps`` (a script without a testbed
+    of its own; ``parser`` adds the testbed's options)."""
+    ap = argparse.ArgumentParser(description=description, prog=prog)
+    ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    if reps is not None:
+        ap.add_argument("--reps", type=int, default=reps, help="repetitions per cell")
+    return ap
+
+
 def parser(description: str, *, prefix: str, subnet: int, sizes: str | None = None,
-           reps: int | None = None) -> argparse.ArgumentParser:
+           reps: int | None = None, prog: str | None = None) -> argparse.ArgumentParser:
     """An ArgumentParser with ``--prefix``/``--subnet`` (the script's own testbed: names and 10.<subnet>.0.0/24,
     distinct per script so two benchmarks never share one), ``--no-write``, and with their defaults given,
     ``--sizes`` (comma-separated host counts: see ``sizes_of``) and ``--reps``."""
-    ap = argparse.ArgumentParser(description=description)
+    ap = options(description, reps=reps, prog=prog)
     ap.add_argument("--prefix", default=prefix, help="testbed name prefix")
     ap.add_argument("--subnet", type=int, default=subnet, help="testbed subnet 10.N.0.0/24")
-    ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     if sizes is not None:
         ap.add_argument("--sizes", default=sizes, help="host counts, comma-separated")
-    if reps is not None:
-        ap.add_argument("--reps", type=int, default=reps, help="repetitions per cell")
     return ap
 
 

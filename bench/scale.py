@@ -20,22 +20,21 @@ Writes ``### simulation`` of ``## scale`` in docs/benchmarks.md unless ``--no-wr
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
 import platform
 import re
 import resource
+import shutil
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402  (puts the repository root on sys.path)
+from common import exit_on_signals  # noqa: E402
 
 from scalesim import NodeServer, SimState, SimTransport  # noqa: E402
 
@@ -58,6 +57,11 @@ def rss_kb() -> int:
 
 def os_threads() -> int:
     return len(os.listdir("/proc/self/task"))
+
+
+def copied_lines(sink) -> int:
+    """Lines the controller's log copy holds (all nodes' current sections)."""
+    return sum(sink.lines(node) for node in list(sink.copied))
 
 
 def wait_until(pred, timeout: float, step: float = 0.05) -> float | None:
@@ -118,18 +122,7 @@ def simulate_one(n: int, log_rate: float, window: float) -> dict:
                          heartbeat_timeout_s=2.0)
         rounds = [0]
         marks: dict[str, float] = {}
-        observe, start = ops.observe, ops.start
-
-        def counted_observe(*a, **kw):
-            rounds[0] += 1
-            return observe(*a, **kw)
-
-        def timed_start(attempt, *a, **kw):
-            r = start(attempt, *a, **kw)
-            marks[f"started{attempt}"] = time.monotonic()
-            return r
-
-        ops.observe, ops.start = counted_observe, timed_start
+        counted = Counted(ops, rounds, marks)
 
         def on_event(msg: str) -> None:
             if " lost: " in msg:
@@ -138,20 +131,19 @@ def simulate_one(n: int, log_rate: float, window: float) -> dict:
 
         policy = Policy(min_nodes=1, max_nodes=n, probe_interval_s=1.0, probe_failures=2, backoff_s=0.0,
                         hang_timeout_s=3600, cordon_after=0)
-        sup = Supervisor(job_id, store, ops, policy, list(hosts), wait=ops.wait_for_change, on_event=on_event)
+        sup = Supervisor(job_id, store, counted, policy, list(hosts), wait=ops.wait_for_change, on_event=on_event)
         result: dict = {}
-        t_launch = time.monotonic()
         th = threading.Thread(target=lambda: result.setdefault("state", sup.run()), name="supervisor", daemon=True)
         th.start()
         ready = wait_until(lambda: "started1" in marks and all(
-            w.last is not None for w in ops._watches.values()) and len(ops._watches) == n, 120)
+            w.last is not None for w in ops.watches.snapshot().values()) and len(ops.watches.snapshot()) == n, 120)
         out = {"n": n, "ready_s": ready}
         time.sleep(3)                                            # settle
-        c0, r0, t0, l0 = time.process_time(), rounds[0], time.monotonic(), sum(ops.sink.copied.values())
+        c0, r0, t0, l0 = time.process_time(), rounds[0], time.monotonic(), copied_lines(ops.sink)
         s0 = server.cpu_s()
         time.sleep(window)
         c1, r1, t1 = time.process_time(), rounds[0], time.monotonic()
-        l1 = sum(ops.sink.copied.values())
+        l1 = copied_lines(ops.sink)
         out.update(cpu_pct=100 * (c1 - c0) / (t1 - t0), rounds=r1 - r0,
                    cpu_ms_per_round=1000 * (c1 - c0) / max(1, r1 - r0),
                    rss_kb_per_node=(rss_kb() - base_rss) / n, rss_mb=rss_kb() / 1024,
@@ -166,7 +158,7 @@ def simulate_one(n: int, log_rate: float, window: float) -> dict:
         wait_until(lambda: "started2" in marks, 60)
         out["kill_detect_s"] = marks["verdict1"] - t_kill if "verdict1" in marks else None
         out["kill_recover_s"] = marks["started2"] - t_kill if "started2" in marks else None
-        wait_until(lambda: all(w.last is not None and w.attempt == 2 for w in ops._watches.values()), 60)
+        wait_until(lambda: all(w.last is not None and w.attempt == 2 for w in ops.watches.snapshot().values()), 60)
         time.sleep(2)
         # a partition: the watch goes silent
         t_cut = time.monotonic()
@@ -184,6 +176,26 @@ def simulate_one(n: int, log_rate: float, window: float) -> dict:
         return out
     finally:
         server.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class Counted:
+    """The supervisor's ``NodeOps``: ``ops`` (``ClusterOps``), counting probe rounds and timing each start."""
+
+    def __init__(self, ops, rounds: list[int], marks: dict[str, float]):
+        self.ops, self.rounds, self.marks = ops, rounds, marks
+
+    def observe(self, *a, **kw):
+        self.rounds[0] += 1
+        return self.ops.observe(*a, **kw)
+
+    def start(self, attempt, *a, **kw):
+        r = self.ops.start(attempt, *a, **kw)
+        self.marks[f"started{attempt}"] = time.monotonic()
+        return r
+
+    def __getattr__(self, name):         # stop, reachable, latest_checkpoint, checkpoint_hint, stacks, ...
+        return getattr(self.ops, name)
 
 
 def fmt(v, spec="{:.2f}") -> str:
@@ -203,7 +215,7 @@ def sim_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench/scale.py")
+    ap = common.parser(__doc__.split("\n\n")[0], prefix="bsc", subnet=226, prog="bench/scale.py")
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--simulate", action="store_true")
     mode.add_argument("--testbed", action="store_true")
@@ -213,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the raw results here")
     ap.add_argument("--steady-only", default="", help="testbed: sizes measured without the launch comparison")
     ap.add_argument("--label", default="", help="simulate: a label for the printed table (e.g. before/after)")
-    ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
+    exit_on_signals()   # so the finally blocks tear the node server / the testbed down
     if args.testbed:
         import scaletb
 

@@ -10,7 +10,7 @@ Per N, side by side in one run:
              kill -> the first ``step`` line of the next attempt in the controller's log copy
   logs       the log copy: within every node's section of every attempt, ``seq`` lines without a gap or a swap
 
-Own testbed (prefix ``bsc``, 10.226.0.0/24); every supervisor is stopped before it goes down.
+Own testbed (``--prefix``/``--subnet``: ``bsc``, 10.226.0.0/24); every supervisor is stopped before it goes down.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT  # noqa: E402  (bench/scale.py runs this; common put the repository root on sys.path)
+
 TRAIN = ROOT / "bench" / "scale_train.py"
 VENV_BIN = Path(sys.prefix) / "bin"
 TIMEOUT = 900.0
@@ -238,20 +239,19 @@ def steady_and_kill(tb, base: Path, n: int, inv: Path, rate: float, window: floa
 
 
 def main(args) -> int:
-    sys.path.insert(0, str(ROOT))
+    """``args``: bench/scale.py's options (it has set up the teardown on SIGTERM/SIGHUP)."""
     from tests.testbed import Testbed, profile
     from tests.testbed.system import address_in_use
 
     sizes = [int(s) for s in (args.sizes or "3,16,32,64").split(",")]
     steady_only = {int(s) for s in (args.steady_only or "").split(",") if s}
     n_max = max(sizes)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda s, f: sys.exit(128 + s))
-    subnet = 226
+    subnet = args.subnet
     if address_in_use(f"10.{subnet}.0.1"):
         raise RuntimeError(f"10.{subnet}.0.1 in use")
     base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-scale-"))
-    tb = Testbed(n_max, base / "tb", [profile(gpus=0, image=False)] * n_max, prefix="bsc", subnet_octet=subnet)
+    tb = Testbed(n_max, base / "tb", [profile(gpus=0, image=False)] * n_max, prefix=args.prefix,
+                 subnet_octet=subnet)
     rows: list[dict] = []
     stopped_at = None
     try:
@@ -287,7 +287,6 @@ def main(args) -> int:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     print(table(rows))
     if not args.no_write:
-        sys.path.insert(0, str(ROOT / "bench"))
         from docsection import write_subsection
 
         when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

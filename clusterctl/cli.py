@@ -569,10 +569,11 @@ def stop_cmd(ctx, job, grace, output, accept_new) -> int:
 
     stopped = jobs.stop(jobs.open_workspace(ctx.obj.state_dir), job, connect_options(ctx, accept_new), grace_s=grace)
     if output == "json":
-        print_json({"job_id": stopped.job_id, "state": stopped.state.value, "errors": dict(stopped.errors)})
+        print_json({"job_id": stopped.job_id, "state": stopped.state.value,
+                    "errors": {node: e.message for node, e in stopped.errors.items()}})
     else:
-        for node, msg in stopped.errors.items():
-            err.print(f"{node}: could not clean up: {msg}", markup=False)
+        for node, e in stopped.errors.items():
+            err.print(f"{node}: could not clean up: {e.message}", markup=False)
         err.print(f"job {stopped.job_id}: {stopped.state.value}", markup=False)
     return 1 if stopped.errors else 0
 

@@ -28,6 +28,7 @@ from clusterctl.plan import LaunchPlan, build_plan
 from clusterctl.record import JobRecord
 from clusterctl.spec import JobSpec, load_job
 from clusterctl.state import JobState, Store
+from clusterctl.supervisor import NodeError
 from clusterctl.transport import ConnectOptions, Transport
 from clusterctl.transport import connect as default_connect
 from clusterctl.yamlfile import line_of
@@ -277,7 +278,7 @@ def status(ws: Workspace, job_ref: str, options: ConnectOptions, *, connect: Con
 class Stopped:
     job_id: str
     state: JobState
-    errors: Mapping[str, str]                    # node -> why it could not be cleaned up
+    errors: Mapping[str, NodeError]              # node -> why it could not be cleaned up
 
 
 def stop(ws: Workspace, job_ref: str, options: ConnectOptions, *, grace_s: float = 10.0,
@@ -380,8 +381,8 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
         if attempts:
             controller.complete_logs(ops, store, job_id, attempts[-1].attempt)
         errors = ops.stop(None, nodes)
-        for node, msg in errors.items():
-            store.add_event(job_id, "cleanup_pending", f"could not clean up {node}: {msg}", node=node)
+        for node, e in errors.items():
+            store.add_event(job_id, "cleanup_pending", f"could not clean up {node}: {e.message}", node=node)
         keep = [n for n in nodes if n not in exclude]
         latest = ops.latest_checkpoint([n for n in keep if n not in errors]) if not checkpoint else None
     finally:

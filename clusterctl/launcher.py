@@ -13,24 +13,24 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from clusterctl import causes
 from clusterctl import checkpoint as checkpoint_mod
 from clusterctl import paths, runtimes
-from clusterctl.errors import TransportError
-from clusterctl.heartbeat import Arrivals
+from clusterctl.errors import CommandTimeout, DeadlineExceeded, TransportError
 from clusterctl.inventory import Host
-from clusterctl.observe import Confirm, Explain, heard, interpret
+from clusterctl.observe import Confirm, Explain, interpret
 from clusterctl.plan import NODE_MODULES, LaunchPlan, build_plan, checkpoint_installer
 from clusterctl.spec import JobSpec
 from clusterctl.state import JobState, Store
-from clusterctl.supervisor import Observation
-from clusterctl.transport import CommandResult, ConnectOptions, Transport, connect, fan_out
+from clusterctl.supervisor import ErrorKind, NodeError, Observation
+from clusterctl.transport import CommandResult, ConnectOptions, HostResult, Transport, connect, fan_out
 from clusterctl.transport.pool import Pool
-from clusterctl.transport.streams import Stream, StreamMux, open_stream
+from clusterctl.transport.streams import StreamMux, open_stream
+from clusterctl.watch import Mux, Watch, Watches
 
 # `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
 _PKG = Path(checkpoint_mod.__file__).parent
@@ -183,32 +183,26 @@ def _rank(line: bytes) -> str:
     return m.group(1).decode() if m else "-"
 
 
-@dataclass
-class _Follower:
-    stream: Stream | None
-    stop: threading.Event
-    last_seen: int = 0              # the sink's line count for the node when progress was last asked
-
-    def halt(self) -> None:
-        self.stop.set()
-        if self.stream is not None:
-            self.stream.stop()
+class CommandFailed(RuntimeError):
+    """A node ran a start/stop command and it failed; the message is the command's own error (its tail)."""
 
 
-@dataclass
-class _Watch:
-    attempt: int
-    stop: threading.Event = field(default_factory=threading.Event)
-    last: float | None = None       # monotonic time of the last line; None before the first
-    alive: bool = False             # the attempt's main process (container init / bare runner) is alive
-    gone_at: float | None = None    # monotonic time of the first "gone" line after it was seen alive
-    checkpoint_step: int | None = None   # newest step directory with a manifest (or DCP .metadata) it saw
-    stream: Stream | None = None
+def node_error(node: str, error: BaseException) -> NodeError:
+    """A start/stop failure as a value: its kind from the exception, its text as before (``str(error)``)."""
+    if isinstance(error, (DeadlineExceeded, CommandTimeout)):
+        kind = ErrorKind.TIMEOUT
+    elif isinstance(error, TransportError):
+        kind = ErrorKind.UNREACHABLE
+    elif isinstance(error, CommandFailed):
+        kind = ErrorKind.COMMAND_FAILED
+    else:
+        kind = ErrorKind.ERROR
+    return NodeError(node, kind, str(error))
 
-    def halt(self) -> None:
-        self.stop.set()
-        if self.stream is not None:
-            self.stream.stop()
+
+def node_errors(results: Sequence[HostResult]) -> dict[str, NodeError]:
+    """The failed hosts of a fan-out, by name."""
+    return {r.host.name: node_error(r.host.name, r.error) for r in results if r.error is not None}
 
 
 @dataclass
@@ -230,37 +224,36 @@ class ClusterOps:
                                            # its own jitter: see clusterctl.heartbeat)
     stop_grace_s: float = 10.0
     checkpoint_override: str | None = None   # `resume --checkpoint PATH`: used by the first attempt only
+    clock: Callable[[], float] = time.monotonic    # the watches' times and the probe round's "now"
+    mux: Callable[[], Mux] = StreamMux             # makes the one mux every watch and log follower runs on
 
     def __post_init__(self) -> None:
         # one kept connection per node; connect reads self.connect/hosts/options when it connects
         self._pool = Pool(lambda node: self.connect(self.hosts[node], self.options))
-        self._lock = threading.Lock()
-        self._followers: dict[str, _Follower] = {}
-        self._watches: dict[str, _Watch] = {}
-        self._arrivals: dict[str, Arrivals] = {}   # per node, across attempts: the gaps between its watch lines
-        self.changed = threading.Event()      # set when a watched process ends: probe now, not after the interval
-        self.plan: LaunchPlan | None = None
+        self._watches = Watches(self.sink, open_stream=lambda node, argv: open_stream(self.transport(node), argv),
+                                drop=self.drop, heartbeat_timeout_s=self.heartbeat_timeout_s, now=self.clock,
+                                mux=self.mux)
+        self._set_plan(None)
         self._unhealthy: set[str] = set()     # nodes whose last probe failed (asked for nothing else meanwhile)
-        self._streams: StreamMux | None = None   # every watch and log follower, on one selector thread
 
     @property
     def plan(self) -> LaunchPlan | None:
+        """The plan of the attempt started or adopted last (``start``/``adopt`` set it; nothing else does)."""
         return self._plan
 
-    @plan.setter
-    def plan(self, plan: LaunchPlan | None) -> None:
+    @property
+    def watches(self) -> Watches:
+        """The nodes' watches and log followers (read them; ``start``/``attach``/``stop`` drive them)."""
+        return self._watches
+
+    def _set_plan(self, plan: LaunchPlan | None) -> LaunchPlan | None:
         self._plan = plan
         # host -> NodePlan (LaunchPlan.node is a linear search: O(N^2) over a round at 1,000+ nodes)
         self._plan_nodes = {n.host: n for n in plan.nodes} if plan is not None else {}
+        return plan
 
     def _plan_node(self, node: str):
         return self._plan_nodes[node]
-
-    def _mux(self) -> StreamMux:
-        with self._lock:
-            if self._streams is None:
-                self._streams = StreamMux()
-            return self._streams
 
     # ------------------------------------------------------------------------------------------ plumbing
     def transport(self, node: str) -> Transport:
@@ -274,11 +267,7 @@ class ClusterOps:
         self._pool.drop(node)
 
     def close(self) -> None:
-        self.stop_followers()
-        self._stop_watches(list(self._watches))
-        if self._streams is not None:
-            self._streams.close()
-            self._streams = None
+        self._watches.close()
         self._pool.close()
         self.sink.close()
 
@@ -298,17 +287,19 @@ class ClusterOps:
 
     def adopt(self, attempt: int, nodes: Sequence[str], rdzv_host: str) -> LaunchPlan:
         """Take over an attempt that was started earlier (by another supervisor, or before a ``stop``)."""
-        self.plan = self.make_plan(attempt, nodes, rdzv_host, ("", 0))
-        return self.plan
+        return self._set_plan(self.make_plan(attempt, nodes, rdzv_host, ("", 0)))
 
     def attach(self, attempt: int) -> None:
         """Follow the logs and watch every node of the adopted/started attempt."""
-        for n in self.plan.nodes:
+        if self._plan is None or self._plan.attempt != attempt:
+            raise ValueError(f"attach({attempt}): start or adopt attempt {attempt} first")
+        for n in self._plan.nodes:
             self._follow(attempt, n.host)
             self._watch(attempt, n.host)
 
-    def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> dict[str, str]:
-        plan = self.plan = self.make_plan(attempt, nodes, rdzv_host, resume)
+    def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str,
+              resume: tuple[str, int]) -> dict[str, NodeError]:
+        self._set_plan(self.make_plan(attempt, nodes, rdzv_host, resume))
 
         def start_one(host: Host) -> None:
             node = self._plan_node(host.name)
@@ -318,14 +309,13 @@ class ClusterOps:
             r = self._run(host.name, node.runtime_argv, timeout=60,
                           stdin=node.env_script(self.secrets, CHECKPOINT_INSTALLER))
             if not r.ok:
-                raise RuntimeError((r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}")[-500:])
+                raise CommandFailed((r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}")[-500:])
             self.store.set_node(self.job_id, attempt, host.name, address=host.address,
                                 container=node.container_name, state="running")
 
-        keep = set(nodes)
-        self._stop_watches([n for n in self._watches if n not in keep])   # nodes left out of this attempt
+        self._watches.keep(nodes)   # nodes left out of this attempt
         results = fan_out([self.hosts[n] for n in nodes], start_one, host_timeout=90)
-        errors = {r.host.name: str(r.error) for r in results if r.error is not None}
+        errors = node_errors(results)
         if errors:
             self.stop(attempt, nodes)   # roll back what this attempt started (by job id), half-created ones too
             return errors
@@ -342,13 +332,10 @@ class ClusterOps:
         supervisor is gone). ``deadline_s``: the whole round's bound (default: three probe timeouts)."""
         known: dict[str, Observation] = {}
         for n in nodes if watch else ():
-            w = self._watch(attempt, n)
-            if w.last is None:
-                continue
-            limit = self._arrivals[n].limit() if n in self._arrivals else self.heartbeat_timeout_s
-            o = heard(n, w, limit=limit, now=time.monotonic())
+            self._watch(attempt, n)
+            o = self._watches.heard(n)
             if o is not None:
-                known[n] = replace(o, progress=self._progress(n)) if o.state == "running" else o
+                known[n] = o
 
         def probe(host: Host) -> Observation:
             rt = self._runtime(host.name)
@@ -357,9 +344,9 @@ class ClusterOps:
             if not r.ok:
                 raise TransportError(host.name, f"status probe failed: {r.stderr.strip()[-200:]}")
             instances = rt.parse_list(r.stdout)
-            progress = self._progress(host.name)
+            progress = self._watches.progress(host.name)
             got = interpret(host.name, instances, attempt, runtime=rt, job_id=self.job_id,
-                            watch=self._watches.get(host.name), now=time.monotonic(), progress=progress)
+                            watch=self._watches.get(host.name), now=self.clock(), progress=progress)
             if isinstance(got, Confirm):
                 return got.gone if self._init_gone(host.name, got.argv) else got.running
             if isinstance(got, Explain):
@@ -398,7 +385,7 @@ class ClusterOps:
                            config_error=f"{cfg.message}. Fix: {cfg.fix}" if cfg else None, oom=oom)
 
     def _ref(self, node: str, attempt: int, name: str | None = None) -> runtimes.Ref:
-        if self.plan is not None and self.plan.attempt == attempt and node in self._plan_nodes:
+        if self._plan is not None and self._plan.attempt == attempt and node in self._plan_nodes:
             p = self._plan_node(node)
             return runtimes.Ref(name or p.container_name, p.node_dir, p.log_path, self.job_id)
         ndir = runtimes.node_dir(self._jobs_root(node), self.job_id, attempt)
@@ -436,79 +423,34 @@ class ClusterOps:
         return "oomkilled=true" in r.stdout if rt.name != "bare" else (pid is not None and
                                                                       causes.oom_killed(r.stdout, pid))
 
-    def _progress(self, node: str) -> bool:
-        """New log output from the node since the last time this was asked."""
-        f = self._followers.get(node)
-        if f is None:
-            return False
-        seen, f.last_seen = f.last_seen, self.sink.lines(node)
-        return f.last_seen != seen
-
     def checkpoint_hint(self) -> int | None:
         """The newest checkpoint step any watch has seen on the shared storage (cheap, unverified)."""
-        steps = [w.checkpoint_step for w in self._watches.values() if w.checkpoint_step is not None]
-        return max(steps) if steps else None
+        return self._watches.checkpoint_hint()
 
     # ------------------------------------------------------------------------------------------ watch
-    def _watch(self, attempt: int, node: str) -> "_Watch":
+    def _watch(self, attempt: int, node: str) -> Watch:
         """The node's watch for ``attempt`` (started on first use; a new attempt replaces the old one)."""
-        w = self._watches.get(node)
-        if w is not None and w.attempt == attempt:
-            return w
-        if w is not None:
-            w.halt()
-        w = self._watches[node] = _Watch(attempt)
-        arrivals = self._arrivals.setdefault(node, Arrivals(self.heartbeat_timeout_s))
-        arrivals.restart()
-        argv = (runtimes.watch_argv(self._runtime(node), self._plan_node(node), self.spec.checkpoint.dir)
-                if self.plan else None)
+        return self._watches.watch(attempt, node, lambda: (
+            runtimes.watch_argv(self._runtime(node), self._plan_node(node), self.spec.checkpoint.dir)
+            if self._plan else None))
 
-        def on_data(data: bytes) -> None:
-            fields = data.rstrip().rsplit(b"\n", 1)[-1].split()
-            alive, now = bool(fields) and fields[0] == b"1", time.monotonic()
-            arrivals.arrived(now)
-            if w.alive and not alive:
-                w.gone_at = now
-                self.changed.set()
-            w.alive, w.last = alive, now
-            step = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-            if step is not None and step != w.checkpoint_step:
-                w.checkpoint_step = step
-                self.changed.set()    # a new checkpoint: the supervisor records it now, not rounds later
-
-        def on_end(error: BaseException | None) -> None:
-            if error is not None:     # a dead watch would read as a silent node: reconnect, go on
-                self.drop(node)
-
-        if argv:
-            w.stream = self._mux().add(f"watch-{node}", lambda: open_stream(self.transport(node), argv), on_data,
-                                       on_end=on_end, retry_s=0.5)
-        return w
-
-    def _stop_watches(self, nodes: Sequence[str]) -> None:
-        for n in nodes:
-            w = self._watches.pop(n, None)
-            if w is not None:
-                w.halt()
-
-    def wait_for_change(self, seconds: float) -> None:
-        """Sleep between probe rounds; wake early when a watched process ends."""
-        self.changed.wait(seconds)
-        self.changed.clear()
+    def wait_for_change(self, seconds: float) -> bool:
+        """Sleep between probe rounds; wake early when a watched process ends (True then)."""
+        return self._watches.wait_for_change(seconds)
 
     def _init_gone(self, node: str, argv: list[str]) -> bool:
         """``observe.Confirm``: is the init process of a container the runtime lists as running gone? (one
         command, the runtime's ``init_gone_argv``: exit 3)."""
         return self._run(node, argv, timeout=self.probe_timeout_s).exit_code == 3
 
-    def stop(self, attempt: int | None, nodes: Sequence[str], grace_s: float = 0.0) -> dict[str, str]:
+    def stop(self, attempt: int | None, nodes: Sequence[str], grace_s: float = 0.0) -> dict[str, NodeError]:
         """Stop this job on ``nodes``: TERM + grace when ``grace_s``, then kill and remove by label/job id."""
-        self.stop_followers(nodes)
-        self._stop_watches(nodes)
+        self._watches.stop_followers(nodes)
+        self._watches.stop(nodes)
 
         def stop_one(host: Host) -> None:
             rt = self._runtime(host.name)
-            if grace_s and self.plan is not None and host.name in self._plan_nodes:
+            if grace_s and self._plan is not None and host.name in self._plan_nodes:
                 self._run(host.name, rt.stop_argv(self._plan_node(host.name), "TERM"), timeout=15)
                 deadline = time.monotonic() + grace_s
                 while time.monotonic() < deadline:
@@ -520,10 +462,10 @@ class ClusterOps:
             r = self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
                           timeout=60)
             if not r.ok:
-                raise RuntimeError(r.stderr.strip()[-300:] or f"exit code {r.exit_code}")
+                raise CommandFailed(r.stderr.strip()[-300:] or f"exit code {r.exit_code}")
 
         results = fan_out([self.hosts[n] for n in nodes], stop_one, host_timeout=grace_s + 75)
-        return {r.host.name: str(r.error) for r in results if r.error is not None}
+        return node_errors(results)
 
     def reachable(self, nodes: Sequence[str]) -> list[str]:
         """The nodes that run a command now. A node that failed its last probe is asked over a fresh connection:
@@ -600,30 +542,5 @@ class ClusterOps:
 
     # ------------------------------------------------------------------------------------------ logs
     def _follow(self, attempt: int, node: str) -> None:
-        """Copy the node's log of ``attempt`` into the sink. Every (re)connect streams the node's whole log and
-        the sink drops the lines it already holds: nothing is lost while a link is down, nothing is copied twice
-        (a re-attached supervisor continues the section a dead one started)."""
-        self.stop_followers([node])
-        ref = self._ref(node, attempt)
-        rt = self._runtime(node)
-        stop = threading.Event()
-        self.sink.begin(node, attempt)
-
-        def on_data(data: bytes) -> None:
-            if not stop.is_set():     # a stream being torn down must not write into the next attempt's section
-                self.sink.feed(node, data)
-
-        def on_end(error: BaseException | None) -> None:
-            if error is not None:
-                self.drop(node)
-
-        argv = rt.logs_argv(ref, follow=True)
-        f = self._followers[node] = _Follower(None, stop, last_seen=self.sink.lines(node))
-        f.stream = self._mux().add(f"logs-{node}", lambda: open_stream(self.transport(node), argv), on_data,
-                                   on_end=on_end, retry_s=1.0, before_reopen=lambda: self.sink.restart(node))
-
-    def stop_followers(self, nodes: Sequence[str] | None = None) -> None:
-        for node in list(self._followers if nodes is None else nodes):
-            f = self._followers.pop(node, None)
-            if f:
-                f.halt()
+        """Copy the node's log of ``attempt`` into the sink (``watch.Watches.follow``)."""
+        self._watches.follow(attempt, node, self._runtime(node).logs_argv(self._ref(node, attempt), follow=True))

@@ -22,12 +22,12 @@ RUNNING_STATES = ("running", "created", "restarting", "paused")
 
 
 class WatchState(Protocol):
-    """What a node's watch has heard (``launcher._Watch``): one line every 0.5 s from the node."""
+    """What a node's watch has heard (``watch.Watch``): one line every 0.5 s from the node."""
 
     attempt: int
-    last: float | None       # monotonic time of the last line; None before the first
+    last: float | None       # time of the last line (the watch's clock); None before the first
     alive: bool              # the attempt's main process (container init / bare runner) is alive
-    gone_at: float | None    # monotonic time of the first "gone" line after it was seen alive
+    gone_at: float | None    # time of the first "gone" line after it was seen alive
 
 
 def heard(node: str, watch: WatchState, *, limit: float, now: float) -> Observation | None:

@@ -132,15 +132,37 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
     return Decision(Verdict.CONTINUE)
 
 
+class ErrorKind(str, Enum):
+    """Why an operation on one node failed."""
+
+    UNREACHABLE = "unreachable"          # no working connection (connect, authentication, host key, link lost)
+    TIMEOUT = "timeout"                  # the node did not answer within the command's or the fan-out's deadline
+    COMMAND_FAILED = "command_failed"    # the node ran the command and it failed (the runtime refused)
+    ERROR = "error"                      # anything else (a bug on this side)
+
+
+@dataclass(frozen=True)
+class NodeError:
+    """One node's failure to start or stop; ``message`` is the text events and the CLI show."""
+
+    node: str
+    kind: ErrorKind
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class NodeOps(Protocol):
     """Everything the supervisor does to the cluster. The real one is ``launcher.ClusterOps``."""
 
-    def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> dict[str, str]:
+    def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str,
+              resume: tuple[str, int]) -> dict[str, NodeError]:
         """Start the attempt on ``nodes``; returns {node: error} for nodes that failed to start (rolled back)."""
 
     def observe(self, attempt: int, nodes: Sequence[str]) -> list[Observation]: ...
 
-    def stop(self, attempt: int | None, nodes: Sequence[str]) -> dict[str, str]:
+    def stop(self, attempt: int | None, nodes: Sequence[str]) -> dict[str, NodeError]:
         """Gang-stop (TERM, grace, KILL, remove). attempt None = every attempt of the job. {node: error}."""
 
     def reachable(self, nodes: Sequence[str]) -> list[str]: ...
@@ -255,13 +277,13 @@ class Supervisor:
             if not errors:
                 self.store.set_state(self.job_id, JobState.RUNNING)
                 return nodes, rdzv, attempt
-            for node, msg in errors.items():
-                self.event("start_failed", f"attempt {attempt}: {node} failed to start: {msg}",
+            for node, e in errors.items():
+                self.event("start_failed", f"attempt {attempt}: {node} failed to start: {e.message}",
                            attempt=attempt, node=node, klass="node_lost")
             self.store.end_attempt(self.job_id, attempt, "start_failed")
             if first:   # a launch that cannot start is an error to show, not a failure to retry
-                node, msg = next(iter(errors.items()))
-                self._finish(JobState.FAILED, f"launch failed: {node} could not start: {msg} "
+                node, e = next(iter(errors.items()))
+                self._finish(JobState.FAILED, f"launch failed: {node} could not start: {e.message} "
                                               "(what started on the other nodes was removed)")
                 return None
             excluded.update(errors)
@@ -478,15 +500,15 @@ class Supervisor:
             self.store.add_event(self.job_id, "cleanup", f"removed the job's leftovers on {', '.join(done)}")
         for node in pending:
             if node not in done:
-                why = f"cleanup failed: {errors[node]}" if node in errors else "it is still unreachable"
+                why = f"cleanup failed: {errors[node].message}" if node in errors else "it is still unreachable"
                 self.event("cleanup_pending", f"{node}: containers of this job may still be there ({why}); run "
                                               "`clusterctl stop` once it is reachable again", node=node)
 
     def _cleanup(self, attempt: int | None, nodes: Sequence[str]) -> None:
         errors = self.ops.stop(attempt, nodes) if nodes else {}
         self._unclean.update(errors)      # tried again when the job ends
-        for node, msg in errors.items():
-            self.event("cleanup_pending", f"could not clean up {node}: {msg} (run `clusterctl stop` when it is "
+        for node, e in errors.items():
+            self.event("cleanup_pending", f"could not clean up {node}: {e.message} (run `clusterctl stop` when it is "
                                           "reachable again)", node=node)
 
     def _finish(self, state: JobState, reason: str) -> JobState:

@@ -90,6 +90,9 @@ def test_no_cycle_even_through_imports_inside_functions():
 def test_layers_point_one_way():
     graph = _graph()
     assert "clusterctl.launcher" not in _reaches(graph, "clusterctl.supervisor")
+    # watch.py is given its commands and connections: it knows nothing of the launcher, the plan or the pool
+    watch_deps = _reaches(graph, "clusterctl.watch")
+    assert not {"clusterctl.launcher", "clusterctl.plan", "clusterctl.transport.pool"} & watch_deps
     assert "clusterctl.jobs" not in _reaches(graph, "clusterctl.controller")
     assert "clusterctl.cli" not in _reaches(graph, "clusterctl.jobs")
     assert not {m for m in _reaches(graph, "clusterctl.plan") if m.startswith("clusterctl.checks")}

@@ -5,7 +5,8 @@ from collections import deque
 import pytest
 
 from clusterctl.state import JobState, Store
-from clusterctl.supervisor import Health, Observation, Policy, Supervisor, Verdict, classify
+from clusterctl.supervisor import (ErrorKind, Health, NodeError, Observation, Policy, Supervisor, Verdict,
+                                  classify)
 
 R, E, M, U = "running", "exited", "missing", "unreachable"
 
@@ -226,3 +227,46 @@ def test_an_unknown_checkpoint_is_asked_again_never_taken_as_none(store):
     job_id, state, sleeps = run(store, ops, probe_interval_s=1)
     assert state == JobState.SUCCEEDED and ops.started[0][3] == ("/ck/step-000000040", 40)
     assert sleeps.count(1) == 2
+
+
+class FailingOps(FakeOps):
+    """``start`` fails on the nodes in ``start_errors`` (the starts numbered in ``fail_starts``, from 1), ``stop``
+    on those in ``stop_errors``: typed ``NodeError`` values."""
+
+    def __init__(self, script, *, start_errors=(), stop_errors=(), fail_starts=(1,), **kw):
+        super().__init__(script, **kw)
+        self.start_errors, self.stop_errors, self.fail_starts = start_errors, stop_errors, fail_starts
+
+    def start(self, attempt, nodes, rdzv_host, resume):
+        super().start(attempt, nodes, rdzv_host, resume)
+        if len(self.started) not in self.fail_starts:
+            return {}
+        return {e.node: e for e in self.start_errors if e.node in nodes}
+
+    def stop(self, attempt, nodes):
+        super().stop(attempt, nodes)
+        return {e.node: e for e in self.stop_errors if e.node in nodes}
+
+
+def test_a_first_start_that_fails_ends_the_job_with_the_nodes_message(store):
+    ops = FailingOps([], start_errors=[NodeError("b", ErrorKind.COMMAND_FAILED, "Error: image not known")])
+    job_id, state, _ = run(store, ops)
+    assert state == JobState.FAILED
+    assert store.get_job(job_id).reason == ("launch failed: b could not start: Error: image not known (what started "
+                                            "on the other nodes was removed)")
+    ev = [(e.kind, e.node, e.message) for e in store.events(job_id) if e.kind == "start_failed"]
+    assert ev == [("start_failed", "b", "attempt 1: b failed to start: Error: image not known")]
+
+
+def test_a_later_start_that_fails_leaves_the_node_out_and_a_failed_cleanup_is_pending(store):
+    timeout = NodeError("c", ErrorKind.TIMEOUT, "c: no answer within 90s")
+    ops = FailingOps([obs(a=M, b=R, c=R), obs(b=(E, 0))], start_errors=[timeout], fail_starts=(2,),
+                     stop_errors=[NodeError("a", ErrorKind.UNREACHABLE, "a: connection lost: EOF")])
+    ops.reachable = lambda nodes: [n for n in nodes if n != "a" or len(ops.started) < 2]
+    job_id, state, _ = run(store, ops, min_nodes=1)
+    assert state == JobState.SUCCEEDED
+    assert [s[1] for s in ops.started] == [("a", "b", "c"), ("b", "c"), ("b",)]     # c left out after failing
+    msgs = [(e.kind, e.message) for e in store.events(job_id) if e.kind in ("start_failed", "cleanup_pending")]
+    assert ("start_failed", "attempt 2: c failed to start: c: no answer within 90s") in msgs
+    assert ("cleanup_pending", "could not clean up a: a: connection lost: EOF (run `clusterctl stop` when it is "
+                               "reachable again)") in msgs

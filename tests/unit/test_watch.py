@@ -1,17 +1,24 @@
-"""The per-node watch: its node-side script (real sh) and how ``ClusterOps.observe`` uses it."""
+"""The per-node watch: its node-side script (real sh), ``watch.Watches`` and how ``ClusterOps.observe`` uses it.
+
+The node-side script runs in real processes; the Python side is driven by a fake clock and a fake mux whose
+streams the tests feed by hand (no threads, no sleeping, nothing measured on the wall clock), but for one test of
+the real ``StreamMux`` wiring."""
 from __future__ import annotations
 
 import json
 import subprocess
 import threading
 import time
+from dataclasses import dataclass, field
 
-from clusterctl import runtimes
+import pytest
+
+from clusterctl import heartbeat, observe, runtimes
 from clusterctl.inventory import Host
 from clusterctl.launcher import ClusterOps, LogSink
-from clusterctl.plan import build_plan
 from clusterctl.spec import loads_job
 from clusterctl.transport.base import CommandResult
+from clusterctl.watch import Watches
 
 
 class _PidOf:
@@ -109,6 +116,230 @@ def test_container_pid_argv():
     assert 'inspect --format="{{.State.Pid}}" "$cid"' in argv[2]
 
 
+# ------------------------------------------------------------------------------------------- fakes
+class Clock:
+    """A fake monotonic clock: ``advance(s)`` moves it."""
+
+    def __init__(self, t: float = 100.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, s: float) -> None:
+        self.t += s
+
+
+@dataclass(eq=False)
+class FakeStream:
+    name: str
+    opener: object
+    on_data: object
+    on_end: object
+    retry_s: float
+    before_reopen: object
+    stopped: bool = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+@dataclass
+class FakeMux:
+    """``watch.Mux`` that opens nothing: the test feeds each stream's ``on_data`` itself (``feed``)."""
+
+    streams: dict[str, FakeStream] = field(default_factory=dict)
+    closed: bool = False
+
+    def add(self, name, opener, on_data, *, on_end=None, retry_s=0.5, before_reopen=None) -> FakeStream:
+        s = self.streams[name] = FakeStream(name, opener, on_data, on_end, retry_s, before_reopen)
+        return s
+
+    def feed(self, name: str, data: bytes) -> None:
+        s = self.streams[name]
+        assert not s.stopped
+        s.on_data(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Sink:
+    """``watch.Sink``: what the follower wrote, per node."""
+
+    def __init__(self):
+        self.data: dict[str, list[bytes]] = {}
+        self.begun: list[tuple[str, int]] = []
+        self.restarts: list[str] = []
+
+    def begin(self, node, attempt):
+        self.begun.append((node, attempt))
+        self.data.setdefault(node, [])
+        return 0
+
+    def restart(self, node):
+        self.restarts.append(node)
+
+    def feed(self, node, data):
+        self.data.setdefault(node, []).append(data)
+
+    def lines(self, node):
+        return sum(d.count(b"\n") for d in self.data.get(node, []))
+
+
+def _watches(**kw) -> tuple[Watches, FakeMux, Clock, list[str]]:
+    mux, clock, dropped = FakeMux(), Clock(), []
+    w = Watches(kw.pop("sink", None) or Sink(), open_stream=lambda node, argv: (node, argv), drop=dropped.append,
+                heartbeat_timeout_s=kw.pop("heartbeat_timeout_s", 2.0), now=clock, mux=lambda: mux, **kw)
+    return w, mux, clock, dropped
+
+
+# ------------------------------------------------------------------------------------------- watch.Watches
+def test_a_watch_records_each_line_on_its_clock_and_a_process_that_ends_wakes_the_supervisor():
+    ws, mux, clock, _ = _watches()
+    w = ws.watch(1, "n1", lambda: ["watch", "n1"])
+    assert w.last is None and ws.heard("n1") is None                 # no line yet: probe the node
+    assert mux.streams["watch-n1"].opener() == ("n1", ["watch", "n1"])
+    mux.feed("watch-n1", b"1\n")
+    assert (w.last, w.alive, w.gone_at) == (100.0, True, None)
+    assert ws.heard("n1").state == "running" and not ws.changed.is_set()
+    clock.advance(0.5)
+    mux.feed("watch-n1", b"1\n0\n")                                   # the last line of a chunk counts
+    assert (w.last, w.alive, w.gone_at) == (100.5, False, 100.5)
+    assert ws.heard("n1") is None                                     # gone: the listing decides
+    assert ws.wait_for_change(5) is True                              # woken at once, then cleared
+    assert ws.wait_for_change(0) is False
+    clock.advance(0.5)
+    mux.feed("watch-n1", b"0\n")
+    assert w.gone_at == 100.5                                         # the first "gone" line after alive
+
+
+def test_a_dead_process_never_seen_alive_has_no_gone_time_and_wakes_nobody():
+    ws, mux, clock, _ = _watches()
+    w = ws.watch(1, "n1", lambda: ["watch"])
+    mux.feed("watch-n1", b"0\n")
+    assert (w.alive, w.gone_at) == (False, None) and not ws.changed.is_set()
+
+
+def test_silence_beyond_the_limit_is_unreachable():
+    ws, mux, clock, _ = _watches(heartbeat_timeout_s=2.0)
+    ws.watch(1, "n1", lambda: ["watch"])
+    mux.feed("watch-n1", b"1\n")
+    clock.advance(2.0)
+    assert ws.heard("n1").state == "running"                          # exactly the limit: not yet
+    clock.advance(0.1)
+    o = ws.heard("n1")
+    assert o.state == "unreachable" and o.error_tail == "no heartbeat for 2.1s (limit 2.0s)"
+
+
+def test_checkpoint_steps_are_hinted_and_a_new_one_wakes_the_supervisor():
+    ws, mux, clock, _ = _watches()
+    ws.watch(1, "n1", lambda: ["watch"])
+    ws.watch(1, "n2", lambda: ["watch"])
+    assert ws.checkpoint_hint() is None
+    mux.feed("watch-n1", b"1 10\n")
+    assert ws.checkpoint_hint() == 10 and ws.wait_for_change(0)
+    mux.feed("watch-n2", b"1 20\n")
+    mux.feed("watch-n1", b"1 10\n")
+    assert ws.checkpoint_hint() == 20
+    assert ws.wait_for_change(0) and not ws.wait_for_change(0)       # n1's unchanged step did not wake it again
+
+
+def test_a_new_attempt_replaces_the_watch_and_its_first_line_is_not_a_gap():
+    ws, mux, clock, _ = _watches(heartbeat_timeout_s=0.3)
+    w1 = ws.watch(1, "n1", lambda: ["watch", "1"])
+    assert ws.watch(1, "n1", lambda: pytest.fail("started twice")) is w1
+    mux.feed("watch-n1", b"1\n")
+    first = mux.streams["watch-n1"]
+    clock.advance(60)
+    w2 = ws.watch(2, "n1", lambda: ["watch", "2"])
+    assert w1.stop.is_set() and first.stopped and w2 is not w1 and w2.last is None
+    mux.feed("watch-n1", b"1\n")
+    assert list(ws._arrivals["n1"].gaps) == []                       # 60 s between the attempts: not a gap
+    assert ws.snapshot() == {"n1": w2}
+
+
+def test_no_command_no_stream_and_keep_stops_the_others():
+    ws, mux, clock, _ = _watches()
+    w = ws.watch(1, "n1", lambda: None)                  # no plan yet: nothing to run
+    assert w.stream is None and "watch-n1" not in mux.streams
+    ws.watch(1, "n2", lambda: ["watch"])
+    ws.watch(1, "n3", lambda: ["watch"])
+    ws.keep(["n1", "n3"])
+    assert sorted(ws.snapshot()) == ["n1", "n3"] and mux.streams["watch-n2"].stopped
+
+
+def test_a_failed_stream_drops_the_nodes_connection():
+    ws, mux, clock, dropped = _watches()
+    ws.watch(1, "n1", lambda: ["watch"])
+    ws.follow(1, "n2", ["logs"])
+    mux.streams["watch-n1"].on_end(None)                 # a clean end: the connection is fine
+    mux.streams["watch-n1"].on_end(OSError("reset"))
+    mux.streams["logs-n2"].on_end(OSError("reset"))
+    assert dropped == ["n1", "n2"]
+
+
+def test_a_watch_that_stalls_often_gets_a_longer_silence_limit_a_steady_one_does_not():
+    """Limit 0.3 s: a node whose lines come every 20 ms but stall 0.45 s every 5 lines (a slowed sshd) is not a
+    failed probe once its jitter is known (heartbeat.Arrivals); a steady node that goes silent still is after
+    0.3 s."""
+    ws, mux, clock, _ = _watches(heartbeat_timeout_s=0.3)
+    ws.watch(1, "stalls", lambda: ["watch"])
+    ws.watch(1, "steady", lambda: ["watch"])
+    # the lines' arrival times (ms), from a common start
+    stalls = list(_arrivals([20, 20, 20, 20, 450], 6000))
+    steady = list(_arrivals([20], 1000))
+    states = {"stalls": set(), "steady": set()}
+    t0 = clock.t
+    for ms in range(0, 6000, 10):
+        clock.t = t0 + ms / 1000
+        for node, times in (("stalls", stalls), ("steady", steady)):
+            while times and times[0] <= ms:
+                times.pop(0)
+                mux.feed(f"watch-{node}", b"1\n")
+        if ms >= 3000 and ms % 50 == 0:                  # the steady node went silent at 1 s
+            for node in states:
+                states[node].add(ws.heard(node).state)
+        if ms == 990:
+            assert ws.limit("steady") == 0.3
+    assert 0.45 * heartbeat.MARGIN <= ws.limit("stalls") <= heartbeat.CAP * 0.3
+    assert states == {"stalls": {"running"}, "steady": {"unreachable"}}
+
+
+def _arrivals(gaps_ms: list[int], until_ms: int):
+    t, i = 0, 0
+    while t < until_ms:
+        yield t
+        t += gaps_ms[i % len(gaps_ms)]
+        i += 1
+
+
+def test_a_follower_copies_the_log_and_progress_says_whether_lines_came_since_last_asked():
+    sink = Sink()
+    ws, mux, clock, _ = _watches(sink=sink)
+    ws.follow(1, "n1", ["logs", "-f"])
+    assert sink.begun == [("n1", 1)] and mux.streams["logs-n1"].opener() == ("n1", ["logs", "-f"])
+    assert ws.progress("n1") is False
+    mux.feed("logs-n1", b"[0]:step 1\n")
+    assert ws.progress("n1") is True and ws.progress("n1") is False
+    mux.streams["logs-n1"].before_reopen()                # a reconnect streams the whole log again
+    assert sink.restarts == ["n1"]
+    old = mux.streams["logs-n1"]
+    ws.follow(2, "n1", ["logs", "-f", "2"])              # the next attempt: the old stream writes nothing more
+    assert old.stopped
+    old.on_data(b"late\n")
+    assert b"late\n" not in sink.data["n1"]
+    assert ws.progress("unknown") is False
+
+
+def test_close_stops_every_stream_and_the_mux():
+    ws, mux, clock, _ = _watches()
+    ws.watch(1, "n1", lambda: ["watch"])
+    ws.follow(1, "n1", ["logs"])
+    ws.close()
+    assert mux.closed and all(s.stopped for s in mux.streams.values()) and ws.snapshot() == {}
+
+
 # ------------------------------------------------------------------------------------------- observe
 JOB = """
 name: j
@@ -120,25 +351,17 @@ container: {ulimits: {}}
 
 
 class FakeTransport:
-    """``stream`` plays the node's watch: "alive" (1 every 20 ms), "dead" (0s), "silent" (one 1, then nothing)."""
+    """A node: ``run`` answers every command with its ``podman ps`` listing (and records it)."""
 
-    def __init__(self, host, mode: str, ps: list[dict]):
-        self.host, self.mode, self.ps, self.runs = host, mode, ps, []
-
-    def stream(self, argv, on_data, stop: threading.Event) -> None:
-        assert argv[:2] == ["sh", "-c"] and "clusterctl-watch" in argv
-        if self.mode == "silent":
-            on_data(b"1\n")
-            stop.wait()
-            return
-        while not stop.is_set():
-            if self.mode != "silent-now":
-                on_data(b"1\n" if self.mode == "alive" else b"0\n")
-            stop.wait(0.02)
+    def __init__(self, host, ps: list[dict]):
+        self.host, self.ps, self.runs = host, ps, []
 
     def run(self, argv, *, timeout, stdin=None) -> CommandResult:
         self.runs.append(list(argv))
         return CommandResult(tuple(argv), 0, json.dumps(self.ps), "", 0.01)
+
+    def open_stream(self, argv):
+        return ("stream", self.host.name, list(argv))      # what the (fake) mux's opener returns
 
     def close(self) -> None:
         pass
@@ -152,49 +375,56 @@ def _ps(job_id: str, attempt: int, state: str, code: int = 0) -> list[dict]:
 HOSTS = {f"n{i}": Host(name=f"n{i}", address=f"10.0.0.{i}", runtime="podman", gpus=0) for i in (1, 2, 3)}
 
 
-def _ops(tmp_path, modes: dict[str, str], ps: dict[str, list[dict]], **kw) -> tuple[ClusterOps, dict]:
-    """ClusterOps over FakeTransports (watch mode and `podman ps` listing per node), planned for attempt 1."""
+def _ops(tmp_path, ps: dict[str, list[dict]], **kw) -> tuple[ClusterOps, dict, FakeMux, Clock]:
+    """ClusterOps over FakeTransports (a `podman ps` listing per node) on a fake clock and mux, attempt 1
+    adopted."""
     spec = loads_job(JOB, "job.yaml")
-    transports = {n: FakeTransport(h, modes[n], ps.get(n, [])) for n, h in HOSTS.items()}
+    transports = {n: FakeTransport(h, ps.get(n, [])) for n, h in HOSTS.items()}
+    mux, clock = FakeMux(), Clock()
     ops = ClusterOps(spec=spec, hosts=HOSTS, job_id="j-1", store=None, sink=LogSink(tmp_path / "out.log"),
-                     connect=lambda host, options: transports[host.name], **kw)
-    ops.plan = build_plan(spec, list(HOSTS.values()), job_id="j-1", attempt=1)
-    return ops, transports
+                     connect=lambda host, options: transports[host.name], clock=clock, mux=lambda: mux, **kw)
+    ops.adopt(1, list(HOSTS), "n1")
+    return ops, transports, mux, clock
 
 
 def test_observe_answers_from_the_watch_and_probes_only_a_node_whose_process_ended(tmp_path):
-    ops, transports = _ops(tmp_path, {"n1": "alive", "n2": "dead", "n3": "silent"},
-                           {"n2": _ps("j-1", 1, "exited", 1)}, heartbeat_timeout_s=0.3)
+    ops, transports, mux, clock = _ops(tmp_path, {"n2": _ps("j-1", 1, "exited", 1)}, heartbeat_timeout_s=0.3)
     try:
         ops.observe(1, list(HOSTS))        # starts the watches
-        time.sleep(0.1)
+        assert sorted(mux.streams) == ["watch-n1", "watch-n2", "watch-n3"]
+        mux.feed("watch-n1", b"1\n")
+        mux.feed("watch-n2", b"0\n")
+        mux.feed("watch-n3", b"1\n")       # and then nothing
+        clock.advance(0.1)
+        mux.feed("watch-n1", b"1\n")
         for t in transports.values():
             t.runs.clear()
         obs = {o.node: o for o in ops.observe(1, list(HOSTS))}
         assert obs["n1"].state == "running" and not transports["n1"].runs        # no remote command
         assert obs["n2"].state == "exited" and obs["n2"].exit_code == 1 and transports["n2"].runs   # probed
         assert obs["n3"].state == "running" and not transports["n3"].runs        # silent, but not for long yet
-        time.sleep(0.4)
+        clock.advance(0.25)
+        mux.feed("watch-n1", b"1\n")
         obs = {o.node: o for o in ops.observe(1, list(HOSTS))}
-        assert obs["n3"].state == "unreachable" and "no heartbeat" in obs["n3"].error_tail
+        assert obs["n3"].state == "unreachable" and obs["n3"].error_tail == "no heartbeat for 0.3s (limit 0.3s)"
         assert not transports["n3"].runs     # a silent node is not probed (the probe would hang)
         assert obs["n1"].state == "running"
     finally:
         ops.close()
+    assert mux.closed
 
 
-def test_wait_for_change_wakes_when_a_watched_process_ends(tmp_path):
-    ops, transports = _ops(tmp_path, dict.fromkeys(HOSTS, "alive"), {})
+def test_the_watch_runs_the_runtimes_watch_script_for_the_adopted_plan(tmp_path):
+    ops, transports, mux, clock = _ops(tmp_path, {})
     try:
-        ops.observe(1, list(HOSTS))
-        time.sleep(0.1)
-        t = time.monotonic()
-        ops.wait_for_change(0.2)
-        assert time.monotonic() - t >= 0.19                     # nothing ended: the full interval
-        threading.Timer(0.1, lambda: setattr(transports["n2"], "mode", "dead")).start()
-        t = time.monotonic()
-        ops.wait_for_change(5)
-        assert time.monotonic() - t < 1                         # woken by n2's process ending
+        ops.attach(1)
+        assert sorted(mux.streams) == [f"{k}-{n}" for k in ("logs", "watch") for n in HOSTS]
+        _, host, argv = mux.streams["watch-n2"].opener()
+        want = runtimes.watch_argv(runtimes.get("podman"), ops.plan.node("n2"), ops.spec.checkpoint.dir)
+        assert host == "n2" and argv == want
+        assert "clusterctl-watch" in argv
+        with pytest.raises(ValueError, match="adopt attempt 2 first"):
+            ops.attach(2)
     finally:
         ops.close()
 
@@ -202,15 +432,17 @@ def test_wait_for_change_wakes_when_a_watched_process_ends(tmp_path):
 def test_a_container_listed_running_after_its_init_was_seen_gone_is_missing(tmp_path):
     """podman keeps listing a container as running when its conmon was SIGKILLed with it; the watch saw the init
     go, so after GONE_CONFIRM_S the listing is not believed (and no extra inspect is needed)."""
-    from clusterctl import observe
-
-    ops, transports = _ops(tmp_path, dict.fromkeys(HOSTS, "alive"), dict.fromkeys(HOSTS, _ps("j-1", 1, "running")))
+    ops, transports, mux, clock = _ops(tmp_path, dict.fromkeys(HOSTS, _ps("j-1", 1, "running")))
     try:
         ops.observe(1, list(HOSTS))
-        time.sleep(0.1)
-        transports["n2"].mode = "dead"
-        ops.wait_for_change(5)
-        time.sleep(observe.GONE_CONFIRM_S + 0.1)
+        for n in HOSTS:
+            mux.feed(f"watch-{n}", b"1\n")
+        clock.advance(0.1)
+        mux.feed("watch-n2", b"0\n")
+        assert ops.wait_for_change(5) is True
+        clock.advance(observe.GONE_CONFIRM_S + 0.01)
+        for n in ("n1", "n3"):
+            mux.feed(f"watch-{n}", b"1\n")
         transports["n2"].runs.clear()
         obs = {o.node: o for o in ops.observe(1, list(HOSTS))}
         assert obs["n2"].state == "missing" and "still lists it as running" in obs["n2"].error_tail
@@ -220,48 +452,42 @@ def test_a_container_listed_running_after_its_init_was_seen_gone_is_missing(tmp_
         ops.close()
 
 
-class StallingTransport(FakeTransport):
-    """A watch whose lines come every 20 ms but stall for ``stall`` s every 5 lines (a slowed sshd)."""
+class StreamingTransport(FakeTransport):
+    """``stream`` plays the node's watch: one "1", then "0" once ``die`` is set."""
 
-    stall = 0.45
+    open_stream = None          # no native stream: ``streams.ThreadedStream`` runs ``stream`` on a thread
+
+    def __init__(self, host, ps):
+        super().__init__(host, ps)
+        self.die = threading.Event()
 
     def stream(self, argv, on_data, stop: threading.Event) -> None:
-        n = 0
-        while not stop.is_set():
-            on_data(b"1\n")
-            n += 1
-            stop.wait(self.stall if n % 5 == 0 else 0.02)
+        assert argv[:2] == ["sh", "-c"] and "clusterctl-watch" in argv
+        on_data(b"1\n")
+        self.die.wait()
+        on_data(b"0\n")
+        stop.wait()
 
 
-def test_a_node_whose_watch_stalls_often_gets_a_longer_silence_limit_a_steady_one_does_not(tmp_path):
-    """Silence limit 0.3 s: a node that keeps stalling 0.45 s and coming back is not a failed probe once its
-    jitter is known (heartbeat.Arrivals), while a steady node that goes silent still is after 0.3 s."""
-    from clusterctl import heartbeat
-
+def test_wait_for_change_over_the_real_stream_mux_wakes_when_a_watched_process_ends(tmp_path):
+    """The real wiring: ``StreamMux`` and a transport's blocking ``stream`` on its own thread."""
     spec = loads_job(JOB, "job.yaml")
-    transports = {"n1": StallingTransport(HOSTS["n1"], "alive", []), "n2": FakeTransport(HOSTS["n2"], "alive", []),
-                  "n3": FakeTransport(HOSTS["n3"], "alive", [])}
+    transports = {n: StreamingTransport(h, []) for n, h in HOSTS.items()}
     ops = ClusterOps(spec=spec, hosts=HOSTS, job_id="j-1", store=None, sink=LogSink(tmp_path / "out.log"),
-                     connect=lambda host, options: transports[host.name], heartbeat_timeout_s=0.3)
-    ops.plan = build_plan(spec, list(HOSTS.values()), job_id="j-1", attempt=1)
+                     connect=lambda host, options: transports[host.name])
+    ops.adopt(1, list(HOSTS), "n1")
     try:
         ops.observe(1, list(HOSTS))
-        deadline = time.monotonic() + 10
-        while len(ops._arrivals["n1"].gaps) < heartbeat.MIN_SAMPLES + 10:
+        w = ops.watches.get("n2")
+        deadline = time.monotonic() + 30
+        while not w.alive:                                # n2's "1" arrived
             assert time.monotonic() < deadline
-            time.sleep(0.05)
-        assert 0.45 * heartbeat.MARGIN <= ops._arrivals["n1"].limit() <= heartbeat.CAP * 0.3
-        # the steady node's limit stays below the stalling one's (exactly 0.3 s on an idle machine; a loaded one
-        # gives n2's 20 ms cadence some jitter of its own)
-        assert ops._arrivals["n2"].limit() < ops._arrivals["n1"].limit()
-        transports["n2"].mode = "silent-now"                      # n2 stops printing
-        end = time.monotonic() + 3
-        states = {"n1": set(), "n2": set()}
-        while time.monotonic() < end:
-            for o in ops.observe(1, ["n1", "n2"]):
-                states[o.node].add(o.state)
-            time.sleep(0.05)
-        assert states["n1"] == {"running"}                          # every stall of n1 was within its limit
-        assert "unreachable" in states["n2"]
+            ops.wait_for_change(0.05)
+        transports["n2"].die.set()
+        while w.gone_at is None:                          # woken when n2's "0" arrives after its "1"
+            assert time.monotonic() < deadline
+            ops.wait_for_change(1)
+        assert w.last is not None and not w.alive
+        assert ops.watches.get("n1").alive
     finally:
         ops.close()

@@ -1,0 +1,113 @@
+"""``ClusterOps.start``/``stop`` over fake transports: a node's failure is a typed ``NodeError`` (its kind from what
+failed, its text as before), and a start that fails anywhere is rolled back everywhere."""
+from __future__ import annotations
+
+from clusterctl.errors import CommandTimeout, ConnectError, DeadlineExceeded
+from clusterctl.inventory import Host
+from clusterctl.launcher import ClusterOps, CommandFailed, LogSink, node_error
+from clusterctl.spec import loads_job
+from clusterctl.supervisor import ErrorKind, NodeError
+from clusterctl.transport.base import CommandResult
+
+JOB = """
+name: j
+nodes: 3
+nproc_per_node: 1
+script: train.py
+container: {ulimits: {}}
+"""
+HOSTS = {f"n{i}": Host(name=f"n{i}", address=f"10.0.0.{i}", runtime="podman", gpus=0) for i in (1, 2, 3)}
+
+
+class Node:
+    """``fail``: None, "start" (the start command exits 125), "timeout" (every command times out)."""
+
+    def __init__(self, host, fail=None):
+        self.host, self.fail, self.runs = host, fail, []
+
+    def run(self, argv, *, timeout, stdin=None) -> CommandResult:
+        self.runs.append(list(argv))
+        if self.fail == "timeout":
+            raise CommandTimeout(self.host.name, f"command timed out after {timeout:g}s: {argv[0]}")
+        if self.fail == "start" and stdin is not None:
+            return CommandResult(tuple(argv), 125, "", "Error: short-name resolution enforced\n", 0.01)
+        if self.fail == "remove" and "rm" in " ".join(argv):
+            return CommandResult(tuple(argv), 1, "", "", 0.01)
+        return CommandResult(tuple(argv), 0, "[]", "", 0.01)
+
+    def close(self):
+        pass
+
+
+class Store:
+    def __init__(self):
+        self.nodes = []
+
+    def set_node(self, job_id, attempt, node, **kw):
+        self.nodes.append((attempt, node, kw["state"]))
+
+
+class Mux:
+    def add(self, name, opener, on_data, **kw):
+        return self
+
+    def stop(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def _ops(tmp_path, nodes: dict[str, Node]) -> ClusterOps:
+    def connect(host, options):
+        n = nodes[host.name]
+        if n.fail == "connect":
+            raise ConnectError(host.name, "cannot connect to 10.0.0.2:22: Connection refused")
+        return n
+
+    return ClusterOps(spec=loads_job(JOB, "job.yaml"), hosts=HOSTS, job_id="j-1", store=Store(),
+                      sink=LogSink(tmp_path / "o.log"), connect=connect, mux=Mux)
+
+
+def test_start_failures_are_typed_and_what_started_is_removed(tmp_path):
+    nodes = {"n1": Node(HOSTS["n1"]), "n2": Node(HOSTS["n2"], "connect"), "n3": Node(HOSTS["n3"], "start")}
+    ops = _ops(tmp_path, nodes)
+    try:
+        errors = ops.start(1, list(HOSTS), "n1", ("", 0))
+    finally:
+        ops.close()
+    assert errors == {
+        "n2": NodeError("n2", ErrorKind.UNREACHABLE, "n2: cannot connect to 10.0.0.2:22: Connection refused"),
+        "n3": NodeError("n3", ErrorKind.COMMAND_FAILED, "Error: short-name resolution enforced"),
+    }
+    assert str(errors["n3"]) == "Error: short-name resolution enforced"      # the text events show, as before
+    assert ops.store.nodes == [(1, "n1", "running")]
+    assert "rm" in " ".join(nodes["n1"].runs[-1])                            # rolled back on n1
+
+
+def test_start_everywhere_is_no_error_and_attaches(tmp_path):
+    nodes = {n: Node(h) for n, h in HOSTS.items()}
+    ops = _ops(tmp_path, nodes)
+    try:
+        assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
+        assert sorted(ops.watches.snapshot()) == sorted(HOSTS)
+    finally:
+        ops.close()
+
+
+def test_stop_failures_are_typed(tmp_path):
+    nodes = {"n1": Node(HOSTS["n1"]), "n2": Node(HOSTS["n2"], "timeout"), "n3": Node(HOSTS["n3"], "remove")}
+    ops = _ops(tmp_path, nodes)
+    try:
+        errors = ops.stop(None, list(HOSTS))
+    finally:
+        ops.close()
+    assert errors == {"n2": NodeError("n2", ErrorKind.TIMEOUT, "n2: command timed out after 60s: sh"),
+                      "n3": NodeError("n3", ErrorKind.COMMAND_FAILED, "exit code 1")}
+
+
+def test_node_error_kinds():
+    assert node_error("a", DeadlineExceeded("a", "no answer within 90s")) == NodeError(
+        "a", ErrorKind.TIMEOUT, "a: no answer within 90s")
+    assert node_error("a", CommandFailed("boom")).kind == ErrorKind.COMMAND_FAILED
+    assert node_error("a", KeyError("x")) == NodeError("a", ErrorKind.ERROR, "'x'")
