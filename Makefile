@@ -21,10 +21,12 @@ DEMO_ENV := PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 # (N > 1) runs the integration modules on N pytest-xdist workers, a whole module per worker, longest first (each
 # worker holds its own testbed slot: prefix and subnet). Not the default: with 3 workers on 2 cores (load ~22) tests
 # that time their own reactions failed (see README); one process is what CI runs.
+# The unit tests run on UNIT_WORKERS xdist workers (2: they are CPU-bound and share nothing but /tmp).
 TEST_WORKERS ?= 1
+UNIT_WORKERS ?= 2
 XDIST = $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: test-deps venv
-	$(PY) -m pytest -q --durations=10 tests --ignore=tests/integration
+	$(PY) -m pytest -q $(if $(filter 1,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS)) --durations=10 tests --ignore=tests/integration
 	$(PY) -m pytest -q $(XDIST) --durations=25 tests/integration
 
 demo: demo-deps demo-venv
