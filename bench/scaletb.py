@@ -10,6 +10,11 @@ Per N, side by side in one run:
              kill -> the first ``step`` line of the next attempt in the controller's log copy
   logs       the log copy: within every node's section of every attempt, ``seq`` lines without a gap or a swap
 
+``--baseline DIR`` (a checkout of other code, e.g. ``git archive main | tar -x -C DIR``): per N, steady/kill/logs
+run first with DIR's clusterctl (the CLI and its detached supervisor run with cwd and PYTHONPATH = DIR; the node
+commands are the ones that code sends), then with this checkout's, on the same testbed one after the other: the
+ratios of one run (this machine is shared and noisy).
+
 Own testbed (``--prefix``/``--subnet``: ``bsc``, 10.226.0.0/24); every supervisor is stopped before it goes down.
 """
 from __future__ import annotations
@@ -35,10 +40,21 @@ VENV_BIN = Path(sys.prefix) / "bin"
 TIMEOUT = 900.0
 
 
-def cli(state: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def code_env(code: Path | None) -> tuple[dict, str | None]:
+    """(environment, cwd) that make ``python -m clusterctl.cli`` (and the supervisor it spawns) import the
+    clusterctl of ``code`` (None: this checkout, as installed)."""
     env = {k: v for k, v in os.environ.items() if k not in ("CLUSTERCTL_INVENTORY", "CLUSTERCTL_STATE_DIR")}
+    if code is None:
+        return env, None
+    env["PYTHONPATH"] = str(code)        # before the editable install's finder; cwd too (-m puts it first)
+    return env, str(code)
+
+
+def cli(state: Path, *args: str, timeout: float = 300, code: Path | None = None) -> subprocess.CompletedProcess:
+    env, cwd = code_env(code)
     return subprocess.run([sys.executable, "-m", "clusterctl.cli", "--state-dir", str(state), *args],
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env,
+                          cwd=cwd)
 
 
 def write_job(path: Path, name: str, n: int, steps: int, rate: float, port: int) -> Path:
@@ -160,15 +176,16 @@ def check_log(path: Path) -> dict:
     return {"seq_lines": lines, "seq_bad": bad, "torn_by_torchrun": torn}
 
 
-def events(state: Path, name: str) -> list[dict]:
-    r = cli(state, "events", name, "--output", "json")
+def events(state: Path, name: str, code: Path | None = None) -> list[dict]:
+    r = cli(state, "events", name, "--output", "json", code=code)
     return json.loads(r.stdout) if r.returncode == 0 else []
 
 
-def steady_and_kill(tb, base: Path, n: int, inv: Path, rate: float, window: float, port: int) -> dict:
-    state = base / f"state-long-{n}"
-    job = write_job(base / f"sl{n}.yaml", f"sl{n}", n, 100000, rate, port)
-    r = cli(state, "launch", str(job), "-i", str(inv), "-d", "-o", "json", timeout=TIMEOUT)
+def steady_and_kill(tb, base: Path, n: int, inv: Path, rate: float, window: float, port: int,
+                    code: Path | None = None, tag: str = "") -> dict:
+    state = base / f"state-long-{n}{tag}"
+    job = write_job(base / f"sl{n}{tag}.yaml", f"sl{n}", n, 100000, rate, port)
+    r = cli(state, "launch", str(job), "-i", str(inv), "-d", "-o", "json", timeout=TIMEOUT, code=code)
     if r.returncode != 0:
         raise RuntimeError(f"launch -d failed: {r.stderr[-2000:]}")
     pid = json.loads(r.stdout)["supervisor_pid"]
@@ -178,7 +195,7 @@ def steady_and_kill(tb, base: Path, n: int, inv: Path, rate: float, window: floa
         end = time.monotonic() + TIMEOUT
         while time.monotonic() < end:          # every node's rank printing
             if not os.path.exists(f"/proc/{pid}"):
-                st = cli(state, "status", f"sl{n}", "-o", "json").stdout
+                st = cli(state, "status", f"sl{n}", "-o", "json", code=code).stdout
                 raise RuntimeError(f"the job ended before every node printed a step: {st[-1500:]}")
             log = log or next(state.rglob("output.log"), None)
             if log and log.exists():
@@ -220,14 +237,14 @@ def steady_and_kill(tb, base: Path, n: int, inv: Path, rate: float, window: floa
                     elif seen_attempt2 and re.match(r"^\[[^/]+/0\] step \d", line):
                         step_at = time.monotonic()
                         break
-        evs = events(state, f"sl{n}")
+        evs = events(state, f"sl{n}", code)
         verdict = next((e for e in evs if e["kind"] == "verdict" and e.get("class") in
                         ("node_lost", "rendezvous_lost")), None)
         out["detect_s"] = verdict["time"] - kill_wall if verdict else None
         out["mttr_s"] = step_at - kill_t if step_at else None
         out["verdict"] = verdict["message"] if verdict else None
     finally:
-        cli(state, "stop", f"sl{n}", "--grace", "2", timeout=300)
+        cli(state, "stop", f"sl{n}", "--grace", "2", timeout=300, code=code)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
             time.sleep(0.5)
@@ -246,6 +263,9 @@ def main(args) -> int:
     sizes = [int(s) for s in (args.sizes or "3,16,32,64").split(",")]
     steady_only = {int(s) for s in (args.steady_only or "").split(",") if s}
     n_max = max(sizes)
+    baseline = Path(args.baseline).resolve() if getattr(args, "baseline", None) else None
+    if baseline is not None and not (baseline / "clusterctl" / "__init__.py").is_file():
+        raise SystemExit(f"--baseline {baseline}: no clusterctl package there")
     subnet = args.subnet
     if address_in_use(f"10.{subnet}.0.1"):
         raise RuntimeError(f"10.{subnet}.0.1 in use")
@@ -271,6 +291,16 @@ def main(args) -> int:
                     row["cc_first_step_s"] = launch_clusterctl(base / f"state-{n}", job, inv, tb.hosts[0].name)
                     row["launch_ratio"] = row["cc_first_step_s"] / row["hand_first_step_s"]
                     print(json.dumps(row), file=sys.stderr, flush=True)
+                if baseline is not None:        # the other code first, then this checkout's, same testbed
+                    brow = {"n": n, "code": "baseline", "load": os.getloadavg()[0]}
+                    try:
+                        brow.update(steady_and_kill(tb, base, n, inv, args.log_rate, args.window, 29481,
+                                                    code=baseline, tag="-baseline"))
+                    except Exception as e:  # noqa: BLE001 - measure as far as it goes, say where it stopped
+                        brow["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
+                    print(json.dumps(brow), flush=True)
+                    rows.append(brow)
+                    row["code"], row["load"] = "this", os.getloadavg()[0]
                 row.update(steady_and_kill(tb, base, n, inv, args.log_rate, args.window, 29481))
             except Exception as e:  # noqa: BLE001 - measure as far as it goes, say where it stopped
                 row["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
@@ -309,11 +339,11 @@ def _f(v, spec="{:.2f}"):
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| nodes | first step: by hand s | clusterctl s | ratio | supervisor CPU % of a core | % per node | "
+    out = ["| nodes | code | first step: by hand s | clusterctl s | ratio | supervisor CPU % of a core | % per node | "
            "RSS MB | threads | lines/s copied | CPU ms / 1,000 lines | kill → verdict s | MTTR s | "
-           "lines lost/reordered |", "|---:|" + "---:|" * 12]
+           "lines lost/reordered |", "|---:|---|" + "---:|" * 12]
     for r in rows:
-        out.append(f"| {r['n']} | {_f(r.get('hand_first_step_s'), '{:.1f}')} | "
+        out.append(f"| {r['n']} | {r.get('code', '-')} | {_f(r.get('hand_first_step_s'), '{:.1f}')} | "
                    f"{_f(r.get('cc_first_step_s'), '{:.1f}')} | {_f(r.get('launch_ratio'))} | "
                    f"{_f(r.get('cpu_pct'), '{:.1f}')} | {_f(r.get('cpu_pct_per_node'), '{:.3f}')} | "
                    f"{_f(r.get('rss_mb'), '{:.0f}')} | {r.get('threads', '-')} | {_f(r.get('lines_per_s'), '{:.0f}')} | "
