@@ -198,50 +198,6 @@ WATCH = (PID_ALIVE + '; ' + NEWEST_STEP + '; c=$1; shift; p=$("$@" 2>/dev/null);
          'newest "$c"; if alive "$p"; then echo 1 $n; else echo 0 $n; fi; sleep 0.5; done')
 
 
-# Log follow on the node: each rank's line is one write, and a follow command (`tail -F`, `podman logs -f`,
-# `docker logs --follow`) passes each on at once, so every line became an SSH packet of its own and the controller
-# paid ~150 us of paramiko per line. COALESCE runs the follow command with its output (stdout and stderr) in a
-# FIFO and passes on what has accumulated every $1 s (0.5: 50 lines/s become 2 chunks/s), reading on at once
-# while chunks of 32 KiB or more come (a catch-up from the start of a long log is not slowed down). The FIFO is
-# unlinked as soon as it is open (nothing is left in $TMPDIR); without mktemp/mkfifo or a `dd` that knows
-# iflag=nonblock the command runs as before. One `dd iflag=nonblock count=1` per round tells "nothing yet"
-# (EAGAIN, exit 1) from the end of the output (0 records, exit 0) and copies one read of at most 64 KiB (bytes
-# pass unchanged, in order). Ends when the command's output ends, with its exit status; a TERM/HUP/INT (the
-# stream wrapper's kill when the SSH channel closes, see transport/ssh.py) or a failed write (the channel is
-# gone) kills the command first. $1 the interval (s)  $2... the follow command.
-COALESCE = r"""i=$1; shift
-LC_ALL=C dd iflag=nonblock if=/dev/null count=0 2>/dev/null && d=$(mktemp -d 2>/dev/null) || exec "$@"
-mkfifo -m 600 "$d/f" || { rm -rf -- "$d"; exec "$@"; }
-exec 5<>"$d/f" 6>"$d/f" 7<"$d/f" 5<&-
-rm -rf -- "$d"
-u=
-trap 'kill "${u:-$!}" 2>/dev/null; exit 143' TERM
-trap 'kill "${u:-$!}" 2>/dev/null; exit 129' HUP
-trap 'kill "${u:-$!}" 2>/dev/null; exit 130' INT
-"$@" >&6 2>&1 6>&- 7<&- </dev/null &
-u=$!
-exec 6>&- <&7 7<&- 3>&1
-while :; do
-  r=$(LC_ALL=C dd iflag=nonblock bs=65536 count=1 2>&1 >&3); s=$?
-  case $s:$r in
-    1:*"Resource temporarily unavailable"*) ;;
-    0:"0+0 records in"*) break ;;
-    0:*) n=${r#*records out?}; n=${n%% *}; [ "$n" -ge 32768 ] 2>/dev/null && continue ;;
-    *) kill "$u" 2>/dev/null; exit "$s" ;;
-  esac
-  sleep "$i"
-done
-exec 3>&- <&-
-wait "$u"
-"""
-COALESCE_INTERVAL_S = 0.5
-
-
-def coalesced(argv: list[str], interval_s: float = COALESCE_INTERVAL_S) -> list[str]:
-    """``argv`` (a follow command) with its output passed on in chunks every ``interval_s`` (``COALESCE``)."""
-    return ["sh", "-c", COALESCE, "clusterctl-coalesce", f"{interval_s:g}", *argv]
-
-
 def watch_argv(runtime: "Runtime", node: NodeRef, checkpoint_dir: str | None = None) -> list[str]:
     """A long-running command for the node's persistent connection: its heartbeat, the liveness of the
     attempt's main process and the newest checkpoint step on the shared storage, in one line every 0.5 s (see

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from clusterctl.causes import ERROR_FILE_LINE
 from clusterctl.runtimes import (APPLY_ENV_AND_EXEC, DEFAULT_JOBS_ROOT, ENV_SCRIPT_VAR, LABEL_ATTEMPT, LABEL_JOB_ID,
-                                 LIB_DIR_VAR, Instance, NodeRef, RunRequest, coalesced)
+                                 LIB_DIR_VAR, Instance, NodeRef, RunRequest)
 
 
 def _expand_home(var: str) -> str:
@@ -161,8 +161,7 @@ class BareRuntime:
         opts = [f"-n{int(tail)}" if tail is not None else "-n+1"]
         if follow:
             opts.append("-F")
-        argv = ["sh", "-c", LOGS, "clusterctl-logs", node.log_path or f"{node.node_dir}/node.log", *opts]
-        return coalesced(argv) if follow else argv
+        return ["sh", "-c", LOGS, "clusterctl-logs", node.log_path or f"{node.node_dir}/node.log", *opts]
 
     def pid_argv(self, node: NodeRef) -> list[str]:
         # the runner's pid, until it has written its exit status (its pid may be reused afterwards)

@@ -6,8 +6,7 @@ import re
 from typing import Any
 
 from clusterctl.runtimes import (CONTAINER_APPLY, CONTAINER_START, DEFAULT_JOBS_ROOT, LABEL_JOB_ID, PID_ALIVE,
-                                 SELECT_CONTAINER, Instance, NodeRef, RunRequest,
-                                 coalesced)
+                                 SELECT_CONTAINER, Instance, NodeRef, RunRequest)
 
 CDI_ALL_GPUS = "--device=nvidia.com/gpu=all"
 _EXITED_RE = re.compile(r"^Exited \((-?[0-9]+)\)")
@@ -102,8 +101,7 @@ class ContainerRuntime:
             opts.append(f"--tail={int(tail)}")
         if follow:
             opts.append("--follow")
-        argv = self._by_label(node, 'shift 2; exec "$0" logs "$@" "$cid"', *opts)
-        return coalesced(argv) if follow else argv
+        return self._by_label(node, 'shift 2; exec "$0" logs "$@" "$cid"', *opts)
 
     def pid_argv(self, node: NodeRef) -> list[str]:
         return self._by_label(node, 'exec "$0" inspect --format="{{.State.Pid}}" "$cid"')

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -47,13 +46,8 @@ class LocalTransport:
                         break
                     on_data(data)
         finally:
-            # the whole process group (its own session): a follow command's children (runtimes.COALESCE runs the
-            # follow command beside its loop) would outlive a SIGKILL of the first process alone. p is not reaped
-            # yet, so its pid (= the group's id) cannot belong to anyone else.
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            if p.poll() is None:
+                p.kill()
             p.wait()
             p.stdout.close()
 
