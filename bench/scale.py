@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the raw results here")
     ap.add_argument("--steady-only", default="", help="testbed: sizes measured without the launch comparison")
     ap.add_argument("--label", default="", help="simulate: a label for the printed table (e.g. before/after)")
+    ap.add_argument("--light", action="store_true", help="testbed: a worker without torch (bench/scale_train.py "
+                    "--light), so 64 nodes fit in memory")
     ap.add_argument("--baseline", default=None, help="testbed: a checkout of other code (e.g. git archive main) "
                     "measured first, per size, on the same testbed (steady state, kill, logs)")
     args = ap.parse_args(argv)

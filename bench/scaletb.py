@@ -57,11 +57,12 @@ def cli(state: Path, *args: str, timeout: float = 300, code: Path | None = None)
                           cwd=cwd)
 
 
-def write_job(path: Path, name: str, n: int, steps: int, rate: float, port: int) -> Path:
+def write_job(path: Path, name: str, n: int, steps: int, rate: float, port: int, light: bool = False) -> Path:
     import yaml
 
     job = {"name": name, "nodes": n, "nproc_per_node": 1, "script": str(TRAIN),
-           "args": ["--steps", str(steps), "--lines-per-s", f"{rate:g}"], "torchrun": str(VENV_BIN / "torchrun"),
+           "args": ["--steps", str(steps), "--lines-per-s", f"{rate:g}", *(["--light"] if light else [])],
+           "torchrun": str(VENV_BIN / "torchrun"),
            "rendezvous": {"port": port, "join_timeout": 600, "last_call_timeout": 1},
            "restarts": {"max_restarts": 0, "max_failures": 0, "max_node_failures": 3, "backoff_s": 0},
            "supervisor": {"probe_interval_s": 1}}
@@ -182,9 +183,9 @@ def events(state: Path, name: str, code: Path | None = None) -> list[dict]:
 
 
 def steady_and_kill(tb, base: Path, n: int, inv: Path, rate: float, window: float, port: int,
-                    code: Path | None = None, tag: str = "") -> dict:
+                    code: Path | None = None, tag: str = "", light: bool = False) -> dict:
     state = base / f"state-long-{n}{tag}"
-    job = write_job(base / f"sl{n}{tag}.yaml", f"sl{n}", n, 100000, rate, port)
+    job = write_job(base / f"sl{n}{tag}.yaml", f"sl{n}", n, 100000, rate, port, light)
     r = cli(state, "launch", str(job), "-i", str(inv), "-d", "-o", "json", timeout=TIMEOUT, code=code)
     if r.returncode != 0:
         raise RuntimeError(f"launch -d failed: {r.stderr[-2000:]}")
@@ -281,7 +282,7 @@ def main(args) -> int:
             try:
                 inv = tb.inventory(base / f"inv-{n}.yaml", runtime="bare", hosts=[h.name for h in tb.hosts[:n]])
                 if n not in steady_only:
-                    job = write_job(base / f"sb{n}.yaml", f"sb{n}", n, 3, args.log_rate, 29480)
+                    job = write_job(base / f"sb{n}.yaml", f"sb{n}", n, 3, args.log_rate, 29480, args.light)
                     r = cli(base / "state-dry", "launch", str(job), "-i", str(inv), "--dry-run", "--output", "json")
                     if r.returncode != 0:
                         raise RuntimeError(f"dry run: {r.stderr[-1000:]}")
@@ -295,13 +296,13 @@ def main(args) -> int:
                     brow = {"n": n, "code": "baseline", "load": os.getloadavg()[0]}
                     try:
                         brow.update(steady_and_kill(tb, base, n, inv, args.log_rate, args.window, 29481,
-                                                    code=baseline, tag="-baseline"))
+                                                    code=baseline, tag="-baseline", light=args.light))
                     except Exception as e:  # noqa: BLE001 - measure as far as it goes, say where it stopped
                         brow["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
                     print(json.dumps(brow), flush=True)
                     rows.append(brow)
                     row["code"], row["load"] = "this", os.getloadavg()[0]
-                row.update(steady_and_kill(tb, base, n, inv, args.log_rate, args.window, 29481))
+                row.update(steady_and_kill(tb, base, n, inv, args.log_rate, args.window, 29481, light=args.light))
             except Exception as e:  # noqa: BLE001 - measure as far as it goes, say where it stopped
                 row["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
                 stopped_at = n
@@ -323,9 +324,10 @@ def main(args) -> int:
         notes = [f"- {r['n']} nodes: stopped here: {r['error']}" for r in rows if r.get("error")]
         write_subsection("## scale", "### testbed", "\n".join([
             "### testbed", "",
-            f"`python bench/scale.py --testbed --sizes {args.sizes or '3,16,32,64'}` ({when}, {os.cpu_count()} "
-            f"cores, Linux {platform.release()}, bare runtime, 1 process per node, {args.log_rate:g} lines/s per "
-            f"rank, steady window {args.window:g} s; one run per cell).", "", table(rows), "", *notes, ""]))
+            f"`python bench/scale.py --testbed --sizes {args.sizes or '3,16,32,64'} --log-rate {args.log_rate:g}"
+            f"{' --light' if args.light else ''}` ({when}, {os.cpu_count()} cores, Linux {platform.release()}, bare "
+            f"runtime, 1 process per node{' (torch-free worker)' if args.light else ''}, {args.log_rate:g} lines/s "
+            f"per rank, steady window {args.window:g} s; one run per cell).", "", table(rows), "", *notes, ""]))
     return 0
 
 
