@@ -20,9 +20,9 @@ JOB_PATTERN = r"torchrun|train\.py|catatonit|conmon"   # the job's processes in 
 
 def job_yaml(path: Path, shared: Path, *, name: str, steps: int = 150, every: int = 10, step_time: float = 0.1,
              extra_args: list[str] | None = None, restarts: dict | None = None, supervisor: dict | None = None,
-             nodes: str = "2:3", nproc: int = 1, mounts: list[str] | None = None) -> Path:
+             nodes: str = "2:3", nproc: int = 1, mounts: list[str] | None = None, script: Path = TRAIN) -> Path:
     spec = {
-        "name": name, "nodes": nodes, "nproc_per_node": nproc, "script": str(TRAIN),
+        "name": name, "nodes": nodes, "nproc_per_node": nproc, "script": str(script),
         "args": ["--steps", str(steps), "--checkpoint-every", str(every), "--step-time", str(step_time),
                  "--record", str(shared / "steps.jsonl"), "--log-every", "5", *(extra_args or [])],
         "checkpoint": {"dir": str(shared / "ckpt")},

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clusterctl import paths
 from tests.integration import recovery_harness as rh
 from tests.testbed import profile
 
@@ -98,6 +99,15 @@ def wait_for(pred, timeout: float, what: str, interval: float = 1.0):
         if time.monotonic() > end:
             pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
+
+
+def wait_for_logs(state: Path, job: str, pred, what: str) -> None:
+    """Until ``pred(lines)`` holds for the job's output as `clusterctl logs` prints it: looks at the controller's
+    copy (``<state>/jobs/<id>/output.log``, what `logs` reads) every second, for a `clusterctl logs` process per look
+    costs ~1 s of CPU on the 2 cores the job's own start needs; then checks `clusterctl logs` itself once."""
+    path = paths.job_dir(state, status_json(state, job)["job_id"]) / "output.log"
+    wait_for(lambda: path.exists() and pred(path.read_text(errors="replace").splitlines()), JOB_TIMEOUT, what)
+    assert pred(logs(state, job)), f"`clusterctl logs {job}` does not show {what}"
 
 
 def containers(tb, host) -> list[str]:
@@ -208,11 +218,10 @@ def test_stop_mid_run_leaves_nothing_and_keeps_checkpoints(tb3, tmp_path, runtim
     r = clusterctl(state, "launch", str(job), "-i", str(inv), "--detach", timeout=180)
     assert r.returncode == 0, r.stderr
 
-    def checkpointed():
-        out = logs(state, "tbstop")
+    def checkpointed(out):
         return any(re.match(r"\[node1/0\] checkpoint ", ln) for ln in out) and \
             any(re.match(r"\[node1/0\] step \d+", ln) for ln in out)
-    wait_for(checkpointed, JOB_TIMEOUT, "training steps and a checkpoint in `clusterctl logs`", interval=2)
+    wait_for_logs(state, "tbstop", checkpointed, "training steps and a checkpoint")
     assert status_json(state, "tbstop")["state"] == "RUNNING"
 
     r = clusterctl(state, "stop", "tbstop", timeout=180)
@@ -303,8 +312,10 @@ def test_same_name_refused_while_running_and_two_jobs_side_by_side(tb3, tmp_path
     inv = write_inventory(tb, tmp_path / "inventory.yaml", runtime)
     state = tmp_path / "state"
     # long enough that A still trains once B's launch (quick preflight included) has started it on a loaded box
-    job_a = write_job(tmp_path / "a.yaml", tb, "tbsidea", runtime, steps=200, step_time=0.1, port=29400)
-    job_b = write_job(tmp_path / "b.yaml", tb, "tbsideb", runtime, steps=200, step_time=0.1, port=29401)
+    # 1 process per node: two jobs' ranks side by side, not the ranks' count, are what this test is about
+    one = {"nproc_per_node": 1}
+    job_a = write_job(tmp_path / "a.yaml", tb, "tbsidea", runtime, steps=200, step_time=0.1, port=29400, extra=one)
+    job_b = write_job(tmp_path / "b.yaml", tb, "tbsideb", runtime, steps=200, step_time=0.1, port=29401, extra=one)
 
     r = clusterctl(state, "launch", str(job_a), "-i", str(inv), "--detach", timeout=180)
     assert r.returncode == 0, r.stderr
@@ -316,9 +327,10 @@ def test_same_name_refused_while_running_and_two_jobs_side_by_side(tb3, tmp_path
     r = clusterctl(state, "launch", str(job_b), "-i", str(inv), "--detach", timeout=180)
     assert r.returncode == 0, r.stderr
 
-    def both_training():
-        return all(any(re.match(r"\[node1/0\] step \d+", ln) for ln in logs(state, j)) for j in ("tbsidea", "tbsideb"))
-    wait_for(both_training, JOB_TIMEOUT, "both jobs to train", interval=2)
+    def training(out):
+        return any(re.match(r"\[node1/0\] step \d+", ln) for ln in out)
+    for j in ("tbsidea", "tbsideb"):
+        wait_for_logs(state, j, training, f"{j} to train")
     states = {j: status_json(state, j)["state"] for j in ("tbsidea", "tbsideb")}
     assert states == {"tbsidea": "RUNNING", "tbsideb": "RUNNING"}, states
 

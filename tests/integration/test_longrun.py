@@ -14,12 +14,8 @@ import pytest
 from tests.integration import fault_series as fs
 from tests.integration import recovery_harness as rh
 
-MTTR_GOAL_S = 15        # the issue's goal (bench/recovery --series measures it)
-# What this test enforces on a 2-core CI box where 4 agents + 4 ranks restart at once: measured 9.8-19.5 s under
-# load. A failure here means recovery got slower than that, not that the 15 s goal is met (see docs/benchmarks.md).
-# When the box is busier still (CI runs test modules side by side), the bound is the fault -> relaunch time plus what
-# the first attempt took from its start to its first step on the same box: torch starting, not clusterctl.
-MTTR_BOUND_S = 25
+# The issue's goal is 15 s (bench/recovery --series measures it on a quiet box); what these tests enforce on a
+# loaded 2-core CI box is fault_series.slow_recoveries' bound.
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +52,7 @@ def test_five_faults_in_a_row_each_followed_by_training_within_15s(job):
     """The issue's series on `nodes: "2:4"`: a node killed, a node partitioned and healed, the rendezvous host
     killed (below MIN: the job comes back on every node that answers, the healed one too), a node partitioned with
     its job killed, a node killed. Every attempt made progress before the next fault, so no relaunch backs off."""
-    run = job(steps=600, nodes="2:4", nproc=1)
+    run = job(steps=300, nodes="2:4", nproc=1)    # the series ends near step 100
     run.launch()
     results = fs.run_series(run, fs.FIVE)
     st = run.wait_end(300)
@@ -71,18 +67,15 @@ def test_five_faults_in_a_row_each_followed_by_training_within_15s(job):
     assert st["restarts"]["window"] == "24h"
     rh.check_steps(run)
     rh.check_clean(run, timeout=60)
-    first_start = min(r["time"] for r in run.steps_log() if str(r["attempt"]) == "1") - \
-        next(e["time"] for e in ev if e["kind"] == "start")
-    slow = [(r["n"], r["fault"], r["mttr"], bound) for r in results
-            if r["mttr"] > (bound := max(MTTR_BOUND_S, (r["relaunch"] or 0) + first_start))]
+    slow = fs.slow_recoveries(run, results)
     assert not slow, f"training resumed later than the bound after: {slow} (first attempt's start " \
-                     f"{first_start:.1f}s)\n{results}"
+                     f"{fs.first_start(run):.1f}s)\n{results}"
 
 
 def test_a_healed_node_is_readmitted_at_the_next_relaunch(job, ltb):
     """`nodes: "3:4"`: a partitioned node is dropped (3 remain); once healed, the next failure leaves fewer than
     MIN candidates, so the supervisor takes every node that answers again — the healed one included."""
-    run = job(steps=400, nodes="3:4", nproc=1)
+    run = job(steps=200, nodes="3:4", nproc=1)    # the two faults end near step 60
     run.launch()
     run.wait_step(25, timeout=300)
     fs.wait_progress(run, 1)
