@@ -320,8 +320,9 @@ class ClusterOps:
         def start_one(host: Host) -> None:
             node = self._plan_node(host.name)
             rt = self._runtime(host.name)
-            self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
-                      timeout=30)   # the previous attempt's leftovers
+            if attempt > 1:     # the previous attempt's leftovers (a new job id has none: a command less per node)
+                self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
+                          timeout=30)
             r = self._run(host.name, node.runtime_argv, timeout=60,
                           stdin=node.env_script(self.secrets, CHECKPOINT_INSTALLER))
             if not r.ok:

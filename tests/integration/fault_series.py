@@ -113,7 +113,7 @@ def first_start(run: rh.Run) -> float:
 
 
 def slow_recoveries(run: rh.Run, results: list[dict]) -> list[tuple]:
-    """The faults of ``results`` whose MTTR beat the bound above: (fault, mttr, bound) each."""
+    """The faults of ``results`` whose MTTR exceeded the bound above: (fault, mttr, bound) each."""
     fs = first_start(run)
     return [(r["fault"], r["mttr"], round(bound, 1)) for r in results
             if r["mttr"] > (bound := max(MTTR_FLOOR_S, (r["relaunch"] or 0) + START_FACTOR * fs))]

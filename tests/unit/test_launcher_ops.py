@@ -2,6 +2,7 @@
 failed, its text as before), and a start that fails anywhere is rolled back everywhere."""
 from __future__ import annotations
 
+from clusterctl import runtimes
 from clusterctl.errors import CommandTimeout, ConnectError, DeadlineExceeded
 from clusterctl.inventory import Host
 from clusterctl.launcher import ClusterOps, CommandFailed, LogSink, node_error
@@ -111,3 +112,17 @@ def test_node_error_kinds():
         "a", ErrorKind.TIMEOUT, "a: no answer within 90s")
     assert node_error("a", CommandFailed("boom")).kind == ErrorKind.COMMAND_FAILED
     assert node_error("a", KeyError("x")) == NodeError("a", ErrorKind.ERROR, "'x'")
+
+
+def test_a_first_attempt_starts_with_one_command_per_node_a_relaunch_removes_leftovers_first(tmp_path):
+    """A new job id has nothing on any node to remove; a relaunch first removes what the last attempt left."""
+    nodes = {n: Node(h) for n, h in HOSTS.items()}
+    ops = _ops(tmp_path, nodes)
+    try:
+        remove = runtimes.get("podman").remove_job_argv("j-1")
+        assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
+        assert [len(n.runs) for n in nodes.values()] == [1, 1, 1] and all(n.runs[0] != remove for n in nodes.values())
+        assert ops.start(2, list(HOSTS), "n1", ("", 0)) == {}
+        assert all(n.runs[1] == remove and len(n.runs) == 3 for n in nodes.values())
+    finally:
+        ops.close()
