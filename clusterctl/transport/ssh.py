@@ -511,10 +511,11 @@ class SSHTransport:
 
     def close(self) -> None:
         if self._t is not None:
-            try:
-                self._t.sock.shutdown(socket.SHUT_RDWR)   # wakes paramiko's thread now, not at its next timeout
-            except (OSError, paramiko.SSHException):      # (a ProxyJump channel: its bastion may be gone)
-                pass
+            if isinstance(self._t.sock, socket.socket):   # wakes paramiko's thread now, not at its next timeout
+                try:                                      # (over ProxyJump it reads a channel: close() wakes it)
+                    self._t.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
             self._t.close()
         if self._jump is not None:
             self._jump.close()
