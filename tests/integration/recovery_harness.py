@@ -127,16 +127,10 @@ class Run:
         return int(self.job_row().supervisor_pid)
 
     def store(self):
-        """The job's state DB, opened directly: no CLI process, so a look is fast even on a loaded box and the test
-        acts on what it saw right away."""
-        from clusterctl import paths
-        from clusterctl.state import Store
-
-        return Store(paths.db_path(self.state_dir))
+        return open_store(self.state_dir)
 
     def job_row(self):
-        with self.store() as store:
-            return store.find_job(self.name)
+        return job_row(self.state_dir, self.name)
 
     def current_attempt(self):
         with self.store() as store:
@@ -154,6 +148,21 @@ def _alive(pid) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def open_store(state_dir: Path):
+    """A state dir's DB, opened directly: no CLI process, so a look is fast even on a loaded box and the test acts
+    on what it saw right away."""
+    from clusterctl import paths
+    from clusterctl.state import Store
+
+    return Store(paths.db_path(state_dir))
+
+
+def job_row(state_dir: Path, name: str):
+    """The job's row in the state DB (None before the launch has written it)."""
+    with open_store(state_dir) as store:
+        return store.find_job(name)
 
 
 def new_run(tb, tmp: Path, name: str, runtime: str = "podman", **job_kw) -> Run:
