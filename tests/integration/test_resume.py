@@ -99,9 +99,7 @@ def finish(run: rh.Run) -> dict:
 
 def stop(run: rh.Run) -> None:
     """No supervisor outlives its test."""
-    st = run.cli("status", run.name, "-o", "json", check=False, timeout=30)
-    if st.returncode == 0 and '"supervisor_pid": null' not in st.stdout:
-        run.cli("stop", run.name, "--grace", "0", check=False, timeout=120)
+    rh.stop_unless_done(run)
     for line in run.log[-4:]:
         print(line)
 
