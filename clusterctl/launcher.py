@@ -341,7 +341,7 @@ class ClusterOps:
 
     def observe(self, attempt: int, nodes: Sequence[str], *, watch: bool = True,
                 deadline_s: float | None = None) -> list[Observation]:
-        """One probe round. Each node's watch (a line every 0.5 s over its persistent connection) answers for
+        """One probe round. Each node's watch (a line a second over its persistent connection) answers for
         the common cases without a remote command: silent for ``heartbeat_timeout_s`` -> unreachable (a probe
         would only hang until its timeout); fresh and alive -> running. Otherwise (the process ended, no watch
         line yet) the node is probed: the runtime's listing gives the state and exit code, and for a failure the

@@ -18,6 +18,19 @@ def test_a_steady_watch_keeps_the_configured_limit():
     assert a.limit() == 2.0
 
 
+def test_a_steady_watch_at_a_line_a_second_keeps_the_configured_limit():
+    """The watch's heartbeat (a line a second, runtimes.WATCH) with some jitter, and with a line sent at once on a
+    change (a 0.5 s gap) every 20 s or so: judged by the configured 2 s, as at 2 lines a second (a sigma floor of
+    0.2 s gave 2.15 s)."""
+    a = Arrivals(2.0)
+    rng = random.Random(1)
+    feed(a, [(0.5 if rng.random() < 0.05 else 1.0) + rng.uniform(-0.03, 0.08) for _ in range(300)])
+    assert a.limit() == 2.0
+    b = Arrivals(2.0)
+    feed(b, [1.0 + rng.uniform(-0.03, 0.08) for _ in range(300)])
+    assert b.limit() == 2.0
+
+
 def test_too_few_samples_keep_the_configured_limit():
     a = Arrivals(2.0)
     feed(a, [0.5] * (MIN_SAMPLES - 1) + [3.0])
