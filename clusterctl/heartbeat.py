@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 SAMPLES = 120          # gaps kept per node: about 2 minutes of lines
-MIN_SAMPLES = 20       # fewer (the first 20 s of a node): the configured limit
+MIN_SAMPLES = 10       # fewer (a node's first 10 s, as when the watch printed twice a second): the configured limit
 PHI = 8.0              # a silence this unlikely (probability 1e-8) under the node's own gaps is suspicious
 MIN_SIGMA = 0.05       # x the configured limit: a steady watch has almost no spread; do not read it as certainty
                        # (and keep a steady node at the configured limit: 1 s gaps + Z x 0.1 s = 1.56 s < 2 s)

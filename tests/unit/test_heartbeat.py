@@ -37,6 +37,14 @@ def test_too_few_samples_keep_the_configured_limit():
     assert a.limit() == 2.0
 
 
+def test_a_node_gets_a_limit_from_its_own_gaps_after_10_s_of_lines():
+    """At a line a second the fit starts after 10 lines, 10 s as when the watch printed twice a second (20 lines):
+    a node that stalled 2.5 s in its first seconds (64 agents importing torch on 2 cores) is not held to 2 s."""
+    a = Arrivals(2.0)
+    feed(a, [1.0] * 6 + [2.5] + [1.0] * 4)        # 11 lines: 10 gaps
+    assert len(a.gaps) == MIN_SAMPLES == 10 and a.limit() >= 1.25 * 2.5
+
+
 def test_a_stalling_watch_gets_a_limit_above_its_longest_stalls_but_capped():
     """SIGSTOP/SIGCONT of the node's sshd: stalls of 0.5-3 s between 1-3 s of regular lines (and the burst of
     buffered lines after each stall)."""
