@@ -93,8 +93,10 @@ def launch_clusterctl(state: Path, job: Path, inv: Path, node1: str) -> float:
         p.kill()
         p.wait()
     th.join(10)
-    if not stamp:
-        raise RuntimeError("clusterctl launch: no first step\n" + "".join(out)[-3000:])
+    if not stamp:        # the first failure (what made it relaunch) and the last
+        text = "".join(out)
+        raise RuntimeError("clusterctl launch: no first step\n" + (text if len(text) <= 6000 else
+                                                                    text[:3000] + "\n[...]\n" + text[-3000:]))
     return stamp[0] - t0
 
 
@@ -304,7 +306,7 @@ def main(args) -> int:
                     row["code"], row["load"] = "this", os.getloadavg()[0]
                 row.update(steady_and_kill(tb, base, n, inv, args.log_rate, args.window, 29481, light=args.light))
             except Exception as e:  # noqa: BLE001 - measure as far as it goes, say where it stopped
-                row["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
+                row["error"] = f"{type(e).__name__}: {str(e)[-7000:]}"
                 stopped_at = n
             row["mem_avail_gb_end"] = _mem_avail_gb()
             print(json.dumps(row), flush=True)

@@ -1,13 +1,15 @@
 """How long a node's watch may stay silent before that counts as a failed probe.
 
-The watch prints a line every 0.5 s over the node's SSH connection. A fixed limit (``heartbeat_timeout_s``,
-max(2, 2 x probe_interval_s)) declares a healthy node silent when its lines come late: an sshd slowed down, a
-controller starved of CPU. So the limit follows each node's own record, in the spirit of phi-accrual failure
-detection (Hayashibara et al., 2004; Cassandra, Akka): the gaps between the node's recent lines are fitted with a
-normal distribution, and a silence counts only once it is less likely than ``10**-PHI`` under it — and longer than
-``MARGIN`` times the longest gap the node had recently and came back from. The result never goes below the
-configured limit (a steady node is judged exactly as before) nor above ``CAP`` times it (a partitioned node is
-still found in bounded time). A killed process does not depend on this at all: the watch reports it gone.
+The watch prints a line a second over the node's SSH connection, and one at once when what it reports changes
+(``runtimes.WATCH``): its gaps are 1 s or shorter. A fixed limit (``heartbeat_timeout_s``, max(2, 2 x
+probe_interval_s): a steady node misses about one line before its silence counts) declares a healthy node silent
+when its lines come late: an sshd slowed down, a controller starved of CPU. So the limit follows each node's own
+record, in the spirit of phi-accrual failure detection (Hayashibara et al., 2004; Cassandra, Akka): the gaps
+between the node's recent lines are fitted with a normal distribution, and a silence counts only once it is less
+likely than ``10**-PHI`` under it — and longer than ``MARGIN`` times the longest gap the node had recently and came
+back from. The result never goes below the configured limit (a steady node is judged by exactly that limit) nor
+above ``CAP`` times it (a partitioned node is still found in bounded time). A killed process does not depend on
+this at all: the watch reports it gone.
 """
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-SAMPLES = 240          # gaps kept per node: about 2 minutes of lines
-MIN_SAMPLES = 20       # fewer: the configured limit
+SAMPLES = 120          # gaps kept per node: about 2 minutes of lines
+MIN_SAMPLES = 10       # fewer (a node's first 10 s, as when the watch printed twice a second): the configured limit
 PHI = 8.0              # a silence this unlikely (probability 1e-8) under the node's own gaps is suspicious
-MIN_SIGMA = 0.1        # x the configured limit: a steady watch has almost no spread; do not read it as certainty
+MIN_SIGMA = 0.05       # x the configured limit: a steady watch has almost no spread; do not read it as certainty
+                       # (and keep a steady node at the configured limit: 1 s gaps + Z x 0.1 s = 1.56 s < 2 s)
 MARGIN = 1.25          # and longer than 1.25 x the longest recent gap
 CAP = 4.0              # never more than 4 x the configured limit
 RECOMPUTE = 8          # the fit is redone after this many lines (or at once when a gap beats the longest one)

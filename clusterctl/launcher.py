@@ -317,13 +317,18 @@ class ClusterOps:
               resume: tuple[str, int]) -> dict[str, NodeError]:
         self._set_plan(self.make_plan(attempt, nodes, rdzv_host, resume))
 
+        # each command's bound is the job's (a slow node, a saturated host gets what the job allows); a node's
+        # whole start: its connection, then those commands
+        timeout = self.spec.supervisor.start_timeout_s
+        commands = 2 if attempt > 1 else 1
+
         def start_one(host: Host) -> None:
             node = self._plan_node(host.name)
             rt = self._runtime(host.name)
             if attempt > 1:     # the previous attempt's leftovers (a new job id has none: a command less per node)
                 self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
-                          timeout=30)
-            r = self._run(host.name, node.runtime_argv, timeout=60,
+                          timeout=timeout)
+            r = self._run(host.name, node.runtime_argv, timeout=timeout,
                           stdin=node.env_script(self.secrets, CHECKPOINT_INSTALLER))
             if not r.ok:
                 raise CommandFailed((r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}")[-500:])
@@ -331,7 +336,8 @@ class ClusterOps:
                                 container=node.container_name, state="running")
 
         self._watches.keep(nodes)   # nodes left out of this attempt
-        results = fan_out([self.hosts[n] for n in nodes], start_one, host_timeout=90)
+        results = fan_out([self.hosts[n] for n in nodes], start_one,
+                          host_timeout=self.options.connect_timeout + commands * timeout + 5)
         errors = node_errors(results)
         if errors:
             self.stop(attempt, nodes)   # roll back what this attempt started (by job id), half-created ones too
@@ -341,7 +347,7 @@ class ClusterOps:
 
     def observe(self, attempt: int, nodes: Sequence[str], *, watch: bool = True,
                 deadline_s: float | None = None) -> list[Observation]:
-        """One probe round. Each node's watch (a line every 0.5 s over its persistent connection) answers for
+        """One probe round. Each node's watch (a line a second over its persistent connection) answers for
         the common cases without a remote command: silent for ``heartbeat_timeout_s`` -> unreachable (a probe
         would only hang until its timeout); fresh and alive -> running. Otherwise (the process ended, no watch
         line yet) the node is probed: the runtime's listing gives the state and exit code, and for a failure the

@@ -22,7 +22,8 @@ RUNNING_STATES = ("running", "created", "restarting", "paused")
 
 
 class WatchState(Protocol):
-    """What a node's watch has heard (``watch.Watch``): one line every 0.5 s from the node."""
+    """What a node's watch has heard (``watch.Watch``): a line a second from the node, and one at once
+    when what it says changes."""
 
     attempt: int
     last: float | None       # time of the last line (the watch's clock); None before the first

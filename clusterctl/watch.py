@@ -1,10 +1,11 @@
 """What the controller hears from the nodes between probes: each node's watch and its log follower.
 
-A node's **watch** is a node-side script (``runtimes.WATCH``) printing a line every 0.5 s over the node's kept
-connection: ``1`` while the attempt's main process lives, ``0`` once it is gone, and the newest checkpoint step
-it sees. ``Watches`` keeps, per node, what those lines said (``Watch``: when the last one came, alive, when the
-process was first seen gone, the checkpoint step) and how long the node may stay silent (``heartbeat.Arrivals``);
-``heard`` turns that into an ``Observation`` without a remote command (``observe.heard``).
+A node's **watch** is a node-side script (``runtimes.WATCH``) printing a line a second over the node's kept
+connection, and one at once (within 0.5 s) when what it says changes: ``1`` while the attempt's main process
+lives, ``0`` once it is gone, and the newest checkpoint step it sees. ``Watches`` keeps, per node, what those
+lines said (``Watch``: when the last one came, alive, when the process was first seen gone, the checkpoint step)
+and how long the node may stay silent (``heartbeat.Arrivals``); ``heard`` turns that into an ``Observation``
+without a remote command (``observe.heard``).
 
 A node's **log follower** streams the node's whole log into the controller's copy (a ``Sink``: ``launcher.LogSink``)
 on every (re)connect; the sink drops what it already holds. ``progress`` says whether a node wrote a line since

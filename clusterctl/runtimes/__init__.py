@@ -181,7 +181,7 @@ class Runtime(Protocol):
 
 
 # Shell function: is process $1 alive? A zombie is not: a container init whose conmon was killed with it stays a
-# zombie until its new parent reaps it, and /proc/PID exists until then. (builtins only: it runs every 0.5 s)
+# zombie until its new parent reaps it, and /proc/PID exists until then. (builtins only: the watch runs it every 0.5 s)
 PID_ALIVE = ('alive() { [ "${1:-0}" -gt 0 ] 2>/dev/null && [ -r "/proc/$1/status" ] || return 1; '
              'while read -r k v _; do [ "$k" = State: ] && { [ "$v" != Z ] && [ "$v" != X ]; return; }; '
              'done <"/proc/$1/status"; return 1; }')
@@ -192,16 +192,19 @@ NEWEST_STEP = ('newest() { n=; [ -n "$1" ] || return; for m in "$1"/step-*/MANIF
                '[ -e "$m" ] || continue; x=${m%/*}; x=${x##*/step-}; case $x in ""|*[!0-9]*) continue;; esac; '
                'x=${x#"${x%%[!0]*}"}; x=${x:-0}; if [ -z "$n" ] || [ "$x" -gt "$n" ]; then n=$x; fi; done; }')
 
-# $1 checkpoint root ("" for none)  $2... a pid_argv: prints "1 [STEP]" every 0.5 s while that pid lives, "0 [STEP]"
-# once it is gone (or never was); STEP: the newest checkpoint step seen under the root, when there is one
-WATCH = (PID_ALIVE + '; ' + NEWEST_STEP + '; c=$1; shift; p=$("$@" 2>/dev/null); while :; do '
-         'newest "$c"; if alive "$p"; then echo 1 $n; else echo 0 $n; fi; sleep 0.5; done')
+# $1 checkpoint root ("" for none)  $2... a pid_argv: looks every 0.5 s whether that pid lives and for the newest
+# checkpoint step under the root; prints "1 [STEP]" (alive) or "0 [STEP]" (gone, or never was) at once when that
+# changed, else at every second look: a line a second is the heartbeat. (Each line is an SSH packet that the
+# supervisor decrypts in Python: one a second per steady node, not two.)
+WATCH = (PID_ALIVE + '; ' + NEWEST_STEP + '; c=$1; shift; p=$("$@" 2>/dev/null); l=; i=0; while :; do '
+         'newest "$c"; if alive "$p"; then s="1 $n"; else s="0 $n"; fi; i=$((i + 1)); '
+         'if [ "$s" != "$l" ] || [ "$i" -ge 2 ]; then echo $s; l=$s; i=0; fi; sleep 0.5; done')
 
 
 def watch_argv(runtime: "Runtime", node: NodeRef, checkpoint_dir: str | None = None) -> list[str]:
     """A long-running command for the node's persistent connection: its heartbeat, the liveness of the
-    attempt's main process and the newest checkpoint step on the shared storage, in one line every 0.5 s (see
-    ``launcher.ClusterOps.observe``)."""
+    attempt's main process and the newest checkpoint step on the shared storage, in one line a second, and at
+    once (within 0.5 s) when either changes (see ``WATCH``, ``launcher.ClusterOps.observe``)."""
     return ["sh", "-c", WATCH, "clusterctl-watch", checkpoint_dir or "", *runtime.pid_argv(node)]
 
 

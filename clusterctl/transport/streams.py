@@ -1,7 +1,7 @@
 """Every long-lived stream of the controller (the nodes' watches and log followers) on one selector thread.
 
 A thread per stream costs two threads per node (plus paramiko's one per connection): 8,000 threads at 4,096
-nodes, each waking up for every 0.5 s watch line. Here one thread selects over all the streams' file descriptors
+nodes, each waking up for every watch line. Here one thread selects over all the streams' file descriptors
 and calls each stream's ``on_data`` as its output arrives; opening a stream (which may connect over SSH and wait
 for the exec request) runs on a small bounded pool, never on the selector thread.
 

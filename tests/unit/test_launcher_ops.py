@@ -24,10 +24,11 @@ class Node:
     """``fail``: None, "start" (the start command exits 125), "timeout" (every command times out)."""
 
     def __init__(self, host, fail=None):
-        self.host, self.fail, self.runs = host, fail, []
+        self.host, self.fail, self.runs, self.timeouts = host, fail, [], []
 
     def run(self, argv, *, timeout, stdin=None) -> CommandResult:
         self.runs.append(list(argv))
+        self.timeouts.append(timeout)
         if self.fail == "timeout":
             raise CommandTimeout(self.host.name, f"command timed out after {timeout:g}s: {argv[0]}")
         if self.fail == "start" and stdin is not None:
@@ -59,14 +60,14 @@ class Mux:
         pass
 
 
-def _ops(tmp_path, nodes: dict[str, Node]) -> ClusterOps:
+def _ops(tmp_path, nodes: dict[str, Node], job: str = JOB) -> ClusterOps:
     def connect(host, options):
         n = nodes[host.name]
         if n.fail == "connect":
             raise ConnectError(host.name, "cannot connect to 10.0.0.2:22: Connection refused")
         return n
 
-    return ClusterOps(spec=loads_job(JOB, "job.yaml"), hosts=HOSTS, job_id="j-1", store=Store(),
+    return ClusterOps(spec=loads_job(job, "job.yaml"), hosts=HOSTS, job_id="j-1", store=Store(),
                       sink=LogSink(tmp_path / "o.log"), connect=connect, mux=Mux)
 
 
@@ -126,3 +127,17 @@ def test_a_first_attempt_starts_with_one_command_per_node_a_relaunch_removes_lef
         assert all(n.runs[1] == remove and len(n.runs) == 3 for n in nodes.values())
     finally:
         ops.close()
+
+
+def test_the_start_commands_are_bounded_by_the_jobs_start_timeout(tmp_path):
+    """A saturated host (64 testbed nodes on 2 cores) or a slow real node needs more than a fixed 30 s for the
+    leftovers' removal of a relaunch: every start command gets the job's ``supervisor.start_timeout_s``."""
+    nodes = {n: Node(h) for n, h in HOSTS.items()}
+    ops = _ops(tmp_path, nodes, JOB + "supervisor: {start_timeout_s: 240}\n")
+    try:
+        assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
+        assert ops.start(2, list(HOSTS), "n1", ("", 0)) == {}
+    finally:
+        ops.close()
+    assert all(n.timeouts == [240, 240, 240] for n in nodes.values())
+    assert loads_job(JOB, "job.yaml").supervisor.start_timeout_s == 60

@@ -6,6 +6,7 @@ the real ``StreamMux`` wiring."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -46,6 +47,78 @@ def test_watch_prints_1_while_the_process_lives_and_0_once_it_is_gone():
         assert seen[-1] == "0" and set(seen) <= {"0", "1"}
     finally:
         watch.kill()
+        target.kill()
+
+
+def _watch_with_manual_looks(tmp_path, pid_argv: list[str], root: str = ""):
+    """The real WATCH script whose ``sleep`` (its one external command between looks) prints ``--`` and waits for
+    the test to allow the next look: each look's output is the lines before its ``--``. No wall clock."""
+    bin_dir, ticks = tmp_path / "bin", tmp_path / "ticks"
+    bin_dir.mkdir()
+    os.mkfifo(ticks)
+    (bin_dir / "sleep").write_text(f'#!/bin/sh\necho --\nread _ <{ticks}\n')
+    (bin_dir / "sleep").chmod(0o755)
+    tick = os.open(ticks, os.O_RDWR)          # held open: a tick written before the read is kept, not lost
+    watch = subprocess.Popen(["sh", "-c", runtimes.WATCH, "w", root, *pid_argv], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+
+    def look() -> list[str]:
+        """The lines of the next look (the first call: the first look's)."""
+        if look.started:
+            os.write(tick, b"\n")
+        look.started = True
+        out = []
+        while (line := watch.stdout.readline().strip()) != "--":
+            assert line or watch.poll() is None, "the watch ended"
+            out.append(line)
+        return out
+
+    look.started = False
+    return watch, look, tick
+
+
+def test_watch_prints_a_line_every_second_look_and_at_once_when_what_it_says_changes(tmp_path):
+    """A steady node sends a line a second (every second look at 0.5 s), not one per look: each line is an SSH
+    packet the supervisor decrypts. A change (the process gone, a new checkpoint) is printed at the very next look,
+    even right after a line."""
+    root = tmp_path / "ckpt"
+    (root / "step-5").mkdir(parents=True)
+    (root / "step-5" / "MANIFEST.json").write_text("{}")
+    target = subprocess.Popen(["sleep", "30"])
+    watch, look, tick = _watch_with_manual_looks(tmp_path, ["echo", str(target.pid)], str(root))
+    try:
+        assert [look() for _ in range(5)] == [["1 5"], [], ["1 5"], [], ["1 5"]]
+        (root / "step-7").mkdir()
+        (root / "step-7" / ".metadata").write_text("x")
+        assert [look() for _ in range(3)] == [["1 7"], [], ["1 7"]]     # right after a line: at once
+        target.kill()
+        target.wait()
+        assert [look() for _ in range(4)] == [["0 7"], [], ["0 7"], []]
+    finally:
+        watch.kill()
+        watch.wait()
+        target.kill()
+        os.close(tick)
+
+
+def test_a_steady_watch_prints_about_a_line_a_second():
+    """Wall clock, the real sleep: over 3 s a steady watch prints about 3 lines (it printed 6-7 when it wrote
+    one per look). Only an upper bound: a loaded machine prints fewer, never more."""
+    target = subprocess.Popen(["sleep", "30"])
+    watch = subprocess.Popen(runtimes.watch_argv(_PidOf(target.pid), None), stdout=subprocess.PIPE, text=True)
+    try:
+        assert _lines(watch, 1) == ["1"]
+        start = time.monotonic()
+        lines = 0
+        while True:
+            watch.stdout.readline()
+            if time.monotonic() - start > 3.0:
+                break
+            lines += 1
+        assert lines <= 4
+    finally:
+        watch.kill()
+        watch.wait()
         target.kill()
 
 
