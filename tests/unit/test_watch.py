@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -60,7 +61,8 @@ def _watch_with_manual_looks(tmp_path, pid_argv: list[str], root: str = ""):
     (bin_dir / "sleep").chmod(0o755)
     tick = os.open(ticks, os.O_RDWR)          # held open: a tick written before the read is kept, not lost
     watch = subprocess.Popen(["sh", "-c", runtimes.WATCH, "w", root, *pid_argv], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+                             env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                             start_new_session=True)     # its fake sleep is killed with it (os.killpg)
 
     def look() -> list[str]:
         """The lines of the next look (the first call: the first look's)."""
@@ -95,7 +97,7 @@ def test_watch_prints_a_line_every_second_look_and_at_once_when_what_it_says_cha
         target.wait()
         assert [look() for _ in range(4)] == [["0 7"], [], ["0 7"], []]
     finally:
-        watch.kill()
+        os.killpg(watch.pid, signal.SIGKILL)      # the sh and its fake sleep (blocked on the fifo otherwise)
         watch.wait()
         target.kill()
         os.close(tick)
