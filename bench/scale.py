@@ -229,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
                     "--light), so 64 nodes fit in memory")
     ap.add_argument("--baseline", default=None, help="testbed: a checkout of other code (e.g. git archive main) "
                     "measured first, per size, on the same testbed (steady state, kill, logs)")
+    ap.add_argument("--probe-failures", type=int, default=2, help="testbed: the job's supervisor.probe_failures "
+                    "(default 2, the job default). 64 testbed nodes share 2 cores: while 64 agents import torch "
+                    "(load ~100) watch lines come seconds late; a kill is reported by the watch, not by silence")
     args = ap.parse_args(argv)
     exit_on_signals()   # so the finally blocks tear the node server / the testbed down
     if args.testbed:

@@ -57,7 +57,8 @@ def cli(state: Path, *args: str, timeout: float = 300, code: Path | None = None)
                           cwd=cwd)
 
 
-def write_job(path: Path, name: str, n: int, steps: int, rate: float, port: int, light: bool = False) -> Path:
+def write_job(path: Path, name: str, n: int, steps: int, rate: float, port: int, light: bool = False,
+              probe_failures: int = 2) -> Path:
     import yaml
 
     job = {"name": name, "nodes": n, "nproc_per_node": 1, "script": str(TRAIN),
@@ -65,7 +66,7 @@ def write_job(path: Path, name: str, n: int, steps: int, rate: float, port: int,
            "torchrun": str(VENV_BIN / "torchrun"),
            "rendezvous": {"port": port, "join_timeout": 600, "last_call_timeout": 1},
            "restarts": {"max_restarts": 0, "max_failures": 0, "max_node_failures": 3, "backoff_s": 0},
-           "supervisor": {"probe_interval_s": 1}}
+           "supervisor": {"probe_interval_s": 1, "probe_failures": probe_failures}}
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     return path
 
@@ -185,9 +186,9 @@ def events(state: Path, name: str, code: Path | None = None) -> list[dict]:
 
 
 def steady_and_kill(tb, base: Path, n: int, inv: Path, rate: float, window: float, port: int,
-                    code: Path | None = None, tag: str = "", light: bool = False) -> dict:
+                    code: Path | None = None, tag: str = "", light: bool = False, probe_failures: int = 2) -> dict:
     state = base / f"state-long-{n}{tag}"
-    job = write_job(base / f"sl{n}{tag}.yaml", f"sl{n}", n, 100000, rate, port, light)
+    job = write_job(base / f"sl{n}{tag}.yaml", f"sl{n}", n, 100000, rate, port, light, probe_failures)
     r = cli(state, "launch", str(job), "-i", str(inv), "-d", "-o", "json", timeout=TIMEOUT, code=code)
     if r.returncode != 0:
         raise RuntimeError(f"launch -d failed: {r.stderr[-2000:]}")
@@ -284,7 +285,8 @@ def main(args) -> int:
             try:
                 inv = tb.inventory(base / f"inv-{n}.yaml", runtime="bare", hosts=[h.name for h in tb.hosts[:n]])
                 if n not in steady_only:
-                    job = write_job(base / f"sb{n}.yaml", f"sb{n}", n, 3, args.log_rate, 29480, args.light)
+                    job = write_job(base / f"sb{n}.yaml", f"sb{n}", n, 3, args.log_rate, 29480, args.light,
+                                    args.probe_failures)
                     r = cli(base / "state-dry", "launch", str(job), "-i", str(inv), "--dry-run", "--output", "json")
                     if r.returncode != 0:
                         raise RuntimeError(f"dry run: {r.stderr[-1000:]}")
@@ -298,13 +300,15 @@ def main(args) -> int:
                     brow = {"n": n, "code": "baseline", "load": os.getloadavg()[0]}
                     try:
                         brow.update(steady_and_kill(tb, base, n, inv, args.log_rate, args.window, 29481,
-                                                    code=baseline, tag="-baseline", light=args.light))
+                                                    code=baseline, tag="-baseline", light=args.light,
+                                                    probe_failures=args.probe_failures))
                     except Exception as e:  # noqa: BLE001 - measure as far as it goes, say where it stopped
                         brow["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
                     print(json.dumps(brow), flush=True)
                     rows.append(brow)
                     row["code"], row["load"] = "this", os.getloadavg()[0]
-                row.update(steady_and_kill(tb, base, n, inv, args.log_rate, args.window, 29481, light=args.light))
+                row.update(steady_and_kill(tb, base, n, inv, args.log_rate, args.window, 29481, light=args.light,
+                                           probe_failures=args.probe_failures))
             except Exception as e:  # noqa: BLE001 - measure as far as it goes, say where it stopped
                 row["error"] = f"{type(e).__name__}: {str(e)[-7000:]}"
                 stopped_at = n
