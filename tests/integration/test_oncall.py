@@ -3,7 +3,7 @@ gone, failures no retry can fix, ranks killed by a signal, the partitioned rende
 restart budgets (issue: "On-call truth").
 
 The quickstart job of recovery_harness (podman, `nodes: "2:3"`, 1 rank per node, a checkpoint every 10 steps)
-unless a test says otherwise (2 ranks per node where one rank is killed); `chatter.py` prints numbered lines per rank so the log copy can be checked line by
+unless a test says otherwise (2 nodes of 2 ranks where one rank is killed); `chatter.py` prints numbered lines per rank so the log copy can be checked line by
 line.
 """
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_rank_killed_while_unsupervised_status_names_it_and_resume_relaunches(jo
     """The supervisor is SIGKILLed, then a rank: `status` names the node, rank and signal within 10 s and says the
     job is unsupervised; `resume` relaunches from the newest checkpoint (the job is dead everywhere by then: its
     other ranks failed with it) and the run finishes with every step trained."""
-    run = job(steps=70, nproc=2)
+    run = job(steps=70, nodes="2", nproc=2)     # 2 nodes: a rank, not a node, is the victim (CI time)
     run.launch()
     run.wait_step(35)
     kill_supervisor(run)
@@ -192,7 +192,7 @@ def test_kill_9_of_a_rank_is_class_killed_with_sigkill(job, otb):
     """One rank of two on a worker node SIGKILLed (its sibling is taken down with it): class `killed` with the
     signal, charged to the job's own budget, relaunched once from the newest checkpoint, every step trained,
     nothing left."""
-    run = job(steps=80, nproc=2, restarts={"max_failures": 7})
+    run = job(steps=80, nodes="2", nproc=2, restarts={"max_failures": 7})     # 2 nodes: see (b)
     run.launch()
     run.wait_step(25)
     assert run.status()["restarts"]["max_failures"] == 7            # (h) the job's own budget
