@@ -198,7 +198,7 @@ NEWEST_STEP = ('newest() { n=; [ -n "$1" ] || return; for m in "$1"/step-*/MANIF
 # supervisor decrypts in Python: one a second per steady node, not two.)
 WATCH = (PID_ALIVE + '; ' + NEWEST_STEP + '; c=$1; shift; p=$("$@" 2>/dev/null); l=; i=0; while :; do '
          'newest "$c"; if alive "$p"; then s="1 $n"; else s="0 $n"; fi; i=$((i + 1)); '
-         'if [ "$s" != "$l" ] || [ "$i" -ge 2 ]; then echo $s; l=$s; i=0; fi; sleep 0.5; done')
+         'if [ "$s" != "$l" ] || [ "$i" -ge 2 ]; then echo "$s"; l=$s; i=0; fi; sleep 0.5; done')
 
 
 def watch_argv(runtime: "Runtime", node: NodeRef, checkpoint_dir: str | None = None) -> list[str]:
