@@ -139,9 +139,9 @@ def test_unreachable_nodes_until_the_run_ends_partitioned_then_sshd_stopped(job,
         rtb.kill(sshless, pattern=r"^sshd: ")     # the open sessions too (not the job: its paths say "sshd")
         assert rtb.kill(sshless, pattern=rh.JOB_PATTERN)
         st = finish(run)
-        fails = [(f["class"], f["node"]) for f in run.status()["failures"]]
+        fails = [(f["class"], f["node"]) for f in st["failures"]]
         assert fails == [("node_lost", parted), ("node_lost", sshless)], fails
-        assert "unreachable" in run.status()["failures"][0]["message"]
+        assert "unreachable" in st["failures"][0]["message"]
         assert st["attempt"] == 3 and [n["node"] for n in st["nodes"]] == [rh.rdzv_host(run)], st["nodes"]
         timeline(run)
         pending = [e["node"] for e in run.events() if e["kind"] == "cleanup_pending"]
