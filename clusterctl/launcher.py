@@ -548,7 +548,7 @@ class ClusterOps:
         return None
 
     def stop_requested(self) -> bool:
-        return self.store.get_job(self.job_id).state == JobState.STOPPED
+        return self.store.job_state(self.job_id) == JobState.STOPPED
 
     def stacks(self, attempt: int, nodes: Sequence[str]) -> str:
         """Where every rank waits (py-spy, see ``stacks``): one line per group of ranks; the full stacks are kept

@@ -377,6 +377,13 @@ class Store:
             raise JobNotFound(job_id_or_name)
         return job
 
+    def job_state(self, job_id: str) -> JobState:
+        """Only the state of job ``job_id`` (the supervisor asks every probe round: one column, not the row)."""
+        rows = self._read("SELECT state FROM jobs WHERE job_id = ?", (job_id,))
+        if not rows:
+            raise JobNotFound(job_id)
+        return JobState(rows[0][0])
+
     def active_job(self, name: str) -> Job | None:
         """The newest non-terminal job named ``name``."""
         with self._locked() as db:

@@ -43,6 +43,8 @@ def fan_out(hosts: Sequence[H], fn: Callable[[H], T], *, max_workers: int = 64, 
     fan-out. ``on_result`` is called (from the caller's thread) as each host finishes, e.g. to drive progress.
     """
     n = len(hosts)
+    if not n:                        # every probe round of a steady job (the watches answered for every node)
+        return []
     results: list[HostResult | None] = [None] * n
     started: dict[int, float] = {}
     running: deque[int] = deque()    # started hosts in start order = the order their host_timeout expires

@@ -16,6 +16,12 @@ def test_results_in_order_errors_are_values():
     assert isinstance(rs[2].error, ValueError) and not rs[2].ok
 
 
+def test_no_hosts_no_thread():
+    before = threading.active_count()
+    assert fan_out([], lambda h: 1 / 0, host_timeout=1) == []
+    assert threading.active_count() == before
+
+
 def test_bounded_pool():
     live, peak, lock = [0], [0], threading.Lock()
 

@@ -145,8 +145,13 @@ def test_create_and_get_job(store: Store) -> None:
     assert (job.failures_used, job.node_failures_used) == (0, 0)
     assert job.created_at == job.updated_at == 1_767_225_601.0
     assert store.get_job("llm") == job
+    assert store.job_state(job_id) == JobState.PENDING
+    store.set_state(job_id, JobState.STARTING)
+    assert store.job_state(job_id) == store.get_job(job_id).state == JobState.STARTING
     with pytest.raises(JobNotFound):
         store.get_job("nope")
+    with pytest.raises(JobNotFound):
+        store.job_state("llm")            # an id, not a name: the supervisor knows its job's id
     assert store.find_job("nope") is None
     with pytest.raises(UserError, match="invalid job name"):
         store.create_job("../evil", SPEC, None, None)
