@@ -192,6 +192,8 @@ class Policy:
     hang_timeout_s: float = 300.0
     wait_for_nodes_s: float = 300.0
     checkpoint_every_probes: int = 5     # without a hint from the ops: look for a new checkpoint every N rounds
+    stop_every_probes: int = 3           # a steady job looks for `stop` (a DB read) every N rounds; any verdict looks
+                                         # at once, and `stop` ends the processes, which the watches report at once
     checkpoint_lookup_tries: int = 10    # a relaunch waits this many probe intervals for a node to read the storage
     checkpoint_dir: str | None = None    # for messages only
     settle_s: float = 3.0                # a non-zero exit waits this long for a dead peer before it is a user error
@@ -330,7 +332,7 @@ class Supervisor:
         health = self._health = Health(started=now, last_progress=now)
         rounds = 0
         while True:
-            if self.ops.stop_requested():
+            if rounds % self.policy.stop_every_probes == 0 and self.ops.stop_requested():
                 return Decision(Verdict.STOPPED, message="stopped by user")
             obs = self.ops.observe(attempt, nodes)
             rounds += 1

@@ -110,6 +110,34 @@ def test_node_lost_relaunches_without_it_with_new_rendezvous_host(store):
     assert kinds == ["rendezvous_lost", "success"]
 
 
+def test_a_steady_job_reads_the_stop_request_every_third_round_and_a_verdict_at_once(store):
+    class StopAfter(FakeOps):
+        """``stop`` was run before round ``at``; its processes ended (or not: ``ended``) in that round."""
+
+        def __init__(self, script, at):
+            super().__init__(script)
+            self.at, self.rounds, self.asked = at, 0, []
+
+        def observe(self, attempt, nodes):
+            self.rounds += 1
+            return super().observe(attempt, nodes)
+
+        def stop_requested(self):
+            self.asked.append(self.rounds)
+            return self.rounds >= self.at - 1
+
+    steady = [obs(a=R, b=R, c=R)] * 9
+    ops = StopAfter(steady, at=5)                   # nodes unreachable for `stop`: nothing ends
+    _, state, _ = run(store, ops)
+    assert state == JobState.STOPPED
+    assert ops.asked == [0, 3, 6] and ops.rounds == 6    # a DB read per 3 rounds: seen within 3 probe intervals
+    killed = [obs(a=R, b=R, c=R)] * 4 + [obs(a=(E, 143, "SIGTERM"), b=(E, 143, "SIGTERM"), c=(E, 143, "SIGTERM"))]
+    ops = StopAfter(killed, at=5)                   # `stop` ended the processes: the watches say so at once
+    _, state, _ = run(store, ops)
+    assert state == JobState.STOPPED
+    assert ops.asked == [0, 3, 5] and ops.rounds == 5
+
+
 def test_user_errors_spend_their_own_budget_then_fail(store):
     rounds = [obs(a=(E, 1), b=(E, 1), c=(E, 1))] * 5
     job_id, state, sleeps = run(store, FakeOps(rounds), max_failures=2, backoff_s=1)
