@@ -1,8 +1,9 @@
 """Simulated nodes for ``bench/scale.py --simulate``: the supervisor's real machinery over fake transports.
 
 A forked *node server* (one process, one selector loop) plays every node: a stream opened by the controller
-connects to its unix socket and says ``W <i>`` (the node's watch: ``1`` every 0.5 s, ``0`` once its process was
-killed, nothing once it is partitioned) or ``L <i>`` (the node's log: ``[0]:seq <k>`` lines at a fixed rate,
+connects to its unix socket and says ``W <i>`` (the node's watch, as ``runtimes.WATCH``: it looks every 0.5 s and
+prints ``1`` at every second look, ``0`` at the first look after its process was killed, then a line a second;
+nothing once it is partitioned) or ``L <i>`` (the node's log: ``[0]:seq <k>`` lines at a fixed rate,
 ``k`` from 0 for every stream, as a node's log is streamed from its first line). So the controller's CPU,
 memory and threads are its own, measured in its own process; nodes' output arrives through real file
 descriptors, as over SSH.
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from clusterctl.transport.base import CommandResult
 
-WATCH_PERIOD = 0.5
+LOOK = 0.5            # the watch looks this often; it prints when what it says changed, else every LOOKS_PER_LINE
+LOOKS_PER_LINE = 2
 TICK = 0.05
 
 
@@ -42,7 +44,8 @@ def serve(path: str, n: int, log_rate: float, control: int) -> None:
     drops = 0
     next_tick = time.monotonic()
     tick_no = 0
-    ticks_per_watch = round(WATCH_PERIOD / TICK)
+    ticks_per_look = round(LOOK / TICK)
+    said: dict[socket.socket, tuple[bytes, int]] = {}    # watch -> (its last line, looks since)
 
     def send(s: socket.socket, data: bytes) -> bool:
         nonlocal drops
@@ -98,6 +101,7 @@ def serve(path: str, n: int, log_rate: float, control: int) -> None:
                     sel.unregister(c)
                     pending.pop(c, None)
                     watches.pop(c, None)
+                    said.pop(c, None)
                     logs.pop(c, None)
                     c.close()
         now = time.monotonic()
@@ -106,9 +110,15 @@ def serve(path: str, n: int, log_rate: float, control: int) -> None:
         next_tick += TICK
         tick_no += 1
         for c, node in list(watches.items()):
-            # nodes' watches are not synchronised: node i prints in its own slot of the 0.5 s period
-            if node % ticks_per_watch == tick_no % ticks_per_watch and node not in cut:
-                if not send(c, b"0\n" if node in killed else b"1\n"):
+            # nodes' watches are not synchronised: node i looks in its own slot of the 0.5 s period
+            if node % ticks_per_look == tick_no % ticks_per_look and node not in cut:
+                line = b"0\n" if node in killed else b"1\n"
+                last, looks = said.get(c, (b"", LOOKS_PER_LINE))
+                if line == last and looks + 1 < LOOKS_PER_LINE:
+                    said[c] = (last, looks + 1)
+                    continue
+                said[c] = (line, 0)
+                if not send(c, line):
                     watches.pop(c, None)
         for c, st in list(logs.items()):
             node, seq, t0 = st
