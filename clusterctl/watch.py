@@ -40,7 +40,9 @@ class Mux(Protocol):
 
     def add(self, name: str, opener: Callable[[], OpenStream], on_data: Callable[[bytes], None], *,
             on_end: Callable[[BaseException | None], None] | None = None, retry_s: float = 0.5,
-            before_reopen: Callable[[], None] | None = None) -> Handle: ...
+            before_reopen: Callable[[], None] | None = None, poll: bool = False) -> Handle: ...
+
+    def flush(self, streams: Sequence[Handle], timeout: float = 2.0) -> bool: ...
 
     def close(self) -> None: ...
 
@@ -210,7 +212,8 @@ class Watches:
 
         f = self._followers[node] = Follower(None, stop, last_seen=self.sink.lines(node))
         f.stream = self._streams().add(f"logs-{node}", lambda: self._open_stream(node, argv), on_data,
-                                       on_end=on_end, retry_s=1.0, before_reopen=lambda: self.sink.restart(node))
+                                       on_end=on_end, retry_s=1.0, before_reopen=lambda: self.sink.restart(node),
+                                       poll=True)     # read every 0.5 s: a log line need not wake anyone
         return f
 
     def progress(self, node: str) -> bool:
@@ -222,10 +225,14 @@ class Watches:
         return f.last_seen != seen
 
     def stop_followers(self, nodes: Sequence[str] | None = None) -> None:
-        for node in list(self._followers if nodes is None else nodes):
-            f = self._followers.pop(node, None)
-            if f:
-                f.halt()
+        """Stop the nodes' log followers, after what they hold now reached the sink (they are polled)."""
+        followers = [f for f in (self._followers.pop(n, None) for n in list(self._followers if nodes is None
+                                                                             else nodes)) if f]
+        streams = [f.stream for f in followers if f.stream is not None]
+        if streams and self._mux is not None:
+            self._mux.flush(streams)
+        for f in followers:
+            f.halt()
 
     def close(self) -> None:
         """Stop every watch and follower, and the mux."""

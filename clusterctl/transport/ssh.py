@@ -508,7 +508,6 @@ class SSHTransport:
             chan.set_combine_stderr(True)
             self._exec(chan, quote(["sh", "-c", STREAM_WRAPPER, "clusterctl-stream", *argv]),
                        time.monotonic() + self.options.command_timeout, f"stream of {argv[0]} did not start")
-            chan.fileno()          # paramiko makes the channel's pipe now: data from here on makes it readable
         except (paramiko.SSHException, EOFError, OSError) as e:
             self.close()
             raise ConnectError(self.host.name, f"connection lost: {e or e.__class__.__name__}") from None
@@ -539,6 +538,8 @@ class SSHStream:
         self.transport, self.chan = transport, chan
 
     def fileno(self) -> int:
+        """paramiko makes the channel's pipe on the first call (readable at once when output or the end came
+        before), then writes a byte to it per packet: a stream that is only polled never calls this."""
         return self.chan.fileno()
 
     def read(self) -> bytes | None:

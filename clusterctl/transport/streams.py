@@ -8,6 +8,14 @@ for the exec request) runs on a small bounded pool, never on the selector thread
 A stream is kept open until it is stopped: when it ends (EOF, a lost connection) ``on_end(error)`` is called,
 and after ``retry_s`` it is opened again (``before_reopen()`` first), as the per-stream threads did.
 
+A stream added with ``poll=True`` (the log followers) is not selected on: the loop reads every polled stream
+once per ``poll_s`` (0.5 s), whatever came meanwhile in one piece. Each SSH packet read when it arrives costs a
+wake of this thread and a pipe write in paramiko's (a channel's ``fileno()`` is a pipe paramiko writes a byte to
+per packet; a polled channel never gets one): ~100 us of CPU per log line at a few lines a second, most of a
+supervised node's cost once the watch is down to a line a second (issue 15). A watch is selected on: a process
+end must wake the supervisor at once. ``flush(streams)`` reads polled streams now (before a stop, so that the
+last lines of an attempt are not left in a buffer).
+
 Transports with ``open_stream(argv)`` (SSH) hand over their channel; any other ``Transport`` is adapted with
 ``ThreadedStream`` (its blocking ``stream`` on a thread of its own, its output passed on through a pipe).
 """
@@ -127,6 +135,7 @@ class Stream:
     handle: OpenStream | None = None
     stopped: bool = False
     opens: int = 0
+    poll: bool = False       # read every ``StreamMux.poll_s``, not when readable
 
     def stop(self) -> None:
         self.stopped = True
@@ -136,8 +145,10 @@ class Stream:
 class StreamMux:
     """One selector thread for many streams; opens on a pool of ``open_workers`` threads."""
 
-    def __init__(self, *, open_workers: int = 16, clock: Callable[[], float] = time.monotonic):
-        self.clock = clock
+    def __init__(self, *, open_workers: int = 16, poll_s: float = 0.5, clock: Callable[[], float] = time.monotonic):
+        self.clock, self.poll_s = clock, poll_s
+        self._polled: set[Stream] = set()      # open streams read every poll_s
+        self._next_poll = 0.0
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -153,12 +164,31 @@ class StreamMux:
 
     def add(self, name: str, opener: Callable[[], OpenStream], on_data: Callable[[bytes], None], *,
             on_end: Callable[[BaseException | None], None] | None = None, retry_s: float = 0.5,
-            before_reopen: Callable[[], None] | None = None) -> Stream:
+            before_reopen: Callable[[], None] | None = None, poll: bool = False) -> Stream:
         """Open ``opener()`` now and keep it open until ``stop()``: ``on_data`` (on the selector thread) for its
-        output, ``on_end(error)`` when it ends, reopened ``retry_s`` later (after ``before_reopen()``)."""
-        s = Stream(name, opener, on_data, on_end or (lambda e: None), retry_s, before_reopen, self)
+        output, ``on_end(error)`` when it ends, reopened ``retry_s`` later (after ``before_reopen()``).
+        ``poll``: read it every ``poll_s`` rather than as its output arrives."""
+        s = Stream(name, opener, on_data, on_end or (lambda e: None), retry_s, before_reopen, self, poll=poll)
         self._post(("open", s))
         return s
+
+    def flush(self, streams: Sequence[Stream], timeout: float = 2.0) -> bool:
+        """Pass what the polled ``streams`` hold now to their ``on_data`` before returning (False: the loop did
+        not get to it within ``timeout``)."""
+        if not any(s.poll for s in streams):
+            return True
+        done = threading.Event()
+        if threading.current_thread() is self._thread:
+            self._flush(streams, done)
+        else:
+            self._post(("flush", (streams, done)))
+        return done.wait(timeout)
+
+    def _flush(self, streams: Sequence[Stream], done: threading.Event) -> None:
+        for s in streams:
+            if s in self._polled:
+                self._drain(s)
+        done.set()
 
     def close(self) -> None:
         self._closed = True
@@ -191,10 +221,13 @@ class StreamMux:
     def _end(self, s: Stream, error: BaseException | None) -> None:
         h, s.handle = s.handle, None
         if h is not None:
-            try:
-                self._sel.unregister(h)
-            except (KeyError, ValueError, OSError):
-                pass
+            if s.poll:
+                self._polled.discard(s)
+            else:
+                try:
+                    self._sel.unregister(h)
+                except (KeyError, ValueError, OSError):
+                    pass
             try:
                 h.close()
             except Exception:  # noqa: BLE001 - closing a dead stream may fail in any way
@@ -222,45 +255,64 @@ class StreamMux:
             elif verb == "stop":
                 if arg.handle is not None:
                     self._end(arg, None)
+            elif verb == "flush":
+                self._flush(*arg)
             elif verb == "opened":
                 s, handle = arg
                 s.handle = handle
                 if s.stopped:
                     self._end(s, None)
                     continue
-                try:
-                    self._sel.register(handle, selectors.EVENT_READ, s)
-                except (ValueError, OSError) as e:
-                    self._end(s, e)
-                    continue
+                if s.poll:
+                    if not self._polled:
+                        self._next_poll = self.clock() + self.poll_s
+                    self._polled.add(s)
+                else:
+                    try:
+                        self._sel.register(handle, selectors.EVENT_READ, s)
+                    except (ValueError, OSError) as e:
+                        self._end(s, e)
+                        continue
                 self._read(s)        # output that came with the start
             elif verb == "failed":
                 s, e = arg
                 self._end(s, e)
         return True
 
-    def _read(self, s: Stream) -> None:
+    def _read(self, s: Stream) -> bool:
+        """One read of ``s``; True when it passed output on."""
         try:
             data = s.handle.read()
         except BaseException as e:  # noqa: BLE001 - a lost connection: reopened later
             self._end(s, e)
-            return
+            return False
         if data is None:
-            return
+            return False
         if not data:
             self._end(s, None)
-            return
+            return False
         if not s.stopped:
             try:
                 s.on_data(data)
             except Exception:  # noqa: BLE001 - a callback must not kill every stream
                 pass
+        return True
+
+    def _drain(self, s: Stream, reads: int = 64) -> None:
+        """Read ``s`` until it has nothing now (at most ``reads`` times: a stream that keeps writing cannot hold
+        the loop; the rest comes at the next poll)."""
+        for _ in range(reads):
+            if s.handle is None or not self._read(s):
+                return
 
     def _loop(self) -> None:
         while not self._closed:
             timeout = None
             if self._timers:
                 timeout = max(0.0, self._timers[0][0] - self.clock())
+            if self._polled:
+                due = max(0.0, self._next_poll - self.clock())
+                timeout = due if timeout is None else min(timeout, due)
             for key, _ in self._sel.select(timeout):
                 if key.data is None:
                     if not self._handle_inbox():
@@ -272,6 +324,10 @@ class StreamMux:
                 self._shutdown()
                 return
             now = self.clock()
+            if self._polled and now >= self._next_poll:
+                for s in list(self._polled):
+                    self._drain(s)
+                self._next_poll = now + self.poll_s
             while self._timers and self._timers[0][0] <= now:
                 _, _, s = heapq.heappop(self._timers)
                 if not s.stopped:
@@ -279,10 +335,9 @@ class StreamMux:
         self._shutdown()
 
     def _shutdown(self) -> None:
-        for key in list(self._sel.get_map().values()):
-            if key.data is not None:
-                key.data.stopped = True
-                self._end(key.data, None)
+        for s in [key.data for key in self._sel.get_map().values() if key.data is not None] + list(self._polled):
+            s.stopped = True
+            self._end(s, None)
         self._sel.close()
         for fd in (self._wake_r, self._wake_w):
             try:

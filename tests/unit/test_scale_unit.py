@@ -131,6 +131,56 @@ def test_a_stopped_stream_is_closed_and_gets_no_more_data():
         a.close()
 
 
+class PolledOnly(SockStream):
+    """A stream that must never be selected on."""
+
+    def fileno(self):
+        raise AssertionError("a polled stream's fileno() was asked for (paramiko would write to a pipe per packet)")
+
+
+def test_a_polled_stream_is_read_every_poll_s_in_one_piece_and_its_end_is_seen():
+    mux = StreamMux(poll_s=0.3)
+    a, b = socket.socketpair()
+    got, ends, at = [], [], []
+    handle = PolledOnly(b)
+    try:
+        mux.add("logs", lambda: handle, lambda d: (got.append(d), at.append(time.monotonic())),
+                on_end=ends.append, retry_s=60, poll=True)
+        time.sleep(0.1)                                    # opened (and read once: nothing yet)
+        t0 = time.monotonic()
+        for k in range(5):
+            a.send(b"%d\n" % k)
+            time.sleep(0.01)
+        assert wait_for(lambda: got)
+        assert got == [b"0\n1\n2\n3\n4\n"] and at[0] - t0 <= 0.3 + 0.2   # one read at the next poll
+        a.close()                                           # the remote command ended
+        assert wait_for(lambda: ends == [None]) and handle.closed
+    finally:
+        mux.close()
+
+
+def test_flush_hands_over_what_a_polled_stream_holds_before_it_returns_and_close_ends_polled_streams():
+    mux = StreamMux(poll_s=60)                              # no poll would come within the test
+    pairs = [socket.socketpair() for _ in range(3)]
+    got = {i: [] for i in range(3)}
+    handles = [PolledOnly(b) for _, b in pairs]
+    try:
+        streams = [mux.add(f"l{i}", lambda h=h: h, got[i].append, poll=True) for i, h in enumerate(handles)]
+        time.sleep(0.1)
+        for i, (a, _) in enumerate(pairs):
+            a.send(b"last lines of %d\n" % i)
+        time.sleep(0.1)
+        assert got == {0: [], 1: [], 2: []}                 # polled: nothing read yet
+        assert mux.flush(streams[:2]) is True
+        assert got == {0: [b"last lines of 0\n"], 1: [b"last lines of 1\n"], 2: []}
+        assert mux.flush([]) is True
+    finally:
+        mux.close()
+        for a, _ in pairs:
+            a.close()
+    assert all(h.closed for h in handles)
+
+
 class BlockingTransport:
     """A transport with only the blocking ``stream`` (tests' fakes, the local transport)."""
 

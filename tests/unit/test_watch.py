@@ -213,6 +213,7 @@ class FakeStream:
     on_end: object
     retry_s: float
     before_reopen: object
+    poll: bool = False
     stopped: bool = False
 
     def stop(self) -> None:
@@ -225,10 +226,16 @@ class FakeMux:
 
     streams: dict[str, FakeStream] = field(default_factory=dict)
     closed: bool = False
+    flushed: list[list[str]] = field(default_factory=list)   # per flush: the streams, none stopped yet
 
-    def add(self, name, opener, on_data, *, on_end=None, retry_s=0.5, before_reopen=None) -> FakeStream:
-        s = self.streams[name] = FakeStream(name, opener, on_data, on_end, retry_s, before_reopen)
+    def add(self, name, opener, on_data, *, on_end=None, retry_s=0.5, before_reopen=None, poll=False) -> FakeStream:
+        s = self.streams[name] = FakeStream(name, opener, on_data, on_end, retry_s, before_reopen, poll)
         return s
+
+    def flush(self, streams, timeout=2.0) -> bool:
+        assert not any(s.stopped for s in streams)
+        self.flushed.append([s.name for s in streams])
+        return True
 
     def feed(self, name: str, data: bytes) -> None:
         s = self.streams[name]
@@ -394,6 +401,7 @@ def test_a_follower_copies_the_log_and_progress_says_whether_lines_came_since_la
     ws, mux, clock, _ = _watches(sink=sink)
     ws.follow(1, "n1", ["logs", "-f"])
     assert sink.begun == [("n1", 1)] and mux.streams["logs-n1"].opener() == ("n1", ["logs", "-f"])
+    assert mux.streams["logs-n1"].poll                    # a log line wakes nobody: read every poll_s
     assert ws.progress("n1") is False
     mux.feed("logs-n1", b"[0]:step 1\n")
     assert ws.progress("n1") is True and ws.progress("n1") is False
@@ -401,7 +409,7 @@ def test_a_follower_copies_the_log_and_progress_says_whether_lines_came_since_la
     assert sink.restarts == ["n1"]
     old = mux.streams["logs-n1"]
     ws.follow(2, "n1", ["logs", "-f", "2"])              # the next attempt: the old stream writes nothing more
-    assert old.stopped
+    assert old.stopped and mux.flushed == [["logs-n1"]]  # ... after what it held reached the sink
     old.on_data(b"late\n")
     assert b"late\n" not in sink.data["n1"]
     assert ws.progress("unknown") is False
@@ -413,6 +421,7 @@ def test_close_stops_every_stream_and_the_mux():
     ws.follow(1, "n1", ["logs"])
     ws.close()
     assert mux.closed and all(s.stopped for s in mux.streams.values()) and ws.snapshot() == {}
+    assert mux.flushed == [["logs-n1"]] and not mux.streams["watch-n1"].poll
 
 
 # ------------------------------------------------------------------------------------------- observe
