@@ -80,8 +80,10 @@ def test_one_connection_runs_many_commands_and_non_zero_exit_is_a_value(hosts, o
         a = t.run(["sh", "-c", "echo out; echo err >&2; exit 7"])
         b = t.run(["cat"], stdin=b"from stdin\n")
         c = t.run(["true"])
+        ciphers = (t._t.remote_cipher, t._t.local_cipher)
     finally:
         t.close()
+    assert ciphers == ("aes128-gcm@openssh.com",) * 2     # OpenSSH offers GCM: no per-packet MAC in Python
     assert (a.exit_code, a.stdout, a.stderr, a.ok) == (7, "out\n", "err\n", False)
     assert (b.exit_code, b.stdout) == (0, "from stdin\n")
     assert c.ok

@@ -139,3 +139,14 @@ def test_an_idle_connection_wakes_once_a_second_and_close_ends_its_thread_at_onc
     t.close()
     pt.join(5)
     assert not pt.is_alive() and time.monotonic() - t0 < 0.5 * ssh.IDLE_WAKE_S
+
+
+def test_aes_gcm_comes_first_and_every_other_cipher_keeps_its_order():
+    import paramiko
+
+    default = list(paramiko.Transport._preferred_ciphers)
+    got = ssh.aead_first(default)
+    assert got[:2] == ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com"]
+    assert sorted(got) == sorted(default)
+    assert [c for c in got if "-gcm@" not in c] == [c for c in default if "-gcm@" not in c]
+    assert ssh.aead_first(["aes128-ctr", "aes256-ctr"]) == ["aes128-ctr", "aes256-ctr"]   # a server without GCM
