@@ -213,7 +213,7 @@ class Watches:
         f = self._followers[node] = Follower(None, stop, last_seen=self.sink.lines(node))
         f.stream = self._streams().add(f"logs-{node}", lambda: self._open_stream(node, argv), on_data,
                                        on_end=on_end, retry_s=1.0, before_reopen=lambda: self.sink.restart(node),
-                                       poll=True)     # read every 0.5 s: a log line need not wake anyone
+                                       poll=True)     # read once a second: a log line need not wake anyone
         return f
 
     def progress(self, node: str) -> bool:

@@ -9,12 +9,13 @@ A stream is kept open until it is stopped: when it ends (EOF, a lost connection)
 and after ``retry_s`` it is opened again (``before_reopen()`` first), as the per-stream threads did.
 
 A stream added with ``poll=True`` (the log followers) is not selected on: the loop reads every polled stream
-once per ``poll_s`` (0.5 s), whatever came meanwhile in one piece. Each SSH packet read when it arrives costs a
-wake of this thread and a pipe write in paramiko's (a channel's ``fileno()`` is a pipe paramiko writes a byte to
-per packet; a polled channel never gets one): ~100 us of CPU per log line at a few lines a second, most of a
-supervised node's cost once the watch is down to a line a second (issue 15). A watch is selected on: a process
-end must wake the supervisor at once. ``flush(streams)`` reads polled streams now (before a stop, so that the
-last lines of an attempt are not left in a buffer).
+once per ``poll_s`` (1 s), whatever came meanwhile in one piece. Read as it arrives, every SSH packet (a log
+line, as a rank prints it) costs a wake of this thread, a channel read (~60 us of CPU on the testbed machine) and a
+byte paramiko writes to the channel's pipe (``fileno()``; a polled channel never gets one). Polled, a node costs
+a read a second however fast it prints: at 2 lines/s 40 us per line instead of 60-70; at 50 lines/s one read
+instead of 50 (issue 15). Every 0.5 s would not pay at 2 lines/s (as many reads, and empty ones). A watch is
+selected on: a process end must wake the supervisor at once. ``flush(streams)`` reads polled streams now (before
+a stop, so that the last lines of an attempt are not left in a buffer).
 
 Transports with ``open_stream(argv)`` (SSH) hand over their channel; any other ``Transport`` is adapted with
 ``ThreadedStream`` (its blocking ``stream`` on a thread of its own, its output passed on through a pipe).
@@ -145,7 +146,7 @@ class Stream:
 class StreamMux:
     """One selector thread for many streams; opens on a pool of ``open_workers`` threads."""
 
-    def __init__(self, *, open_workers: int = 16, poll_s: float = 0.5, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, *, open_workers: int = 16, poll_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
         self.clock, self.poll_s = clock, poll_s
         self._polled: set[Stream] = set()      # open streams read every poll_s
         self._next_poll = 0.0
