@@ -155,6 +155,31 @@ def thread_cpu(pid: int) -> dict[int, float]:
     return out
 
 
+ROLES = (("MainThread", "loop"), ("heartbeat", "heartbeat"), ("streams", "streams"), ("Thread-", "paramiko"))
+
+
+def thread_roles(pid: int) -> dict[int, str]:
+    """tid -> what the thread is (``ROLES``: the supervisor loop, its heartbeat, the stream mux, paramiko's
+    transport threads, else "other"), from ``py-spy dump`` (Python names no OS thread); {} without py-spy."""
+    try:
+        out = subprocess.run([str(VENV_BIN / "py-spy"), "dump", "--pid", str(pid)], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {int(tid): next((role for prefix, role in ROLES if name.startswith(prefix)), "other")
+            for tid, name in re.findall(r'^Thread (\d+) \([^)]*\): "([^"]*)"', out, re.M)}
+
+
+def cpu_by_role(before: dict[int, float], after: dict[int, float], roles: dict[int, str],
+                seconds: float) -> dict[str, float]:
+    """ms of CPU a second per thread role (``thread_roles``) between two ``thread_cpu``."""
+    out: dict[str, float] = {}
+    for tid, v in after.items():
+        role = roles.get(tid, "other")
+        out[role] = out.get(role, 0.0) + 1000 * (v - before.get(tid, 0.0)) / seconds
+    return {k: round(v, 3) for k, v in sorted(out.items())}
+
+
 def cpu_between(before: dict[int, float], after: dict[int, float]) -> tuple[float, int]:
     """(CPU seconds of the threads between two ``thread_cpu``, threads that ended in between: their last
     stretch is not counted)."""
@@ -235,6 +260,7 @@ def steady_and_kill(tb, base: Path, n: int, inv: Path, rate: float, window: floa
         l1, t1 = count_lines(log), time.monotonic()
         ns, ended = cpu_between(n0, n1)
         cpu = ns if not ended else c1 - c0     # a thread that ended took its CPU out of the ns sum: ticks then
+        out["cpu_ms_per_s_by_thread"] = cpu_by_role(n0, n1, thread_roles(pid), t1 - t0)
         out.update(cpu_pct=100 * cpu / (t1 - t0), cpu_pct_ticks=100 * (c1 - c0) / (t1 - t0), threads_ended=ended,
                    rss_mb=rss / 1024, threads=threads, lines_per_s=(l1 - l0) / (t1 - t0),
                    cpu_ms_per_1000_lines=1e6 * cpu / max(1, l1 - l0))

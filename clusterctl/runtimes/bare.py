@@ -78,7 +78,7 @@ done
 rm -rf -- "$d/lib"
 [ "$rc" -eq 0 ] || [ ! -s "$d/error.json" ] || {{ printf '%s' "{ERROR_FILE_LINE}"; tr -d '\\n' <"$d/error.json"; echo; }}
 echo "clusterctl: torchrun exited with status $rc"
-echo "$rc" >"$d/exit"
+echo "$rc" >"$d/exit.part" && mv -f -- "$d/exit.part" "$d/exit"   # whole or absent: a listing never reads ""
 exit "$rc"
 """
 
