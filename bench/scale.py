@@ -237,9 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.testbed:
         import scaletb
 
-        args.log_rate, args.window = args.log_rate or 50.0, args.window or 20.0
+        args.log_rate, args.window = (50.0 if args.log_rate is None else args.log_rate), args.window or 20.0
         return scaletb.main(args)
-    args.log_rate, args.window = args.log_rate or 5.0, args.window or 10.0
+    args.log_rate, args.window = (5.0 if args.log_rate is None else args.log_rate), args.window or 10.0
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     sizes = [int(s) for s in (args.sizes or "256,1024,4096").split(",")]
