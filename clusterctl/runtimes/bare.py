@@ -10,7 +10,7 @@ is expanded to ``$HOME`` on the node):
   SIGHUP ignored).
 * the runner writes its pid to ``NODE_DIR/pid`` (it is the session and process-group leader: pid == pgid == sid),
   applies the env script, runs torchrun as its child, forwards SIGTERM/SIGINT to it, and when torchrun ends writes
-  its exit status to ``NODE_DIR/exit`` (128+N when killed by signal N). torchrun's ``TORCHELASTIC_ERROR_FILE`` is
+  its exit status to ``NODE_DIR/exit`` (128+N when killed by signal N; written whole: a temp file, then mv). torchrun's ``TORCHELASTIC_ERROR_FILE`` is
   ``NODE_DIR/error.json``; after a failure the runner copies it into the log as one line (``ERROR_FILE_LINE``).
 * stop: nothing is signalled by pid once ``NODE_DIR/exit`` exists (the pid may be reused). TERM/INT go to the
   runner, which forwards them to the torchrun agent (the agent stops its workers). KILL
@@ -78,7 +78,7 @@ done
 rm -rf -- "$d/lib"
 [ "$rc" -eq 0 ] || [ ! -s "$d/error.json" ] || {{ printf '%s' "{ERROR_FILE_LINE}"; tr -d '\\n' <"$d/error.json"; echo; }}
 echo "clusterctl: torchrun exited with status $rc"
-echo "$rc" >"$d/exit.part" && mv -f -- "$d/exit.part" "$d/exit"   # whole or absent: a listing never reads ""
+echo "$rc" >"$d/exit.tmp" && mv -f -- "$d/exit.tmp" "$d/exit"
 exit "$rc"
 """
 
