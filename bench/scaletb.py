@@ -180,11 +180,6 @@ def cpu_by_role(before: dict[int, float], after: dict[int, float], roles: dict[i
     return {k: round(v, 3) for k, v in sorted(out.items())}
 
 
-def cpu_between(before: dict[int, float], after: dict[int, float]) -> tuple[float, int]:
-    """(CPU seconds of the threads between two ``thread_cpu``, threads that ended in between: their last
-    stretch is not counted)."""
-    return sum(v - before.get(t, 0.0) for t, v in after.items()), len(set(before) - set(after))
-
 
 def count_lines(path: Path) -> int:
     try:
@@ -258,9 +253,9 @@ def steady_and_kill(tb, base: Path, n: int, inv: Path, rate: float, window: floa
         c1, rss, threads = proc_stat(pid)
         n1 = thread_cpu(pid)
         l1, t1 = count_lines(log), time.monotonic()
-        ns, ended = cpu_between(n0, n1)
-        cpu = ns if not ended else c1 - c0     # a thread that ended took its CPU out of the ns sum: ticks then
-        out["cpu_ms_per_s_by_thread"] = cpu_by_role(n0, n1, thread_roles(pid), t1 - t0)
+        by_thread = out["cpu_ms_per_s_by_thread"] = cpu_by_role(n0, n1, thread_roles(pid), t1 - t0)
+        ended = len(set(n0) - set(n1))         # a thread that ended took its last stretch out of the ns sums
+        cpu = sum(by_thread.values()) * (t1 - t0) / 1000 if not ended else c1 - c0
         out.update(cpu_pct=100 * cpu / (t1 - t0), cpu_pct_ticks=100 * (c1 - c0) / (t1 - t0), threads_ended=ended,
                    rss_mb=rss / 1024, threads=threads, lines_per_s=(l1 - l0) / (t1 - t0),
                    cpu_ms_per_1000_lines=1e6 * cpu / max(1, l1 - l0))

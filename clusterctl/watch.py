@@ -226,8 +226,8 @@ class Watches:
 
     def stop_followers(self, nodes: Sequence[str] | None = None) -> None:
         """Stop the nodes' log followers, after what they hold now reached the sink (they are polled)."""
-        followers = [f for f in (self._followers.pop(n, None) for n in list(self._followers if nodes is None
-                                                                             else nodes)) if f]
+        gone = [self._followers.pop(n, None) for n in list(self._followers if nodes is None else nodes)]
+        followers = [f for f in gone if f is not None]
         streams = [f.stream for f in followers if f.stream is not None]
         if streams and self._mux is not None:
             self._mux.flush(streams)
