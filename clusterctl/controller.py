@@ -95,7 +95,7 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
               echo: Callable[[str], None] = print) -> JobState:
     """The body of ``clusterctl _supervise``: claim the job, beat, run the loop, release."""
     store = Store(paths.db_path(root))
-    if not store.claim_supervisor(job_id, os.getpid()):
+    if not store.claim_supervisor(job_id, os.getpid(), is_live=lambda pid: is_live_supervisor(pid, job_id)):
         raise UserError(f"job {job_id} already has a live supervisor (pid {store.get_job(job_id).supervisor_pid})")
     beating = threading.Event()
     threading.Thread(target=_heartbeat, args=(store, job_id, beating), daemon=True, name="heartbeat").start()
@@ -104,7 +104,7 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
 
     notifier = notify.for_job(store, job_id, ops.spec)    # webhooks/commands on state changes, on its own thread
     try:
-        sup = Supervisor(job_id, store, ops, policy, nodes, wait=ops.wait_for_change,
+        sup = Supervisor(job_id, store, ops, policy, nodes, wait=ops.wait_for_change, sleep=ops.sleep_unless_stopped,
                          on_event=lambda m: echo(f"clusterctl: {redact(m, ops.secrets.values())}"))
         job = store.get_job(job_id)
         attempt = job.attempt if adopt and job.attempt else None
@@ -159,9 +159,15 @@ def live_supervisor(root: Path, job) -> int | None:
         except ValueError:
             pass
     for pid in candidates:
-        if pid and pid_alive(pid) and _is_supervisor(pid, job.job_id):
+        if pid and is_live_supervisor(pid, job.job_id):
             return pid
     return None
+
+
+def is_live_supervisor(pid: int, job_id: str) -> bool:
+    """``pid`` is alive and is a supervisor of ``job_id`` (after a reboot the recorded pid may be another
+    process's: its command line tells)."""
+    return pid_alive(pid) and _is_supervisor(pid, job_id)
 
 
 def _is_supervisor(pid: int, job_id: str) -> bool:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
 from collections import Counter
@@ -379,10 +381,21 @@ class ClusterOps:
         out = dict(known)
         for r in fan_out([self.hosts[n] for n in nodes if n not in known], probe,
                          host_timeout=deadline_s or self.probe_timeout_s * 3 + 2):
-            out[r.host.name] = r.value if r.ok else Observation(r.host.name, "unreachable", error_tail=str(r.error))
+            out[r.host.name] = r.value if r.ok else self._probe_failed(r.host.name, r.error)
         for n in nodes:
             (self._unhealthy.add if out[n].state == "unreachable" else self._unhealthy.discard)(n)
         return [out[n] for n in nodes]
+
+    @staticmethod
+    def _probe_failed(node: str, error: BaseException) -> Observation:
+        """A probe that raised: the node did not answer (a transport error or a deadline: ``unreachable``,
+        which counts towards a lost node), or a bug on this side (a parser, a runtime listing we do not
+        understand: ``probe_error``, logged with its traceback in the supervisor's log, never a verdict)."""
+        if isinstance(error, TransportError):
+            return Observation(node, "unreachable", error_tail=str(error))
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        print(f"clusterctl: probe error on {node} (not a node failure):\n{text}", file=sys.stderr, flush=True)
+        return Observation(node, "probe_error", error_tail=f"probe error: {error.__class__.__name__}: {error}")
 
     def _ended(self, node: str, attempt: int, inst, progress: bool) -> Observation:
         """A node that exited with a failure (``observe.Explain``; a clean exit is decided without the node):
@@ -549,6 +562,13 @@ class ClusterOps:
 
     def stop_requested(self) -> bool:
         return self.store.job_state(self.job_id) == JobState.STOPPED
+
+    def sleep_unless_stopped(self, seconds: float, poll_s: float = 0.5) -> None:
+        """The supervisor's backoff sleep: returns early once `clusterctl stop` is requested (a stop during a
+        30 s backoff ends the job within ``poll_s``, not after the backoff)."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0 and not self.stop_requested():
+            time.sleep(min(left, poll_s))
 
     def stacks(self, attempt: int, nodes: Sequence[str]) -> str:
         """Where every rank waits (py-spy, see ``stacks``): one line per group of ranks; the full stacks are kept

@@ -49,6 +49,13 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
     if job.terminal or not attempts:
         return None
     a = attempts[-1]
+    if a.result == "succeeded":       # the supervisor recorded the success, then died before the job's end
+        store.set_state(job_id, JobState.SUCCEEDED, "every node finished with exit code 0 (the supervisor ended "
+                                                    "before it recorded the job's end)")
+        store.add_event(job_id, "reconciled", f"attempt {a.attempt} had succeeded; the job is SUCCEEDED",
+                        attempt=a.attempt, klass="success")
+        return Reconciled(a.attempt, (), Decision(Verdict.SUCCESS, message="every node finished with exit code 0"),
+                          JobState.SUCCEEDED)
     obs = ops.observe(a.attempt, list(a.nodes), watch=False, deadline_s=deadline_s)
     d = judge(obs, rdzv_host=a.rdzv_host or "", now=clock())
     for o in obs:

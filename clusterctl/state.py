@@ -51,6 +51,7 @@ class JobState(str, Enum):
 
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})
+ACTIVE_STATES = frozenset(JobState) - TERMINAL_STATES
 
 # state -> states it may move to. Setting the current state again is always allowed (updates the reason).
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
@@ -403,16 +404,20 @@ class Store:
         return [_job(r) for r in self._read(f"SELECT * FROM jobs {where} ORDER BY created_at DESC, rowid DESC",
                                             params)]
 
-    def set_state(self, job_id: str, state: JobState | str, reason: str | None = None) -> JobState:
+    def set_state(self, job_id: str, state: JobState | str, reason: str | None = None, *,
+                  expect: Iterable[JobState] | None = None) -> JobState:
         """Move the job to ``state`` (reason replaces the old one) and return the previous state.
-        Raises ``InvalidTransition`` if ``TRANSITIONS`` forbids it, e.g. a RUNNING update after a user's STOP."""
+        Raises ``InvalidTransition`` if ``TRANSITIONS`` forbids it, e.g. a RUNNING update after a user's STOP, or
+        when the job is not in one of the states the caller ``expect``s (the supervisor expects an active job: a
+        `stop` that came first must not be overridden, although STOPPED -> RECOVERING is allowed for `resume`)."""
         new = JobState(state)
+        allowed = None if expect is None else frozenset(JobState(s) for s in expect)
         with self._write() as db:
             row = db.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
             if row is None:
                 raise JobNotFound(job_id)
             old = JobState(row["state"])
-            if new != old and new not in TRANSITIONS[old]:
+            if (new != old and new not in TRANSITIONS[old]) or (allowed is not None and old not in allowed):
                 raise InvalidTransition(job_id, old, new)
             db.execute("UPDATE jobs SET state = ?, reason = ?, updated_at = ? WHERE job_id = ?",
                        (new.value, self._redact(reason), self._clock(), job_id))
@@ -563,14 +568,16 @@ class Store:
 
     # -- supervisor ownership -----------------------------------------------------------------------------------
 
-    def claim_supervisor(self, job_id: str, pid: int) -> bool:
-        """Record ``pid`` as the job's supervisor unless another live one is recorded. Atomic across processes."""
+    def claim_supervisor(self, job_id: str, pid: int, *, is_live: Callable[[int], bool] | None = None) -> bool:
+        """Record ``pid`` as the job's supervisor unless another live one is recorded. Atomic across processes.
+        ``is_live(pid)``: is that pid still the job's supervisor (not a reused pid after a reboot)? Default: the
+        store's ``pid_alive``."""
         with self._write() as db:
             row = db.execute("SELECT supervisor_pid FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
             if row is None:
                 raise JobNotFound(job_id)
             current = row["supervisor_pid"]
-            if current is not None and current != pid and self._pid_alive(current):
+            if current is not None and current != pid and (is_live or self._pid_alive)(current):
                 return False
             now = self._clock()
             db.execute("UPDATE jobs SET supervisor_pid = ?, supervisor_seen_at = ?, updated_at = ? WHERE job_id = ?",

@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Callable, Protocol, Sequence
 
 from clusterctl import budget
-from clusterctl.state import JobState, Store
+from clusterctl.state import ACTIVE_STATES, InvalidTransition, JobState, Store
 
 
 class Verdict(str, Enum):
@@ -31,9 +31,15 @@ class Verdict(str, Enum):
 INFRA = (Verdict.NODE_LOST, Verdict.RDZV_LOST, Verdict.HANG)
 
 
+class Preempted(Exception):
+    """The job left the supervisor's hands between two of its steps: `clusterctl stop` (or another writer, e.g.
+    ``status`` reconciling a supervisor it took for dead) ended it first. The supervisor cleans up and exits."""
+
+
 @dataclass(frozen=True)
 class Observation:
-    """One probe of one node. ``state``: running | exited | missing (no container/process) | unreachable."""
+    """One probe of one node. ``state``: running | exited | missing (no container/process) | unreachable |
+    probe_error (the probe itself failed on this side, e.g. a parser bug: never counted against the node)."""
 
     node: str
     state: str
@@ -90,7 +96,8 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
     once when no node is left running).
     """
     for o in obs:
-        health.failures[o.node] = health.failures.get(o.node, 0) + 1 if o.state == "unreachable" else 0
+        if o.state != "probe_error":       # a bug of ours says nothing about the node: the count stands
+            health.failures[o.node] = health.failures.get(o.node, 0) + 1 if o.state == "unreachable" else 0
         if o.progress:
             health.last_progress = now
     lost = [o for o in obs if o.state == "missing" or (o.exit_code == 137 and o.rank is None)
@@ -107,7 +114,7 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
     failed = [o for o in obs if o.state == "exited" and o.exit_code not in (0, None)]
     if failed and health.failed_since is None:
         health.failed_since = now
-    if any(o.state == "unreachable" for o in obs):
+    if any(o.state in ("unreachable", "probe_error") for o in obs):
         return Decision(Verdict.CONTINUE)  # one failed probe is not a lost node (SkyPilot's lesson)
     if failed:
         if any(o.state == "running" for o in obs) and now - health.failed_since < settle_s:
@@ -218,6 +225,7 @@ class Supervisor:
         self._charges: list[budget.Charge] = []   # failures charged to the budgets (self.clock times)
         self._health: Health | None = None        # the monitor's memory of the attempt that just ended
         self._rows: dict[tuple[int, str], tuple] = {}   # (attempt, node) -> the node row last written
+        self._attempt: int | None = None          # the attempt being started or run (for a preempted end)
 
     def event(self, kind: str, message: str, **fields) -> None:
         self.store.add_event(self.job_id, kind, message, **fields)
@@ -239,19 +247,48 @@ class Supervisor:
             self.event("adopt", f"controller restarted: re-attached to attempt {attempt} on {', '.join(nodes)}",
                        attempt=attempt, klass="controller_restart")
         self._charges = self._charged_before()
-        while True:
-            if not running:
-                attempt += 1
-                started = self._start_attempt(attempt, excluded, first=attempt == first_attempt)
-                if started is None:
-                    return self.store.get_job(self.job_id).state
-                nodes, rdzv, attempt = started
-                running = True
-            decision = self._monitor(attempt, nodes, rdzv)
-            running = False
-            end = self._act(decision, attempt, nodes, excluded)
-            if end is not None:
-                return end
+        self._attempt = attempt if running else None
+        try:
+            while True:
+                if not running:
+                    attempt += 1
+                    started = self._start_attempt(attempt, excluded, first=attempt == first_attempt)
+                    if started is None:
+                        return self.store.get_job(self.job_id).state
+                    nodes, rdzv, attempt = started
+                    running = True
+                decision = self._monitor(attempt, nodes, rdzv)
+                running = False
+                end = self._act(decision, attempt, nodes, excluded)
+                if end is not None:
+                    return end
+        except Preempted:
+            return self._preempted()
+
+    def _set_state(self, state: JobState, reason: str | None = None) -> None:
+        """The supervisor's own state changes: only while the job is active (a `stop` that came first wins)."""
+        try:
+            self.store.set_state(self.job_id, state, reason, expect=ACTIVE_STATES)
+        except InvalidTransition:
+            raise Preempted() from None
+
+    def _preempted(self) -> JobState:
+        """The job was ended by someone else while this supervisor worked (`stop` during a backoff, a start or a
+        recovery): end the open attempt, remove what it started (containers started after the stop included),
+        say so, and exit. Never raises for a transition it lost."""
+        job = self.store.get_job(self.job_id)
+        stopped = job.state == JobState.STOPPED
+        a = self._attempt
+        if a is not None and any(x.attempt == a and x.ended_at is None for x in self.store.attempts(self.job_id)):
+            self.store.end_attempt(self.job_id, a, "stopped" if stopped else "abandoned")
+        if stopped or not job.terminal:
+            self._cleanup(None, self.all_nodes)
+        self._cleanup_unclean()
+        if stopped:   # the same state again: the reason stays the user's, and the notifier hears "stopped"
+            self.store.set_state(self.job_id, JobState.STOPPED, job.reason or "stopped by user")
+        self.event("end", f"job {job.state.value}: {job.reason or 'ended by another command'}"
+                   + (f" (during attempt {a}: what it started was removed)" if a is not None and stopped else ""))
+        return job.state
 
     def _start_attempt(self, attempt: int, excluded: set[str],
                        first: bool = False) -> tuple[list[str], str, int] | None:
@@ -269,7 +306,8 @@ class Supervisor:
             if checkpoint is None:
                 return None
             path, step = checkpoint
-            self.store.set_state(self.job_id, JobState.STARTING)
+            self._set_state(JobState.STARTING)      # after a `stop` (e.g. during the backoff): Preempted
+            self._attempt = attempt
             self.store.start_attempt(self.job_id, attempt, rdzv, f"{self.job_id}-{attempt}", nodes, path or None,
                                      step if path else None)
             self.event("start", f"attempt {attempt}: starting on {', '.join(nodes)} (rendezvous {rdzv}); "
@@ -277,7 +315,7 @@ class Supervisor:
                        attempt=attempt, checkpoint_step=step if path else None)
             errors = self.ops.start(attempt, nodes, rdzv, (path, step))
             if not errors:
-                self.store.set_state(self.job_id, JobState.RUNNING)
+                self._set_state(JobState.RUNNING)     # a `stop` during the start: Preempted removes what started
                 return nodes, rdzv, attempt
             for node, e in errors.items():
                 self.event("start_failed", f"attempt {attempt}: {node} failed to start: {e.message}",
@@ -301,8 +339,7 @@ class Supervisor:
             if found is not None:
                 return found
             if self.ops.stop_requested():
-                self._finish(JobState.STOPPED, "stopped by user")
-                return None
+                raise Preempted()
             self.sleep(self.policy.probe_interval_s)
         self._finish(JobState.FAILED, f"no node of {', '.join(nodes)} could read the checkpoint directory "
                                       f"{self.policy.checkpoint_dir or ''} (shared storage down?); fix it, then "
@@ -316,8 +353,7 @@ class Supervisor:
                               "for lost nodes to come back", klass="node_lost")
         while self.clock() < deadline:
             if self.ops.stop_requested():
-                self._finish(JobState.STOPPED, "stopped by user")
-                return None
+                raise Preempted()
             healthy = self.ops.reachable(self._uncordoned(self.all_nodes))
             if len(healthy) >= p.min_nodes:
                 excluded.difference_update(healthy)
@@ -396,9 +432,12 @@ class Supervisor:
         if d.verdict in INFRA and d.node:
             self._maybe_cordon(d.node, d.verdict)
         if d.verdict == Verdict.SUCCESS:
+            # the end is recorded before anything is removed: a supervisor killed in between leaves a SUCCEEDED
+            # job with containers to clean up (`stop` removes them), never a finished job that `resume` re-runs
             self.store.end_attempt(self.job_id, attempt, "succeeded")
+            state = self._finish(JobState.SUCCEEDED, d.message)
             self._cleanup(attempt, nodes)
-            return self._finish(JobState.SUCCEEDED, d.message)
+            return state
         if d.verdict == Verdict.STOPPED:
             self.store.end_attempt(self.job_id, attempt, "stopped")
             self._cleanup(None, self.all_nodes)
@@ -407,7 +446,7 @@ class Supervisor:
             self.store.end_attempt(self.job_id, attempt, d.verdict.value)
             self._cleanup(None, self.all_nodes)
             return self._finish(JobState.FAILED, f"{d.message} (config_error: not retried)")
-        self.store.set_state(self.job_id, JobState.RECOVERING, d.message)
+        self._set_state(JobState.RECOVERING, d.message)
         self.store.end_attempt(self.job_id, attempt, d.verdict.value)
         # every node that answers is stopped, the lost ones too when they answer (their processes died but the
         # runtime may still list the container); nodes lost by not answering are cleaned up when they answer again
@@ -463,7 +502,9 @@ class Supervisor:
         delay = budget.backoff(kind, budget.streak(self._charges, kind), first_s=p.backoff_s, max_s=p.backoff_max_s)
         if delay:
             self.event("backoff", f"waiting {delay:g}s before the next attempt")
-            self.sleep(delay)
+            self.sleep(delay)     # the controller's sleep returns early on `stop` (controller.supervise)
+        if self.ops.stop_requested():
+            raise Preempted()
         return True
 
     def _attempt_progress(self, attempt: int) -> str:
@@ -515,7 +556,10 @@ class Supervisor:
 
     def _finish(self, state: JobState, reason: str) -> JobState:
         self._cleanup_unclean()
-        self.store.set_state(self.job_id, state, reason)
+        try:
+            self.store.set_state(self.job_id, state, reason, expect=ACTIVE_STATES | {state})
+        except InvalidTransition:
+            raise Preempted() from None
         self.event("end", f"job {state.value}: {reason}")
         return state
 

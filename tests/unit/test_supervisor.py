@@ -298,3 +298,124 @@ def test_a_later_start_that_fails_leaves_the_node_out_and_a_failed_cleanup_is_pe
     assert ("start_failed", "attempt 2: c failed to start: c: no answer within 90s") in msgs
     assert ("cleanup_pending", "could not clean up a: a: connection lost: EOF (run `clusterctl stop` when it is "
                                "reachable again)") in msgs
+
+
+# ------------------------------------------------------------------ `stop` wins at every point of the loop
+class UserStops(FakeOps):
+    """A fake cluster whose ``clusterctl stop`` (the CLI's write: state STOPPED) lands at a chosen moment:
+    ``during="backoff"`` (while the supervisor sleeps before the next attempt), ``"start"`` (while the nodes
+    start: containers started after the stop), ``"verdict"`` (between the last probe round and RECOVERING)."""
+
+    def __init__(self, script, store, job_id, during):
+        super().__init__(script)
+        self.store, self.job_id, self.during = store, job_id, during
+        self.states_at_stop = []
+
+    def user_stop(self):
+        if self.store.job_state(self.job_id) != JobState.STOPPED:
+            self.store.set_state(self.job_id, JobState.STOPPED, "stopped by user")
+
+    def start(self, attempt, nodes, rdzv_host, resume):
+        out = super().start(attempt, nodes, rdzv_host, resume)
+        if self.during == "start" and attempt == 2:
+            self.user_stop()
+        return out
+
+    def observe(self, attempt, nodes):
+        got = super().observe(attempt, nodes)
+        if self.during == "verdict" and any(o.state == M for o in got):
+            self.user_stop()
+        return got
+
+    def stop(self, attempt, nodes):
+        self.states_at_stop.append(self.store.job_state(self.job_id))
+        return super().stop(attempt, nodes)
+
+    def stop_requested(self):
+        return self.store.job_state(self.job_id) == JobState.STOPPED
+
+
+@pytest.mark.parametrize("during", ["backoff", "start", "verdict"])
+def test_a_stop_between_two_steps_wins_and_the_supervisor_cleans_up(store, during):
+    job_id = store.create_job("demo", "{}", None, None)
+    lost_then_steady = [obs(a=R, b=R, c=R), obs(a=M, b=R, c=R)] + [obs(b=R, c=R)] * 5
+    failing = [obs(a=(E, 1), b=(E, 1), c=(E, 1))] * 5         # user errors: a relaunch waits a backoff
+    ops = UserStops(failing if during == "backoff" else lost_then_steady, store, job_id, during)
+    sleeps = []
+
+    def sleep(s):
+        sleeps.append(s)
+        if during == "backoff":
+            ops.user_stop()
+
+    sup = Supervisor(job_id, store, ops, Policy(min_nodes=2, max_nodes=3, backoff_s=5),
+                     ["a", "b", "c"], clock=iter(range(10**6)).__next__, sleep=sleep, wait=lambda s: None)
+    assert sup.run() == JobState.STOPPED                       # returned: no InvalidTransition escaped
+    job = store.get_job(job_id)
+    assert job.state == JobState.STOPPED and job.reason == "stopped by user"
+    started = [s[0] for s in ops.started]
+    assert started == {"backoff": [1], "start": [1, 2], "verdict": [1]}[during]   # none after the stop
+    assert len(sleeps) == (1 if during == "backoff" else 0)
+    assert ops.stopped[-1] == (None, ("a", "b", "c"))          # everything removed, what started after the stop too
+    assert all(a.ended_at is not None for a in store.attempts(job_id))
+    if during == "start":
+        assert store.attempts(job_id)[-1].result == "stopped"
+    assert [e.kind for e in store.events(job_id)][-1] == "end"
+
+
+def test_success_is_recorded_before_the_containers_are_removed(store):
+    """A supervisor killed between the cleanup and the end must not leave a finished job that `resume` re-runs."""
+    job_id = store.create_job("demo", "{}", None, None)
+    ops = UserStops([obs(a=R, b=R, c=R), obs(a=E, b=E, c=E)], store, job_id, during=None)
+    sup = Supervisor(job_id, store, ops, Policy(min_nodes=2, max_nodes=3), ["a", "b", "c"],
+                     clock=iter(range(10**6)).__next__, sleep=lambda s: None)
+    assert sup.run() == JobState.SUCCEEDED
+    assert ops.states_at_stop == [JobState.SUCCEEDED]
+
+
+def test_an_attempt_recorded_succeeded_makes_the_job_succeeded_not_relaunched(store):
+    """The supervisor died between recording the attempt's success and the job's end: `status`/`resume`
+    (reconcile) finish the job instead of judging the (removed) containers and relaunching."""
+    from clusterctl.reconcile import reconcile
+
+    job_id = store.create_job("demo", "{}", None, None)
+    store.set_state(job_id, JobState.STARTING)
+    store.start_attempt(job_id, 1, "a", f"{job_id}-1", ["a", "b"])
+    store.set_state(job_id, JobState.RUNNING)
+    store.end_attempt(job_id, 1, "succeeded")
+
+    class NoNodes:
+        def observe(self, *a, **k):
+            return [Observation("a", M), Observation("b", M)]    # the containers were already removed
+
+        def latest_checkpoint(self, nodes):
+            return ("", 0)
+
+    found = reconcile(store, job_id, NoNodes(), deadline_s=1)
+    assert found.state == JobState.SUCCEEDED
+    assert store.get_job(job_id).state == JobState.SUCCEEDED
+
+
+def test_a_probe_that_raises_is_a_probe_error_never_a_lost_node(capsys):
+    """A bug in a probe (here a parser's KeyError) is not a node that does not answer: it is logged with its
+    traceback and never counted towards `node_lost`; a transport error still is."""
+    from clusterctl.errors import ConnectError
+    from clusterctl.launcher import ClusterOps
+
+    def parse(text):
+        return {}["state"]
+
+    try:
+        parse("x")
+    except KeyError as e:
+        bug = e
+    o = ClusterOps._probe_failed("b", bug)
+    assert o.state == "probe_error" and "KeyError" in o.error_tail
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "in parse" in err
+    assert ClusterOps._probe_failed("b", ConnectError("b", "connection lost")).state == U
+    h = Health(0, 0)
+    for t in range(1, 20):
+        d = classify([Observation("a", R, progress=True), o], h, rdzv_host="a", probe_failures=2,
+                     hang_timeout_s=100, now=t)
+        assert d.verdict == Verdict.CONTINUE

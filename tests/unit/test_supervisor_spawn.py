@@ -40,11 +40,14 @@ def test_supervisor_log_lines_are_redacted(tmp_path, monkeypatch):
         def wait_for_change(self, timeout):
             pass
 
+        def sleep_unless_stopped(self, seconds):
+            pass
+
         def close(self):
             pass
 
     class Sup:
-        def __init__(self, job_id, store, ops, policy, nodes, wait, on_event):
+        def __init__(self, job_id, store, ops, policy, nodes, wait, sleep, on_event):
             self.on_event = on_event
 
         def run(self, adopt_attempt=None):
@@ -56,3 +59,20 @@ def test_supervisor_log_lines_are_redacted(tmp_path, monkeypatch):
     lines = []
     assert controller.supervise(root, job_id, ConnectOptions(), echo=lines.append) == JobState.SUCCEEDED
     assert lines == ["clusterctl: node n1 failed: Traceback ... token=***"]
+
+
+def test_a_reused_supervisor_pid_does_not_block_a_new_supervisor(tmp_path):
+    """After a controller reboot the recorded supervisor pid may belong to any process (here: this test's own,
+    alive but not a supervisor): the new supervisor's claim must win, as `resume` already believes."""
+    import os
+
+    from clusterctl.state import Store
+
+    store = Store(tmp_path / "state.db")
+    job_id = store.create_job("demo", "{}", None, None)
+    assert store.claim_supervisor(job_id, os.getpid())                 # the old supervisor's pid, now reused
+    assert not controller.is_live_supervisor(os.getpid(), job_id)      # alive, but not a supervisor of the job
+    assert store.claim_supervisor(job_id, 999_999_001,
+                                  is_live=lambda pid: controller.is_live_supervisor(pid, job_id))
+    assert store.get_job(job_id).supervisor_pid == 999_999_001
+    store.close()
