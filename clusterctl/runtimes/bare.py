@@ -12,7 +12,12 @@ is expanded to ``$HOME`` on the node):
   applies the env script, runs torchrun as its child, forwards SIGTERM/SIGINT to it, and when torchrun ends writes
   its exit status to ``NODE_DIR/exit`` (128+N when killed by signal N; written whole: a temp file, then mv). torchrun's ``TORCHELASTIC_ERROR_FILE`` is
   ``NODE_DIR/error.json``; after a failure the runner copies it into the log as one line (``ERROR_FILE_LINE``).
-* stop: nothing is signalled by pid once ``NODE_DIR/exit`` exists (the pid may be reused). TERM/INT go to the
+* the runner is identified by more than its pid: before its pid file it writes ``NODE_DIR/ident``, the machine's
+  boot id and its own start time (``/proc/PID/stat`` field 22, in clock ticks since boot). A pid counts as the
+  runner only while that pid's boot id and start time are the same (``ALIVE``): after a runner died without
+  writing ``exit`` (clusterctl's own KILL, the OOM killer, a reboot) its pid may belong to any process, which is
+  then neither reported running nor signalled.
+* stop: nothing is signalled by pid once ``NODE_DIR/exit`` exists or the pid is not the runner's any more. TERM/INT go to the
   runner, which forwards them to the torchrun agent (the agent stops its workers). KILL
   goes to the whole process group *and* to every process of the user whose environment holds
   ``CLUSTERCTL_JOB_ID=<job_id>`` and ``CLUSTERCTL_ATTEMPT=<attempt>``: torch starts its workers in their own
@@ -45,6 +50,17 @@ def _kill_by_env(*needles: str, indent: str = "") -> str:
 
 _EXPAND_D = _expand_home("d")
 
+# ident PID: this boot's id and the start time of process PID (field 22 of /proc/PID/stat; the fields after the
+# command name, which may hold spaces and parentheses, start at field 3): the runner's identity
+_IDENT = ("ident() { printf '%s %s\\n' \"$(cat /proc/sys/kernel/random/boot_id)\" "
+          "\"$(sed 's/.*) //' \"/proc/$1/stat\" 2>/dev/null | cut -d' ' -f20)\"; }")
+# alive DIR: the runner of DIR still runs: no exit file, and its pid is the same process (boot id + start time)
+ALIVE = _IDENT + """
+alive() {
+  [ ! -f "$1/exit" ] && p=$(cat -- "$1/pid" 2>/dev/null) && [ -n "$p" ] && [ -d "/proc/$p" ] || return 1
+  [ "$(cat -- "$1/ident" 2>/dev/null)" = "$(ident "$p")" ]
+}"""
+
 # $1 NODE_DIR  $2 NAME  $3 WORKDIR  $4 RUNNER  $5... torchrun argv
 START = f"""set -u
 d=$1 name=$2 wd=$3 runner=$4; shift 4
@@ -64,6 +80,8 @@ cat -- "$d/pid"
 
 # $1 NODE_DIR  $2... torchrun argv   (environment: CLUSTERCTL_ENV_SCRIPT)
 RUNNER = f"""d=$1; shift
+{_IDENT}
+ident $$ >"$d/ident.tmp" && mv -f -- "$d/ident.tmp" "$d/ident" || exit 125
 echo $$ >"$d/pid.tmp" && mv -f -- "$d/pid.tmp" "$d/pid" || exit 125
 c=
 trap '[ -z "$c" ] || kill -s TERM "$c" 2>/dev/null' TERM
@@ -85,9 +103,10 @@ exit "$rc"
 # $1 NODE_DIR  $2 SIGNAL  $3 JOB_ID  $4 ATTEMPT
 STOP = f"""d=$1 sig=$2 jid=$3 att=$4
 {_EXPAND_D}
+{ALIVE}
 pid=$(cat -- "$d/pid" 2>/dev/null) || {{ echo "clusterctl: no pid file in $d" >&2; exit 3; }}
-# the runner wrote its exit status: it is gone and its pid may belong to another process by now
-ended=; [ -f "$d/exit" ] && ended=1
+# the runner wrote its exit status, or its pid is another process's now (it died without writing it): not signalled
+ended=; alive "$d" || ended=1
 case $sig in
   TERM|INT) [ -z "$ended" ] || exit 0; kill -s "$sig" -- "$pid" 2>/dev/null || exit 3 ;;
   KILL)
@@ -101,13 +120,14 @@ exit 0
 # $1 JOB_DIR (jobs_root/job_id): one line per attempt: ATTEMPT STATE EXIT PID NAME (tab-separated)
 LIST = f"""d=$1
 {_EXPAND_D}
+{ALIVE}
 [ -d "$d" ] || exit 0
 for a in "$d"/*/; do
   [ -d "$a" ] || continue
   a=${{a%/}}; n=${{a##*/}}
   name=$(cat -- "$a/name" 2>/dev/null); pid=$(cat -- "$a/pid" 2>/dev/null); ec=
   if [ -f "$a/exit" ]; then st=exited; ec=$(cat -- "$a/exit")
-  elif [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then st=running
+  elif alive "$a"; then st=running
   elif [ -n "$pid" ]; then st=dead
   else st=created
   fi
@@ -118,9 +138,10 @@ done
 # $1 JOB_DIR  $2 JOB_ID: SIGKILL every attempt still alive (files are kept for the logs)
 KILL_JOB = f"""d=$1 jid=$2
 {_EXPAND_D}
+{ALIVE}
 [ -d "$d" ] || exit 0
 for a in "$d"/*/; do
-  [ -f "$a/pid" ] && [ ! -f "$a/exit" ] && kill -s KILL -- "-$(cat -- "$a/pid")" 2>/dev/null
+  alive "${{a%/}}" && kill -s KILL -- "-$(cat -- "$a/pid")" 2>/dev/null
 done
 {_kill_by_env("CLUSTERCTL_JOB_ID=$jid")}
 exit 0
@@ -165,7 +186,7 @@ class BareRuntime:
 
     def pid_argv(self, node: NodeRef) -> list[str]:
         # the runner's pid, until it has written its exit status (its pid may be reused afterwards)
-        script = f'd=$1; {_EXPAND_D}; [ -f "$d/exit" ] || cat -- "$d/pid"'
+        script = f'd=$1; {_EXPAND_D}\n{ALIVE}\nalive "$d" && cat -- "$d/pid"'
         return ["sh", "-c", script, "clusterctl-pid", node.node_dir]
 
     def init_gone_argv(self, node: NodeRef, confirm_s: float) -> None:

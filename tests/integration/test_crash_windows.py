@@ -7,6 +7,7 @@ The job's script fails at once without importing torch (``jobs/fail.py``), so ea
 and the supervisor spends its time in the backoff (60 s: a stop must not wait for it) or starting the next one."""
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -84,6 +85,49 @@ def test_stop_during_a_backoff_and_during_a_start_wins(make_testbed, tmp_path, r
         assert kinds[-1] == "end", kinds[-5:]
         assert_nothing_left(tb)
     finally:
+        if state.exists() and _job(state, name) is not None:
+            clusterctl(state, "stop", name, "--grace", "0", timeout=120)
+        cleanup_hosts(tb)
+
+
+def test_a_bare_runner_that_died_without_its_exit_file_never_gets_its_reused_pid_signalled(make_testbed, tmp_path):
+    """The bare runner of node2 is killed with its whole process group (as the OOM killer or clusterctl's own KILL
+    would: no ``exit`` file), and its pid file then names an unrelated live process (a reused pid, in a process
+    group of its own). The supervisor's relaunch (which cleans up the dead attempt), `status` and `stop` must all
+    leave that process alone."""
+    tb = make_testbed(2, [profile(gpus=0)] * 2)
+    name = "tbpid"
+    state = tmp_path / "state"
+    victim = None
+    try:
+        inv = write_inventory(tb, tmp_path / "inventory.yaml", "bare")
+        job = write_job(tmp_path / "job.yaml", tb, name, "bare", steps=100000, step_time=0.05,
+                        extra={"nodes": "1:2", "nproc_per_node": 1,
+                               "restarts": {"max_restarts": 0, "max_failures": 3, "max_node_failures": 3}})
+        r = clusterctl(state, "launch", str(job), "-i", str(inv), "--detach", "--skip-preflight", timeout=180)
+        assert r.returncode == 0, r.stderr
+        j = _wait(lambda: (x := _job(state, name)) and x.state.value == "RUNNING" and x, 180, "attempt 1", 0.5)
+        node_dir = tb.home / ".clusterctl" / "nodes" / "node2" / "jobs" / j.job_id / "1"
+        runner = int((node_dir / "pid").read_text())
+        subprocess.run(["kill", "-KILL", "--", f"-{runner}"], check=False)
+        for pid, cmd in tb.processes(tb.hosts[1]):           # the ranks (own sessions) die with it, as on an OOM
+            if "train.py" in cmd or "torchrun" in cmd:
+                subprocess.run(["kill", "-KILL", str(pid)], check=False)
+        victim = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        (node_dir / "pid").write_text(f"{victim.pid}\n")
+        _wait(lambda: _job(state, name).attempt >= 2, 120, "the relaunch after node2's runner died", 0.5)
+        assert victim.poll() is None, "the relaunch's cleanup signalled the process that reused the runner's pid"
+        r = clusterctl(state, "status", name, "--output", "json", timeout=120)
+        assert r.returncode == 0, r.stderr
+        r = clusterctl(state, "stop", name, "--grace", "0", timeout=120)
+        assert r.returncode == 0, r.stderr
+        _supervisor_gone(state, name, 60)
+        time.sleep(0.5)
+        assert victim.poll() is None, "`stop` signalled the process that reused the runner's pid"
+    finally:
+        if victim is not None:
+            victim.kill()
+            victim.wait()
         if state.exists() and _job(state, name) is not None:
             clusterctl(state, "stop", name, "--grace", "0", timeout=120)
         cleanup_hosts(tb)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -130,3 +132,41 @@ def test_bare_kill_by_environment_needs_every_needle(tmp_path):
         for p in (a, b, c):
             p.kill()
             p.wait()
+
+
+def test_bare_a_dead_runner_whose_pid_was_reused_is_neither_running_nor_signalled(tmp_path):
+    """A runner killed before it could write ``exit`` (clusterctl's KILL, the OOM killer, a reboot) leaves its
+    pid file; once that pid belongs to another process (here: an unrelated `sleep` in its own process group, as a
+    reused pid would be), LIST says ``dead``, and STOP, KILL_JOB and the pid lookup leave the process alone."""
+    import time
+
+    from clusterctl.runtimes import bare
+
+    job_dir = tmp_path / "jobs" / "job-1"
+    node_dir = job_dir / "1"
+    argv = ["sh", "-c", bare.START, "clusterctl-start", str(node_dir), "n1", str(tmp_path), bare.RUNNER,
+            "sleep", "60"]
+    r = subprocess.run(argv, input=b"", capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    runner = int(r.stdout.strip())
+    listing = lambda: bare.parse_list(subprocess.run(["sh", "-c", bare.LIST, "l", str(job_dir)], capture_output=True,
+                                                     text=True, timeout=30, check=True).stdout)
+    assert [i.state for i in listing()] == ["running"]
+    subprocess.run(["kill", "-KILL", "--", f"-{runner}"], check=False)       # the runner dies without `exit`
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{runner}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)      # "reuses" the pid
+    try:
+        (node_dir / "pid").write_text(f"{victim.pid}\n")
+        assert [i.state for i in listing()] == ["dead"]
+        for sig in ("TERM", "KILL"):
+            subprocess.run(["sh", "-c", bare.STOP, "s", str(node_dir), sig, "job-1", "1"], timeout=30)
+        subprocess.run(["sh", "-c", bare.KILL_JOB, "k", str(job_dir), "job-1"], timeout=30)
+        ref = SimpleNamespace(node_dir=str(node_dir))
+        assert subprocess.run(bare.RUNTIME.pid_argv(ref), capture_output=True, text=True, timeout=30).stdout == ""
+        time.sleep(0.3)
+        assert victim.poll() is None, "an unrelated process was signalled"
+    finally:
+        victim.kill()
+        victim.wait()

@@ -175,11 +175,21 @@ def test_bare_pid_argv_reads_the_runner_pid_until_it_has_exited(tmp_path):
     class Node:
         container_name, node_dir, log_path = "x", str(tmp_path), None
 
-    (tmp_path / "pid").write_text("4242\n")
-    argv = runtimes.get("bare").pid_argv(Node())
-    assert subprocess.run(argv, capture_output=True, text=True).stdout.strip() == "4242"
-    (tmp_path / "exit").write_text("0\n")
-    assert subprocess.run(argv, capture_output=True, text=True).stdout.strip() == ""
+    from clusterctl.runtimes import bare
+
+    runner = subprocess.Popen(["sleep", "60"])          # stands for the runner: its pid and identity as it writes them
+    try:
+        ident = subprocess.run(["sh", "-c", f'{bare._IDENT}\nident "$1"', "sh", str(runner.pid)], capture_output=True,
+                               text=True, check=True).stdout
+        (tmp_path / "ident").write_text(ident)
+        (tmp_path / "pid").write_text(f"{runner.pid}\n")
+        argv = runtimes.get("bare").pid_argv(Node())
+        assert subprocess.run(argv, capture_output=True, text=True).stdout.strip() == str(runner.pid)
+        (tmp_path / "exit").write_text("0\n")
+        assert subprocess.run(argv, capture_output=True, text=True).stdout.strip() == ""
+    finally:
+        runner.kill()
+        runner.wait()
 
 
 def test_container_pid_argv():
