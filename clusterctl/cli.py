@@ -417,7 +417,7 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
     for v, lost in zip(views, unsupervised):
         if lost:
             err.print(status.unsupervised_line(v, now), markup=False)
-    cols = [Column("job"), Column("name", min=4, max=24), Column("state"), Column("attempt", right=True, short="att"),
+    cols = [Column("job"), Column("name"), Column("state"), Column("attempt", right=True, short="att"),
             Column("nodes", min=5, max=40), Column("started", short="start"), Column("ended"),
             Column("elapsed", right=True, short="took"),
             Column("reason", min=16, max=60)]     # the full job id (other commands take it); a one-line reason

@@ -6,6 +6,7 @@ the flexible ones shrink in the order given, ending in ``…``. Pure: lines in, 
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -38,13 +39,46 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int,
                                                                                                columns[i].header)))
                       for i in keep]
             table = _fit(narrow, [[r[i] for i in keep] for r in rows], width, order)
+            if any(len(line) > width for line in table):
+                return stack(columns, rows, width)
             out = [table[0]]
             for line, r in zip(table[1:], rows):
                 out.append(line)
                 if r[spill]:
                     out.append("  " + cut(r[spill], max(10, width - 2)))
             return out
-    return _fit(columns, rows, width, shrink_order)
+    lines = _fit(columns, rows, width, shrink_order)
+    if any(len(line) > width for line in lines):
+        return stack(columns, rows, width)
+    return lines
+
+
+def stack(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) -> list[str]:
+    """A table too wide even with every flexible column at its minimum (long host or job names at 80 columns):
+    each row as a block, its first value whole on a line of its own, then ``header: value`` pairs wrapped to
+    ``width`` (a pair is never split; one longer than the width is wrapped on lines of its own)."""
+    out = []
+    for r in rows:
+        values = [" ".join(str(v).split()) for v in r]
+        out.append(values[0])
+        line = ""
+        for c, v in zip(columns[1:], values[1:]):
+            if not v:
+                continue
+            pair = f"{c.header}: {v}"
+            if len(pair) > width - 2:        # a long value (a reason) gets lines of its own, wrapped
+                if line:
+                    out.append(line)
+                out.extend(textwrap.wrap(pair, width, initial_indent="  ", subsequent_indent="    "))
+                line = ""
+                continue
+            if line and len(line) + 2 + len(pair) > width:
+                out.append(line)
+                line = ""
+            line += "  " + pair
+        if line.strip():
+            out.append(line)
+    return out
 
 
 def _fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int,

@@ -87,11 +87,12 @@ def row(store: Store, job: Job, now: float) -> dict[str, Any]:
 
 
 def clock(t: float | None, now: float) -> str:
-    """A compact local time: HH:MM within the last day, else MM-DD HH:MM."""
+    """A compact local time: HH:MM today, else MM-DD HH:MM (a time with no date is always today's)."""
     if not t:
         return "-"
     dt = datetime.datetime.fromtimestamp(t)
-    return dt.strftime("%H:%M") if now - t < 20 * 3600 else dt.strftime("%m-%d %H:%M")
+    return dt.strftime("%H:%M") if dt.date() == datetime.datetime.fromtimestamp(now).date() \
+        else dt.strftime("%m-%d %H:%M")
 
 
 def duration(s: float) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+from rich.columns import Columns
 from rich.console import Console
+from rich.padding import Padding
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -22,8 +24,26 @@ def _cell(status: str) -> Text:
     return Text(sym, style=style)
 
 
+def _fits(report: PreflightReport, ids: list[str], width: int) -> bool:
+    """Whether the hosts x checks table fits ``width`` with every host name and header whole."""
+    host_w = max([4, *(len(h.host) for h in report.hosts)])
+    return host_w + sum(len(LABELS.get(cid, cid)) + 1 for cid in ids) <= width
+
+
+def _render_stacked(report: PreflightReport, ids: list[str], console: Console) -> None:
+    """Too narrow for the table (many checks, long host names, 80 columns): a block per host, its name whole on
+    a line of its own, then its checks as ``✓ label`` pairs, wrapped to the width."""
+    for h in report.hosts:
+        console.print(Text(h.host, style="bold"))
+        cells = [_cell(c.status) + Text(f" {LABELS.get(cid, cid)}") for cid in ids if (c := h.get(cid))]
+        console.print(Padding(Columns(cells, padding=(0, 2)), (0, 0, 0, 2)), soft_wrap=False)
+
+
 def render_table(report: PreflightReport, console: Console) -> None:
     ids = [cid for cid in HOST_CHECKS + ENTRY_CHECKS if any(h.get(cid) for h in report.hosts)]
+    if not _fits(report, ids, console.width):
+        _render_stacked(report, ids, console)
+        ids = []
     table = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
     table.add_column("host", no_wrap=True)
     for cid in ids:
@@ -34,10 +54,11 @@ def render_table(report: PreflightReport, console: Console) -> None:
             c = h.get(cid)
             row.append(_cell(c.status) if c else Text(""))
         table.add_row(*row)
-    console.print(table)
+    if ids:
+        console.print(table)
     if report.cluster:
         console.print(Text("cluster: ", style="bold") + Text("  ").join(
-            _cell(c.status) + Text(f" {c.id}") for c in report.cluster))
+            _cell(c.status) + Text(f" {c.id}") for c in report.cluster), soft_wrap=False, overflow="fold")
     problems = report.failures()
     if problems:
         console.print()
