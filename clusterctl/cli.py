@@ -273,13 +273,15 @@ def stacks_cmd(ctx, job, node, output, accept_new) -> int:
 @app.command("launch")
 @click.argument("job")
 @inventory_option
-@click.option("--dry-run", is_flag=True, help="Print the per-node plan (secrets as ***) and exit.")
+@click.option("--dry-run", is_flag=True, help="Print the per-node plan (secrets as ***) and a warning per problem "
+                                               "launch would refuse (unset secret variables, key files); exit 0.")
+@click.option("--strict", is_flag=True, help="With --dry-run: exit 2 when there is any such problem.")
 @click.option("--detach", "-d", is_flag=True, help="Return once the job is started; the supervisor runs on.")
 @click.option("--skip-preflight", is_flag=True, help="Skip the quick preflight of the chosen hosts.")
 @output_option
 @accept_option
 @click.pass_context
-def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, accept_new) -> int:
+def launch_cmd(ctx, job, inventory, dry_run, strict, detach, skip_preflight, output, accept_new) -> int:
     """Start JOB (a job YAML) on the inventory's hosts and supervise it."""
     import os
 
@@ -290,12 +292,14 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
     request = jobs.LaunchRequest(job, inventory, connect_options(ctx, accept_new), skip_preflight=skip_preflight,
                                  environ=os.environ)
     if dry_run:   # needs no secret values: they show as ***
-        plan = jobs.dry_run(ws, request)
+        dry = jobs.dry_run(ws, request)
         if output == "json":
-            print_json(plan.to_dict())
+            print_json({**dry.plan.to_dict(), "warnings": [str(p) for p in dry.problems]})
         else:
-            out.print(plan.render(), markup=False)
-        return 0
+            out.print(dry.plan.render(), markup=False)
+        for p in dry.problems:
+            err.print(f"warning: {p}", markup=False)
+        return 2 if strict and dry.problems else 0
     with progress_bar(not skip_preflight and output != "json") as progress:
         launched = jobs.launch(ws, request, on_progress=progress)
     if isinstance(launched, jobs.PreflightFailed):

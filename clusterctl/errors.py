@@ -26,6 +26,23 @@ class InputError(UserError):
         super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
 
 
+class InputErrors(UserError):
+    """Several ``InputError``s at once (every problem of a file, not only the first), sorted by file and line."""
+
+    def __init__(self, errors):
+        self.errors = sorted(errors, key=lambda e: (e.file, e.line or 0))
+        super().__init__("\n".join(str(e) for e in self.errors))
+
+
+def raise_all(errors) -> None:
+    """Raise the one error, or ``InputErrors`` for several; nothing when there is none."""
+    errors = list(errors)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise InputErrors(errors)
+
+
 class TransportError(ClusterctlError):
     """A remote operation on one host failed. ``host`` is the inventory name."""
 

@@ -22,7 +22,7 @@ from clusterctl import controller, nodehealth
 from clusterctl import inventory as inventory_mod
 from clusterctl import record as record_mod
 from clusterctl import yamlfile
-from clusterctl.errors import AuthError, ClusterctlError, HostKeyError, InputError, UserError
+from clusterctl.errors import AuthError, ClusterctlError, HostKeyError, InputError, UserError, raise_all
 from clusterctl.inventory import Host, Inventory
 from clusterctl.plan import LaunchPlan, build_plan
 from clusterctl.record import JobRecord
@@ -111,20 +111,38 @@ def _job_hosts(spec: JobSpec, inv: Inventory, data: Any, job_path: str) -> list[
 
 def check_environment(job_path: str, spec: JobSpec, environ: Mapping[str, str]) -> None:
     """Every ``secret_env`` name and ``notify[].webhook_env`` set in clusterctl's environment, else an error at its
-    line (a launch needs them; ``--dry-run`` does not: it shows ***)."""
+    line, all of them at once (a launch needs them; ``--dry-run`` warns: it shows ***)."""
+    raise_all(environment_problems(job_path, spec, environ))
+
+
+def environment_problems(job_path: str, spec: JobSpec, environ: Mapping[str, str]) -> list[InputError]:
+    """The ``secret_env`` / ``notify[].webhook_env`` variables missing from ``environ``, each at its line (the
+    names only: a value is never printed)."""
     data = yamlfile.load_yaml_with_lines(job_path)
+    problems = []
     for i, name in enumerate(spec.secret_env):
         if name not in environ:
-            raise InputError(job_path, line_of(data.get("secret_env"), i),
-                             f"{name} is not set in clusterctl's environment: `export {name}=...` before the "
-                             "launch (the value is sent to the nodes on stdin, never printed or stored)",
-                             key=f"secret_env[{i}]")
+            problems.append(InputError(job_path, line_of(data.get("secret_env"), i),
+                                       f"{name} is not set in clusterctl's environment: `export {name}=...` before "
+                                       "the launch (the value is sent to the nodes on stdin, never printed or "
+                                       "stored)", key=f"secret_env[{i}]"))
     for i, t in enumerate(spec.notify):
         if t.webhook_env is not None and not environ.get(t.webhook_env):
             entry = data["notify"][i]
-            raise InputError(job_path, line_of(entry, "webhook_env"),
-                             f"{t.webhook_env} is not set in clusterctl's environment: `export "
-                             f"{t.webhook_env}=https://...` before the launch", key=f"notify[{i}].webhook_env")
+            problems.append(InputError(job_path, line_of(entry, "webhook_env"),
+                                       f"{t.webhook_env} is not set in clusterctl's environment: `export "
+                                       f"{t.webhook_env}=https://...` before the launch",
+                                       key=f"notify[{i}].webhook_env"))
+    return problems
+
+
+def launch_problems(job_path: str, spec: JobSpec, hosts: Sequence[Host],
+                    environ: Mapping[str, str]) -> list[InputError]:
+    """What ``launch`` would refuse before contacting any host: unset secret/webhook variables, unusable SSH key
+    files. ``launch --dry-run`` prints each as a warning (exit 2 with ``--strict``)."""
+    from clusterctl.transport.ssh import key_file_problems
+
+    return environment_problems(job_path, spec, environ) + key_file_problems(hosts)
 
 
 def check_key_files(hosts: Sequence[Host]) -> None:
@@ -190,12 +208,20 @@ class PreflightFailed:
     report: Any                                  # checks.results.PreflightReport
 
 
-def dry_run(ws: Workspace, request: LaunchRequest) -> LaunchPlan:
-    """The plan ``launch`` would run (cordoned hosts left out); needs no secret values: they show as ***."""
+@dataclass(frozen=True)
+class DryRun:
+    plan: LaunchPlan
+    problems: tuple[InputError, ...] = ()        # what `launch` would refuse (launch_problems)
+
+
+def dry_run(ws: Workspace, request: LaunchRequest) -> DryRun:
+    """The plan ``launch`` would run (cordoned hosts left out) and every problem ``launch`` would refuse before
+    contacting a host; needs no secret values: they show as ***."""
     ctx = load_context(request.job_path, request.inventory_path, cordons=ws.store.cordons())
     hosts = ctx.hosts[: ctx.spec.max_nodes]
-    return build_plan(ctx.spec, hosts, job_id=f"{ctx.spec.name}-DRYRUN", attempt=1, interfaces=None,
+    plan = build_plan(ctx.spec, hosts, job_id=f"{ctx.spec.name}-DRYRUN", attempt=1, interfaces=None,
                       spares=[h.name for h in ctx.hosts[ctx.spec.max_nodes:]], excluded=ctx.excluded)
+    return DryRun(plan, tuple(launch_problems(request.job_path, ctx.spec, ctx.hosts, request.environ)))
 
 
 def launch(ws: Workspace, request: LaunchRequest, *, connect: Connect = default_connect,

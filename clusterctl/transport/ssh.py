@@ -562,9 +562,18 @@ class SSHStream:
 
 def check_key_files(hosts: Sequence["Host"]) -> None:
     """Input validation before any connection: every ``ansible_ssh_private_key_file`` of an SSH host must be a
-    readable private key. Raises ``InputError`` at the inventory line that set it (exit 2)."""
+    readable private key. Raises ``InputError`` (``InputErrors`` for several) at the inventory line that set it
+    (exit 2)."""
+    from clusterctl.errors import raise_all
+
+    raise_all(key_file_problems(hosts))
+
+
+def key_file_problems(hosts: Sequence["Host"]) -> list:
+    """Every unusable ``ansible_ssh_private_key_file`` as an ``InputError`` at its inventory line (once per file)."""
     from clusterctl.errors import InputError
 
+    problems, reported = [], set()
     seen: dict[str, str | None] = {}
     for h in hosts:
         if h.connection != "ssh" or not h.key_file:
@@ -580,5 +589,8 @@ def check_key_files(hosts: Sequence["Host"]) -> None:
                 seen[path] = getattr(e, "strerror", None) or str(e) or e.__class__.__name__
         if seen[path]:
             file, line = h.origin.get("ansible_ssh_private_key_file", ("<inventory>", None))
-            raise InputError(file, line, f"cannot use private key {h.key_file} (host {h.name}): {seen[path]}",
-                             key="ansible_ssh_private_key_file")
+            if (file, line) not in reported:
+                reported.add((file, line))
+                problems.append(InputError(file, line, f"cannot use private key {h.key_file} (host {h.name}): "
+                                                       f"{seen[path]}", key="ansible_ssh_private_key_file"))
+    return problems

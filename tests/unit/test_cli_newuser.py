@@ -249,3 +249,27 @@ def test_a_failed_ssh_handshake_is_one_line_per_host_not_paramikos_traceback(tmp
         stop.set()
         t.join()
         srv.close()
+
+
+def test_dry_run_warns_of_every_problem_launch_would_refuse_and_strict_fails(tmp_path, inv):
+    """An unset secret, an unset webhook variable and a missing key file: `launch` refuses them; the dry-run says
+    each (a warning line naming the variable or file, never a value), exits 0, and 2 with --strict."""
+    key_inv = tmp_path / "inv-key.yaml"
+    data = yaml.safe_load(inv.read_text())
+    data["all"]["vars"]["ansible_ssh_private_key_file"] = str(tmp_path / "no-such-key")
+    key_inv.write_text(yaml.safe_dump(data))
+    job = write_job(tmp_path, JOB + "secret_env: [HF_TOKEN]\nnotify:\n  - webhook_env: SLACK_URL\n")
+    env_clean = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SLACK_URL")}
+    r = subprocess.run([sys.executable, "-m", "clusterctl.cli", "--state-dir", str(tmp_path / "s"), "launch",
+                        str(job), "-i", str(key_inv), "--dry-run"], capture_output=True, text=True, timeout=60,
+                       env={**env_clean, "COLUMNS": "80"}, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning: ")]
+    assert len(warnings) == 3, r.stderr
+    assert "secret_env[0]: HF_TOKEN is not set" in warnings[0] and "job.yaml:4" in warnings[0]
+    assert "SLACK_URL" in warnings[1]
+    assert "no-such-key" in warnings[2] and "ansible_ssh_private_key_file" in warnings[2]
+    r = subprocess.run([sys.executable, "-m", "clusterctl.cli", "--state-dir", str(tmp_path / "s"), "launch",
+                        str(job), "-i", str(key_inv), "--dry-run", "--strict"], capture_output=True, text=True,
+                       timeout=60, env={**env_clean, "COLUMNS": "80"}, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and r.stderr.count("warning: ") == 3

@@ -170,9 +170,11 @@ def test_cordoned_hosts_are_left_out_and_too_few_is_a_user_error(env):
 def test_dry_run_connects_to_nothing_and_needs_no_secret(env):
     ws, world, spawn = env
     (ws.root / "job.yaml").write_text(JOB + "secret_env: [WANDB_API_KEY]\n")
-    plan = jobs.dry_run(ws, request(ws))
+    dry = jobs.dry_run(ws, request(ws))
+    plan = dry.plan
     assert plan.job_id == "j-DRYRUN" and [n.host for n in plan.nodes] == ["n1", "n2"]
     assert world.connects == [] and ws.store.list_jobs() == []
+    assert [p.key for p in dry.problems] == ["secret_env[0]"] and "WANDB_API_KEY" in str(dry.problems[0])
 
 
 # ------------------------------------------------------------------------------------------- stop / status
