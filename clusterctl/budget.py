@@ -13,6 +13,8 @@ attempt that had made progress), after the last ``resume`` event: ``clusterctl r
 """
 from __future__ import annotations
 
+import math
+
 import re
 from dataclasses import dataclass
 from typing import Iterable
@@ -38,8 +40,8 @@ def window_seconds(window: str | int | float) -> float | None:
             raise ValueError(f"expected a duration such as 30m, 24h or 7d, or {PROGRESS!r} (since the last "
                              f"progress), got {window!r}")
         seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
-    if seconds <= 0:
-        raise ValueError(f"must be longer than 0, got {window!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"must be a finite duration longer than 0, got {window!r}")
     return seconds
 
 

@@ -563,7 +563,8 @@ def logs_cmd(ctx, job, node, rank, attempt, tail, follow, accept_new) -> int:
 
 @app.command("stop")
 @click.argument("job")
-@click.option("--grace", default=10.0, show_default=True, help="Seconds between SIGTERM and kill.")
+@click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="Seconds between SIGTERM and kill (0-3600).")
 @output_option
 @accept_option
 @click.pass_context

@@ -191,29 +191,34 @@ GROUP_KEYS = ("hosts", "children", "vars")
 
 def expand_range(pattern: str) -> list[str]:
     """``gpu[01:16]`` -> gpu01..gpu16 (width kept); ``n[a:c]`` -> na, nb, nc; ``[0:10:2]`` strides.
-    At most ``MAX_HOST_ENTRIES`` names (``n[0:9999][0:9999]`` is refused before it is built)."""
-    total = 1
-    for r in RANGE_RE.finditer(pattern):
-        lo, hi, step = r.group(1), r.group(2), int(r.group(3) or 1)
-        span = (int(hi) - int(lo)) if lo.isdigit() and hi.isdigit() else (ord(hi[0]) - ord(lo[0]))
-        total *= max(0, span // max(step, 1) + 1)
+    At most ``MAX_HOST_ENTRIES`` names (``n[0:9999][0:9999]`` is refused before it is built). Iterative: a pattern
+    with a thousand ranges is a cross product, never a recursion."""
+    pieces: list[list[str]] = []
+    pos, total = 0, 1
+    for m in RANGE_RE.finditer(pattern):
+        lo, hi, step = m.group(1), m.group(2), int(m.group(3) or 1)
+        if lo.isdigit() != hi.isdigit():
+            raise ValueError(f"bad range [{lo}:{hi}]")
+        if step < 1:
+            raise ValueError(f"bad range [{m.group(0)[1:-1]}]: the step must be at least 1")
+        first, last = (int(lo), int(hi)) if lo.isdigit() else (ord(lo), ord(hi))
+        count = max(0, (last - first) // step + 1)
+        if not count:
+            raise ValueError(f"empty range [{lo}:{hi}]")
+        total *= count
         if total > MAX_HOST_ENTRIES:
             raise ValueError(f"expands to more than {MAX_HOST_ENTRIES} hosts")
-    m = RANGE_RE.search(pattern)
-    if not m:
-        return [pattern]
-    lo, hi, step = m.group(1), m.group(2), int(m.group(3) or 1)
-    head, tail = pattern[: m.start()], pattern[m.end():]
-    if lo.isdigit() != hi.isdigit():
-        raise ValueError(f"bad range [{lo}:{hi}]")
-    if lo.isdigit():
-        width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
-        items = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1, step)]
-    else:
-        items = [chr(c) for c in range(ord(lo), ord(hi) + 1, step)]
-    if not items:
-        raise ValueError(f"empty range [{lo}:{hi}]")
-    return [x for item in items for x in expand_range(head + item + tail)]
+        if lo.isdigit():
+            width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
+            items = [str(i).zfill(width) for i in range(first, last + 1, step)]
+        else:
+            items = [chr(c) for c in range(first, last + 1, step)]
+        pieces += [[pattern[pos:m.start()]], items]
+        pos = m.end()
+    names = [""]
+    for choices in [*pieces, [pattern[pos:]]]:
+        names = [n + c for n in names for c in choices]
+    return names
 
 
 # YAML aliases let a few hundred bytes name a group DAG with 2^18 paths; the walk below visits a group once per

@@ -149,7 +149,7 @@ Window = Annotated[str, BeforeValidator(_window)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class Rendezvous(_Model):

@@ -273,3 +273,8 @@ def test_dry_run_warns_of_every_problem_launch_would_refuse_and_strict_fails(tmp
                         str(job), "-i", str(key_inv), "--dry-run", "--strict"], capture_output=True, text=True,
                        timeout=60, env={**env_clean, "COLUMNS": "80"}, stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and r.stderr.count("warning: ") == 3
+
+
+def test_stop_refuses_a_negative_grace(tmp_path):
+    r = cli(tmp_path, "stop", "nojob", "--grace", "-5")
+    assert r.returncode == 2 and "--grace" in r.stderr

@@ -4,6 +4,7 @@ ok/<case>.yaml resolves to ok/<case>.json (regenerate with UPDATE_GOLDEN=1 after
 errors/<case>.yaml must fail with exactly the message in EXPECTED_ERRORS (file:line: message).
 """
 import json
+import re
 import os
 from pathlib import Path
 
@@ -150,3 +151,19 @@ def test_proxy_jump_forms():
     assert inventory.parse_proxy_jump("u@[::1]:2222") == [J("u", "::1", 2222)]
     assert inventory.parse_proxy_jump("a@b:22,c") == [J("a", "b", 22), J(None, "c", None)]
     assert str(J("u", "::1", 2222)) == "u@[::1]:2222" and str(J(None, "b", None)) == "b"
+
+
+def test_a_thousand_ranges_in_one_host_pattern_expand_without_recursion():
+    from clusterctl.inventory import expand_range
+
+    assert expand_range("n" + "[0:1]" * 10) == [f"n{i:010b}" for i in range(1024)]
+    assert expand_range("n" + "[0:0]" * 1000) == ["n" + "0" * 1000]     # was RecursionError (exit 1)
+
+
+@pytest.mark.parametrize("pattern,message", [("n[0:10:0]", "the step must be at least 1"),
+                                             ("n[5:1]", "empty range"), ("n[a:3]", "bad range")])
+def test_bad_ranges_are_clear_errors(pattern, message):
+    from clusterctl.inventory import expand_range
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        expand_range(pattern)

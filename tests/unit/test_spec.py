@@ -126,3 +126,13 @@ def test_load_job_only_raises_input_error(text):
         loads_job(text, "fuzz.yaml")
     except InputError as e:
         assert str(e).startswith("fuzz.yaml")
+
+
+@pytest.mark.parametrize("key,value", [("restarts.backoff_s", ".inf"), ("restarts.window", ".inf"),
+                                       ("supervisor.hang_timeout_s", ".nan"), ("restarts.backoff_max_s", "-.inf")])
+def test_infinite_and_nan_numbers_are_refused_at_their_line(key, value):
+    """`.inf` passed validation and crashed the supervisor, `status` and `stop` (issue 24 item 13)."""
+    section, field = key.split(".")
+    with pytest.raises(InputError) as e:
+        loads_job(f"name: j\nscript: t.py\n{section}:\n  {field}: {value}\n", file="job.yaml")
+    assert e.value.line == 4 and e.value.key == key
