@@ -22,7 +22,7 @@ from clusterctl.inventory import Host
 from clusterctl.launcher import ClusterOps, LogSink
 from clusterctl.plan import read_secrets
 from clusterctl.reconcile import Reconciled, reconcile
-from clusterctl.state import JobState, Store, pid_alive, redact
+from clusterctl.state import ACTIVE_STATES, InvalidTransition, JobState, Store, pid_alive, redact
 from clusterctl.supervisor import Policy, Supervisor
 from clusterctl.transport import ConnectOptions, Transport, connect
 
@@ -113,11 +113,44 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
             ops.adopt(attempt, list(last.nodes), last.rdzv_host)
             ops.attach(attempt)
         return sup.run(adopt_attempt=attempt)
+    except Exception as e:  # noqa: BLE001 - the supervisor never dies silently: the job ends, loudly
+        return _end_on_error(store, ops, notifier, job_id, nodes, e)
     finally:
         beating.set()
         ops.close()
         notifier.close()
-        store.release_supervisor(job_id, os.getpid())
+        try:
+            store.release_supervisor(job_id, os.getpid())
+        except Exception:  # noqa: BLE001 - a full disk: the pid dies with us, `status` sees it gone
+            pass
+
+
+def _end_on_error(store: Store, ops, notifier, job_id: str, nodes, error: Exception) -> JobState:
+    """The supervisor cannot go on (a state database that refuses writes, a bug): its traceback goes to its log,
+    the job's processes are stopped (nothing runs unsupervised), the job ends FAILED with an ``end`` event when
+    the database takes it, and the ``failed`` notification goes out either way."""
+    import traceback
+
+    traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+    reason = (f"the supervisor failed: {error.__class__.__name__}: {error}; the job's processes were stopped "
+              f"(fix it, then `clusterctl resume {job_id}`)")
+    try:
+        ops.stop(None, list(nodes))
+    except Exception as e:  # noqa: BLE001 - best effort: the reason says what happened
+        print(f"clusterctl: could not stop the job's processes: {e}", file=sys.stderr, flush=True)
+    try:
+        store.set_state(job_id, JobState.FAILED, reason, expect=ACTIVE_STATES)
+        store.add_event(job_id, "end", f"job FAILED: {reason}")
+    except InvalidTransition:
+        return store.get_job(job_id).state
+    except Exception as e:  # noqa: BLE001 - the database is the trouble: notify without it
+        print(f"clusterctl: could not record the job's end: {e}", file=sys.stderr, flush=True)
+        try:
+            notifier.on_state(job_id, store.get_job(job_id).state, JobState.FAILED)
+        except Exception:  # noqa: BLE001
+            pass
+        return JobState.FAILED
+    return JobState.FAILED
 
 
 def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *, from_start: bool = True,
@@ -130,6 +163,8 @@ def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *
     printed_events = 0 if from_start or not seen else seen[-1].id
     while True:
         if path.exists():
+            if path.stat().st_size < offset:     # the copy was rotated (launcher.MAX_LOG_BYTES): a new file
+                offset = 0
             with open(path, "rb") as f:
                 f.seek(offset)
                 data = f.read()

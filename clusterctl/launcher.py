@@ -46,6 +46,7 @@ root_cause, signal_of = causes.root_cause, causes.signal_of
 
 
 MAX_LINE = 64 << 10   # LogSink: output without a newline is written in pieces of this size, not buffered
+MAX_LOG_BYTES = 64 << 20   # LogSink: output.log is rotated to output.log.1 at this size (at most 2 x 64 MiB)
 
 
 class LogSink:
@@ -60,8 +61,13 @@ class LogSink:
 
     MARKER = "=== attempt {} ==="
 
-    def __init__(self, path: Path, echo: Callable[[str], None] | None = None):
-        self.path, self.echo = path, echo
+    def __init__(self, path: Path, echo: Callable[[str], None] | None = None, max_bytes: int = MAX_LOG_BYTES,
+                 clock: Callable[[], float] = time.monotonic):
+        self.path, self.echo, self.max_bytes, self.clock = path, echo, max_bytes, clock
+        self._size = 0
+        self.trouble: OSError | None = None  # the last write that failed (a full disk): said in the log, lines dropped
+        self.dropped = 0
+        self._trouble_said = -1e18
         self.lock = threading.Lock()
         self._fd: int | None = None          # kept open (O_APPEND): not an open + close per chunk of output
         # node -> attempt -> lines per rank of that section in the file, and node -> attempt of its open section:
@@ -177,10 +183,11 @@ class LogSink:
             ranks.append("-")
         data = ("\n".join(out) + "\n").encode()
         with self.lock:
-            if self._fd is None:
-                self._fd = paths.open_private(self.path)
-            while data:
-                data = data[os.write(self._fd, data):]
+            try:
+                self._append(data)
+            except OSError as e:       # ENOSPC, EIO: never silent, never fatal: the lines are counted as dropped
+                self._failed(e, len(out))
+                return
             if count and node in self._current and self._sections is not None:
                 self._sections[node][self._current[node]].update(ranks)
             if count:
@@ -189,11 +196,47 @@ class LogSink:
             for line in out:
                 self.echo(line)
 
+    def _append(self, data: bytes) -> None:
+        """Write ``data`` whole (the caller holds the lock); at ``max_bytes`` the file is rotated first:
+        ``output.log`` -> ``output.log.1`` (the one before is dropped), a new ``output.log`` begins."""
+        if self._fd is None:
+            self._fd = paths.open_private(self.path)
+            self._size = os.fstat(self._fd).st_size
+        if self._size and self._size + len(data) > self.max_bytes:
+            os.close(self._fd)
+            self._fd = None
+            os.replace(self.path, rotated(self.path))
+            self._fd = paths.open_private(self.path)
+            self._size = 0
+        while data:
+            n = os.write(self._fd, data)
+            data = data[n:]
+            self._size += n
+        if self.trouble is not None:
+            print(f"clusterctl: the log copy {self.path} is written again ({self.dropped} lines were dropped)",
+                  file=sys.stderr, flush=True)
+            self.trouble, self.dropped = None, 0
+
+    def _failed(self, error: OSError, lines: int) -> None:
+        self.trouble = error
+        self.dropped += lines
+        now = self.clock()
+        if now - self._trouble_said >= 60:
+            self._trouble_said = now
+            print(f"clusterctl: cannot write the log copy {self.path}: {error.strerror or error} "
+                  f"({self.dropped} lines dropped so far; the nodes keep their own logs: `clusterctl logs` "
+                  "completes the copy from them once there is room)", file=sys.stderr, flush=True)
+
     def close(self) -> None:
         with self.lock:
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def rotated(path: Path) -> Path:
+    """Where ``LogSink`` keeps the copy's previous ``MAX_LOG_BYTES`` (``output.log.1``)."""
+    return path.with_name(path.name + ".1")
 
 
 def _rank(line: bytes) -> str:

@@ -72,16 +72,19 @@ def read(log: Path, sel: Selection, tail: int | None = None) -> list[str]:
     """The selected lines in file order; with ``tail``, only the last ``tail`` of them (0: none). Reads the
     file once, line by line, keeping at most ``tail`` lines."""
     out: deque[str] | list[str] = deque(maxlen=tail) if tail is not None else []
-    if tail == 0 or not log.exists():
+    if tail == 0:
         return []
     current: dict[str, int] = {}
-    with open(log, errors="replace") as f:
-        for line in f:
-            line = line.rstrip("\n")
-            m = MARKER.match(line)
-            if m:
-                current[m.group(1)] = int(m.group(2))
-            head = LINE.match(line)
-            if sel.keeps(line, current.get(head.group(1)) if head else None):
-                out.append(line)
+    for part in (log.with_name(log.name + ".1"), log):    # the rotated copy first (launcher.LogSink, 64 MiB each)
+        if not part.exists():
+            continue
+        with open(part, errors="replace") as f:
+            for line in f:
+                line = line.rstrip("\n")
+                m = MARKER.match(line)
+                if m:
+                    current[m.group(1)] = int(m.group(2))
+                head = LINE.match(line)
+                if sel.keeps(line, current.get(head.group(1)) if head else None):
+                    out.append(line)
     return list(out)

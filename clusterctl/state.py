@@ -83,6 +83,10 @@ class JobActive(UserError):
                          f"stop it first (`clusterctl stop {job.job_id}`)")
 
 
+class StoreError(ClusterctlError):
+    """A write to the state database failed (disk full, I/O error): the SQLite error, never a rollback's."""
+
+
 class InvalidTransition(ClusterctlError):
     def __init__(self, job_id: str, old: JobState, new: JobState):
         self.job_id, self.old, self.new = job_id, old, new
@@ -307,10 +311,17 @@ class Store:
                 raise ClusterctlError(f"{self.path}: state database is busy: {exc}") from None
             try:
                 yield db
-            except BaseException:
-                db.execute("ROLLBACK")
+                db.execute("COMMIT")
+            except BaseException as exc:
+                try:   # a failed statement or COMMIT may have ended the transaction already: its error is the news
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(f"{self.path}: cannot write the state database: {exc}"
+                                     + (" (is the disk full?)" if "full" in str(exc) or "I/O" in str(exc)
+                                        else "")) from exc
                 raise
-            db.execute("COMMIT")
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._locked() as db:

@@ -7,13 +7,15 @@ loop with a fake fed a scripted sequence of observations.
 from __future__ import annotations
 
 import dataclasses
+import math
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Callable, Protocol, Sequence
 
 from clusterctl import budget
-from clusterctl.state import ACTIVE_STATES, InvalidTransition, JobState, Store
+from clusterctl.state import ACTIVE_STATES, InvalidTransition, JobState, Store, StoreError
 
 
 class Verdict(str, Enum):
@@ -226,6 +228,7 @@ class Supervisor:
         self._health: Health | None = None        # the monitor's memory of the attempt that just ended
         self._rows: dict[tuple[int, str], tuple] = {}   # (attempt, node) -> the node row last written
         self._attempt: int | None = None          # the attempt being started or run (for a preempted end)
+        self._store_trouble_at = -math.inf        # when a refused write was last said in the log
 
     def event(self, kind: str, message: str, **fields) -> None:
         self.store.add_event(self.job_id, kind, message, **fields)
@@ -372,12 +375,12 @@ class Supervisor:
                 return Decision(Verdict.STOPPED, message="stopped by user")
             obs = self.ops.observe(attempt, nodes)
             rounds += 1
-            if self._checkpoint_due(rounds) and self._checkpoint_progress(attempt, nodes):
+            if self._checkpoint_due(rounds) and self._survive(self._checkpoint_progress, attempt, nodes):
                 obs = [dataclasses.replace(o, progress=True) for o in obs]
             now = self.clock()
             d = classify(obs, health, rdzv_host=rdzv, probe_failures=self.policy.probe_failures,
                          hang_timeout_s=self.policy.hang_timeout_s, now=now, settle_s=self.policy.settle_s)
-            self._record_nodes(attempt, obs)
+            self._survive(self._record_nodes, attempt, obs)
             if d.verdict != Verdict.CONTINUE:
                 if self.ops.stop_requested():   # `clusterctl stop` killed the nodes: not a failure
                     return Decision(Verdict.STOPPED, message="stopped by user")
@@ -385,6 +388,20 @@ class Supervisor:
                     self._checkpoint_progress(attempt, nodes)
                 return d
             self.wait(self.policy.probe_interval_s)
+
+    def _survive(self, write: Callable, *args):
+        """A record the monitor keeps (node rows, checkpoint events) that the state database refused (disk full,
+        I/O error): said in the supervisor's log, at most once a minute, and the job goes on being supervised
+        (the job's own state changes are not survived: the supervisor ends the job, see controller.supervise)."""
+        try:
+            return write(*args)
+        except StoreError as e:
+            now = self.clock()
+            if now - self._store_trouble_at >= 60:
+                self._store_trouble_at = now
+                print(f"clusterctl: {e} (the job is still supervised; node rows and events wait for space)",
+                      file=sys.stderr, flush=True)
+            return None
 
     def _record_nodes(self, attempt: int, obs: Sequence[Observation]) -> None:
         """Write the node rows that changed since the last round (one SQLite transaction per node and round was
