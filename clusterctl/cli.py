@@ -756,8 +756,35 @@ def init_cmd(file) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- entry point
+GLOBAL_FLAGS = ("--debug",)
+GLOBAL_OPTIONS = ("--state-dir",)
+
+
+def hoist_globals(args: List[str]) -> List[str]:
+    """``clusterctl status --debug`` and ``clusterctl logs JOB --state-dir D`` as well as ``clusterctl --debug
+    status``: the group's own options are accepted after the subcommand too (moved in front of it; nothing after a
+    ``--`` is touched: that is a remote command's argv)."""
+    front, rest, i = [], [], 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            rest.extend(args[i:])
+            break
+        if a in GLOBAL_FLAGS:
+            front.append(a)
+        elif a in GLOBAL_OPTIONS and i + 1 < len(args):
+            front += [a, args[i + 1]]
+            i += 1
+        elif a.split("=", 1)[0] in GLOBAL_OPTIONS and "=" in a:
+            front.append(a)
+        else:
+            rest.append(a)
+        i += 1
+    return front + rest
+
+
 def main(argv: Optional[List[str]] = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
+    args = hoist_globals(sys.argv[1:] if argv is None else list(argv))
     debug = "--debug" in args
     # paramiko logs a failed handshake with its traceback; the failure reaches the user as a value (per host)
     logging.getLogger("paramiko").setLevel(logging.DEBUG if debug else logging.CRITICAL + 1)

@@ -7,7 +7,9 @@ The job's script fails at once without importing torch (``jobs/fail.py``), so ea
 and the supervisor spends its time in the backoff (60 s: a stop must not wait for it) or starting the next one."""
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -131,3 +133,32 @@ def test_a_bare_runner_that_died_without_its_exit_file_never_gets_its_reused_pid
         if state.exists() and _job(state, name) is not None:
             clusterctl(state, "stop", name, "--grace", "0", timeout=120)
         cleanup_hosts(tb)
+
+
+def test_a_state_dir_filled_by_a_chatty_job_never_kills_the_supervisor_silently(tmp_path):
+    """The embedded default (this machine, bare) with its state dir on a 3 MiB tmpfs and a job that prints ~13 MB:
+    the log copy cannot be written for most of it. The supervisor must not die silently: it keeps supervising
+    (the job ends SUCCEEDED, its supervisor exits) and its log says the copy could not be written."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    assert r.returncode == 0, f"cannot mount a tmpfs for the test: {r.stderr}"
+    state = mnt / "state"
+    try:
+        job = tmp_path / "job.yaml"
+        job.write_text(f"name: chatty\nnodes: 1\nnproc_per_node: 1\nscript: {FAIL.parent / 'chatty.py'}\n"
+                       f"args: ['60000']\nrestarts: {{max_restarts: 0, max_failures: 0}}\n"
+                       f"supervisor: {{probe_interval_s: 1}}\n")
+        env = {"PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        r = clusterctl(state, "launch", str(job), "--detach", env=env, cwd=tmp_path, timeout=180)
+        assert r.returncode == 0, r.stderr
+        _wait(lambda: (j := _job(state, "chatty")) and j.terminal and not rh._alive(j.supervisor_pid), 240,
+              "the job to end and its supervisor to exit", 0.5)
+        j = _job(state, "chatty")
+        assert j.state.value in ("SUCCEEDED", "FAILED"), j.state
+        log = (state / "jobs" / j.job_id / "supervisor.log").read_text(errors="replace")
+        assert "cannot write the log copy" in log or "cannot write the state database" in log, log[-2000:]
+        if j.state.value == "FAILED":       # ended loudly: the reason says why
+            assert "supervisor failed" in (j.reason or ""), j.reason
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

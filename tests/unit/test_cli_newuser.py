@@ -278,3 +278,16 @@ def test_dry_run_warns_of_every_problem_launch_would_refuse_and_strict_fails(tmp
 def test_stop_refuses_a_negative_grace(tmp_path):
     r = cli(tmp_path, "stop", "nojob", "--grace", "-5")
     assert r.returncode == 2 and "--grace" in r.stderr
+
+
+def test_global_options_are_accepted_after_the_subcommand_too(tmp_path):
+    from clusterctl.cli import hoist_globals
+
+    assert hoist_globals(["status", "j", "--debug", "--state-dir", "/s"]) == ["--debug", "--state-dir", "/s",
+                                                                              "status", "j"]
+    assert hoist_globals(["exec", "--", "cmd", "--debug"]) == ["exec", "--", "cmd", "--debug"]
+    assert hoist_globals(["logs", "j", "--state-dir=/s"]) == ["--state-dir=/s", "logs", "j"]
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "status", "--state-dir", str(tmp_path / "s"), "--debug",
+                        "-o", "json"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "s").is_dir()          # `python -m clusterctl` runs the CLI, with the state dir given last
