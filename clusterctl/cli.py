@@ -690,17 +690,30 @@ def _host_names(hosts) -> list:
 @app.command("cordon")
 @click.argument("hosts", nargs=-1, required=True)
 @click.option("--reason", required=True, help="Why (shown by `nodes`, in plans and in launch errors).")
+@inventory_option
 @output_option
 @click.pass_context
-def cordon_cmd(ctx, hosts, reason, output) -> int:
+def cordon_cmd(ctx, hosts, reason, inventory, output) -> int:
     """Keep HOSTs out of every launch, resume and relaunch (running attempts are not touched)."""
     from clusterctl import controller
+    from clusterctl import inventory as inv_mod
     from clusterctl.errors import UserError
 
     if not reason.strip() or "\n" in reason:
         raise UserError("--reason must be one non-empty line")
     _, store = controller.open_store(ctx.obj.state_dir)
-    done = [store.cordon(h, reason.strip(), by="user") for h in _host_names(hosts)]
+    names = _host_names(hosts)
+    known = {h.name for h in inv_mod.load(inventory).hosts} | {n for a in store.all_attempts() for n in a.nodes}
+    before = store.cordons()
+    done = [store.cordon(h, reason.strip(), by="user") for h in names]
+    if output != "json":
+        for h in names:
+            if h not in known:
+                err.print(f"warning: {h} is in no inventory clusterctl knows (nor any job's nodes): cordoned "
+                          "anyway; check the name", markup=False)
+            if h in before:
+                err.print(f"{h} was already cordoned ({before[h].reason}): the new reason replaces it",
+                          markup=False)
     if output == "json":
         print_json([{"host": c.host, "state": "cordoned", "reason": c.reason, "since": c.since, "by": c.by}
                     for c in done])

@@ -187,6 +187,9 @@ def load(path: str | None) -> Inventory:
 # ---------------------------------------------------------------- parsing
 
 GROUP_KEYS = ("hosts", "children", "vars")
+MAX_GPUS_PER_HOST = 64      # far above any machine built (8-16), far below a typo (an extra zero or three)
+PASSWORD_VARS = ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password", "ansible_become_password",
+                 "ansible_become_pass")
 
 
 def expand_range(pattern: str) -> list[str]:
@@ -323,6 +326,9 @@ class _Parser:
             if not isinstance(k, str):
                 self.err(vars_, k, f"variable name must be a string, got {k!r}")
             if k.startswith(("ansible_", "clusterctl_")):
+                if k in PASSWORD_VARS:
+                    self.err(vars_, k, "passwords are not supported: use an SSH key "
+                                       "(ansible_ssh_private_key_file) or an ssh-agent (SSH_AUTH_SOCK)", dotted=k)
                 if k not in KNOWN_VARS:
                     hint = difflib.get_close_matches(k, list(KNOWN_VARS), 1)
                     self.err(vars_, k, "unknown variable" + (f" (did you mean {hint[0]!r}?)" if hint else ""), dotted=k)
@@ -337,8 +343,8 @@ class _Parser:
             self.err(vars_, k, "must be a single line", dotted=k)
         if k == "ansible_port" and not 1 <= v <= 65535:
             self.err(vars_, k, f"port out of range 1..65535: {v}", dotted=k)
-        if k == "clusterctl_gpus" and v < 0:
-            self.err(vars_, k, f"must be >= 0, got {v}", dotted=k)
+        if k == "clusterctl_gpus" and not 0 <= v <= MAX_GPUS_PER_HOST:
+            self.err(vars_, k, f"must be a GPU count 0..{MAX_GPUS_PER_HOST}, got {v}", dotted=k)
         if k in ("clusterctl_connection", "ansible_connection") and v not in CONNECTIONS:
             self.err(vars_, k, f"must be one of {', '.join(CONNECTIONS)}, got {v!r}", dotted=k)
         if k == "clusterctl_runtime" and v not in RUNTIMES:

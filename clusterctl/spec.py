@@ -148,6 +148,9 @@ UlimitValue = Annotated[str, BeforeValidator(_ulimit_value)]
 Window = Annotated[str, BeforeValidator(_window)]
 
 
+MAX_NPROC_PER_NODE = 256     # ranks per node: a CPU job may run more than one per GPU, never thousands
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
@@ -386,11 +389,11 @@ class JobSpec(_Model):
     @field_validator("nproc_per_node", mode="before")
     @classmethod
     def _nproc(cls, v: Any) -> Any:
-        if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+        if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_NPROC_PER_NODE:
             return v
         if v == "gpu":
             return v
-        raise ValueError(f"must be a process count >= 1 or \"gpu\" (one per GPU), got {_kind(v)}")
+        raise ValueError(f"must be a process count 1..{MAX_NPROC_PER_NODE} or \"gpu\" (one per GPU), got {_kind(v)}")
 
     @field_validator("script")
     @classmethod

@@ -65,6 +65,29 @@ def _loader_for(file: str):
     return Loader
 
 
+INI_HINT = ("clusterctl reads YAML inventories only (Ansible's YAML form), not the INI form. Instead of\n"
+            "  [gpus]\n  node1 ansible_host=10.0.0.1\nwrite\n"
+            "  all:\n    children:\n      gpus:\n        hosts:\n          node1:\n            ansible_host: 10.0.0.1\n"
+            "(`ansible-inventory -i hosts.ini --list -y` converts one)")
+
+
+def _looks_like_ini(text: str) -> bool:
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", ";"))),
+                 "")
+    return first.startswith("[") and first.endswith("]") and ":" not in first and "," not in first
+
+
+def _why(e: yaml.MarkedYAMLError, text: str, line: int | None) -> str:
+    """A malformed-YAML message a newcomer can act on."""
+    problem = e.problem or e.context or ""
+    if "'\\t'" in problem or "\t" in problem:
+        return "a tab character: YAML indents with spaces only (replace the tabs with spaces)"
+    if "another document" in problem:
+        return ("a second YAML document (`---`) in the file: an inventory or job file is one document; remove "
+                "the `---` line and what follows, or split them into two files")
+    return f"malformed YAML: {problem}"
+
+
 def loads(text: str, file: str) -> Any:
     if "\x00" in text:
         raise InputError(file, text[: text.index("\x00")].count("\n") + 1, "NUL byte in file")
@@ -75,7 +98,9 @@ def loads(text: str, file: str) -> Any:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else None
-        raise InputError(file, line, f"malformed YAML: {e.problem or e.context}") from None
+        if _looks_like_ini(text):
+            raise InputError(file, None, INI_HINT) from None
+        raise InputError(file, line, _why(e, text, line)) from None
     except yaml.YAMLError as e:
         raise InputError(file, None, f"malformed YAML: {e}") from None
     except RecursionError:
@@ -88,7 +113,11 @@ def load_yaml_with_lines(path: str) -> Any:
             text = f.read()
     except FileNotFoundError:
         raise InputError(path, None, "file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        with open(path, "rb") as f:
+            line = f.read()[: e.start].count(b"\n") + 1
+        raise InputError(path, line, f"not UTF-8 (byte 0x{e.object[e.start]:02x}): save the file as UTF-8") from None
+    except OSError as e:
         raise InputError(path, None, f"cannot read file: {e.__class__.__name__}: {getattr(e, 'strerror', None) or e}") from None
     return loads(text, path)
 

@@ -291,3 +291,33 @@ def test_global_options_are_accepted_after_the_subcommand_too(tmp_path):
                         "-o", "json"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "s").is_dir()          # `python -m clusterctl` runs the CLI, with the state dir given last
+
+
+@pytest.mark.parametrize("name,content,expected", [
+    ("hosts.ini", b"[gpus]\nnode1 ansible_host=10.0.0.1\n", "YAML inventories only"),
+    ("tab.yaml", b"all:\n\thosts:\n", "tab.yaml:2: a tab character: YAML indents with spaces only"),
+    ("latin.yaml", b"all:\n  hosts:\n    n\xe9:\n", "latin.yaml:3: not UTF-8 (byte 0xe9): save the file as UTF-8"),
+    ("two.yaml", b"all:\n  hosts:\n    a:\n---\nall: {}\n", "two.yaml:4: a second YAML document"),
+    ("pw.yaml", b"all:\n  hosts:\n    a:\n      ansible_password: x\n", "passwords are not supported"),
+    ("gpus.yaml", b"all:\n  hosts:\n    a:\n      clusterctl_gpus: 100000\n", "must be a GPU count 0..64"),
+])
+def test_inventory_messages_a_newcomer_can_act_on(tmp_path, name, content, expected):
+    (tmp_path / name).write_bytes(content)
+    r = cli(tmp_path, "inventory", "-i", name)
+    assert r.returncode == 2 and expected in r.stderr, r.stderr
+    assert "did you mean 'ansible_port'" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_nproc_per_node_has_an_upper_bound(tmp_path):
+    write_job(tmp_path, "name: j\nscript: t.py\nnproc_per_node: 100000\n")
+    r = cli(tmp_path, "launch", "job.yaml", "--dry-run")
+    assert r.returncode == 2 and "job.yaml:3: nproc_per_node: must be a process count 1..256" in r.stderr
+
+
+def test_cordon_warns_of_an_unknown_host_and_says_a_new_reason_replaces_the_old(tmp_path):
+    r = cli(tmp_path, "cordon", "nodeX", "--reason", "bad disk")
+    assert r.returncode == 0 and "nodeX is in no inventory" in r.stderr
+    r = cli(tmp_path, "cordon", "nodeX", "--reason", "bad gpu")
+    assert "already cordoned (bad disk): the new reason replaces it" in r.stderr
+    r = cli(tmp_path, "cordon", "localhost", "--reason", "x")       # the embedded default's host: no warning
+    assert "warning" not in r.stderr

@@ -81,7 +81,7 @@ def test_file_errors(tmp_path):
         load_job(str(tmp_path / "nope.yaml"))
     bad = tmp_path / "bin.yaml"
     bad.write_bytes(b"name: \xff\n")
-    with pytest.raises(InputError, match="cannot read file"):
+    with pytest.raises(InputError, match=r"bin.yaml:1: not UTF-8 \(byte 0xff\): save the file as UTF-8"):
         load_job(str(bad))
 
 
