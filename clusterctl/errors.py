@@ -26,12 +26,15 @@ class InputError(UserError):
         super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
 
 
-class InputErrors(UserError):
-    """Several ``InputError``s at once (every problem of a file, not only the first), sorted by file and line."""
+class InputErrors(InputError):
+    """Several ``InputError``s at once (every problem of a file, not only the first), sorted by file and line;
+    ``file``/``line``/``key``/``message`` are the first one's, the text is one line per problem."""
 
     def __init__(self, errors):
         self.errors = sorted(errors, key=lambda e: (e.file, e.line or 0))
-        super().__init__("\n".join(str(e) for e in self.errors))
+        first = self.errors[0]
+        self.file, self.line, self.key, self.message = first.file, first.line, first.key, first.message
+        UserError.__init__(self, "\n".join(str(e) for e in self.errors))
 
 
 def raise_all(errors) -> None:

@@ -410,6 +410,10 @@ def parse_data(data: Any, file: str) -> Inventory:
         raise InputError(file, line_of(data) or 1, "inventory must be a mapping with an 'all' group; hosts go "
                                                    "under `all: hosts:`, e.g. all: {hosts: {node1: {ansible_host: "
                                                    "10.0.0.1}}}")
+    if "all" not in data and ({"name", "script", "module", "nodes"} & set(data)):
+        raise InputError(file, None, "this looks like a job file (it has `name:`/`script:`), not an inventory: "
+                                     "`clusterctl launch JOB.yaml -i INVENTORY.yaml` (the job first, the inventory "
+                                     "after -i)")
     p = _Parser(file)
     top = data.get("all")
     if "all" in data:

@@ -16,7 +16,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
                       ValidationInfo, field_serializer, field_validator, model_validator)
 
 from clusterctl import budget
-from clusterctl.errors import InputError
+from clusterctl.errors import InputError, raise_all
 from clusterctl.ids import JOB_NAME_RE
 from clusterctl import yamlfile
 from clusterctl.yamlfile import line_of
@@ -561,6 +561,10 @@ def parse_job(data: Any, file: str) -> JobSpec:
     if not isinstance(data, dict):
         raise InputError(file, line_of(data) or 1,
                          f"job file must be a mapping of keys (name:, script:, ...), got {_kind(data)}")
+    if "all" in data and not ({"name", "script", "module"} & set(data)):
+        raise InputError(file, None, "this looks like an inventory (it has `all:`), not a job file: "
+                                     "`clusterctl launch JOB.yaml -i INVENTORY.yaml` (the job first, the inventory "
+                                     "after -i)")
     for k in data:
         if not isinstance(k, str):
             raise InputError(file, line_of(data, k), f"key must be a string, got {_kind(k)}")
@@ -569,10 +573,12 @@ def parse_job(data: Any, file: str) -> JobSpec:
         raise InputError(file, _locate(data, nul), "NUL byte in value", key=_dotted(nul))
     try:
         spec = JobSpec.model_validate(dict(data))
-    except ValidationError as e:
-        err = e.errors(include_url=False)[0]
-        loc = tuple(p for p in err["loc"] if _real_key(p))
-        raise InputError(file, _locate(data, loc), _message(err), key=_dotted(loc)) from None
+    except ValidationError as e:      # every problem of the file at once, in line order
+        problems: dict[tuple, InputError] = {}
+        for err in e.errors(include_url=False):
+            loc = tuple(p for p in err["loc"] if _real_key(p))
+            problems.setdefault(loc, InputError(file, _locate(data, loc), _message(err), key=_dotted(loc)))
+        raise_all(sorted(problems.values(), key=lambda x: x.line or 0))
     except RecursionError:
         raise InputError(file, None, "nested too deeply") from None
     spec._source = file

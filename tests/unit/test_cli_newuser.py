@@ -321,3 +321,11 @@ def test_cordon_warns_of_an_unknown_host_and_says_a_new_reason_replaces_the_old(
     assert "already cordoned (bad disk): the new reason replaces it" in r.stderr
     r = cli(tmp_path, "cordon", "localhost", "--reason", "x")       # the embedded default's host: no warning
     assert "warning" not in r.stderr
+
+
+def test_a_swapped_job_and_inventory_say_which_file_each_looks_like(tmp_path, inv):
+    write_job(tmp_path, JOB)
+    r = cli(tmp_path, "launch", str(inv), "-i", "job.yaml", "--dry-run")
+    assert r.returncode == 2 and "looks like an inventory (it has `all:`), not a job file" in r.stderr
+    r = cli(tmp_path, "launch", "job.yaml", "-i", "job.yaml", "--dry-run")
+    assert r.returncode == 2 and "looks like a job file" in r.stderr

@@ -136,3 +136,13 @@ def test_infinite_and_nan_numbers_are_refused_at_their_line(key, value):
     with pytest.raises(InputError) as e:
         loads_job(f"name: j\nscript: t.py\n{section}:\n  {field}: {value}\n", file="job.yaml")
     assert e.value.line == 4 and e.value.key == key
+
+
+def test_every_problem_of_a_job_file_is_reported_at_once_in_line_order():
+    with pytest.raises(InputError) as e:
+        loads_job("Name: j\nscript: t.py\nnodes: 0\nrestarts:\n  backoff_s: -1\n", file="job.yaml")
+    lines = str(e.value).splitlines()
+    assert lines == ["job.yaml:1: name: required key is missing",
+                     "job.yaml:1: Name: unknown key 'Name' (did you mean 'name'?)",
+                     "job.yaml:3: nodes: must be >= 1, got 0",
+                     "job.yaml:5: restarts.backoff_s: must be >= 0.0, got -1"]
