@@ -5,6 +5,7 @@ per-node work fanned out in parallel. A start that fails on some nodes removes w
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -68,6 +69,7 @@ class LogSink:
         self.trouble: OSError | None = None  # the last write that failed (a full disk): said in the log, lines dropped
         self.dropped = 0
         self._trouble_said = -1e18
+        self._room_checked, self._room = -1e18, 0
         self.lock = threading.Lock()
         self._fd: int | None = None          # kept open (O_APPEND): not an open + close per chunk of output
         # node -> attempt -> lines per rank of that section in the file, and node -> attempt of its open section:
@@ -202,6 +204,14 @@ class LogSink:
         if self._fd is None:
             self._fd = paths.open_private(self.path)
             self._size = os.fstat(self._fd).st_size
+        now = self.clock()
+        if now >= self._room_checked + 1.0:     # once a second: the state DB beside the copy keeps its room
+            self._room_checked = now
+            st = os.statvfs(self.path.parent)
+            self._room = st.f_bavail * st.f_frsize - reserve(st.f_blocks * st.f_frsize)
+        self._room -= len(data)
+        if self._room < 0:
+            raise OSError(errno.ENOSPC, "kept free for the state database (the file system is nearly full)")
         if self._size and self._size + len(data) > self.max_bytes:
             os.close(self._fd)
             self._fd = None
@@ -232,6 +242,12 @@ class LogSink:
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def reserve(fs_size: int) -> int:
+    """Bytes of the state dir's file system the log copy leaves free for the state database: 10 % of it, at least
+    256 KiB and at most 64 MiB (a chatty job must not starve the job's own records)."""
+    return max(256 << 10, min(64 << 20, fs_size // 10))
 
 
 def rotated(path: Path) -> Path:
