@@ -420,7 +420,8 @@ class ClusterOps:
         """The last ``lines`` lines of the node's own log (stdout and stderr), as ``[node/rank] text``."""
         argv = self._runtime(node).logs_argv(ref, tail=lines)
         try:
-            r = self._run(node, ["sh", "-c", '"$@" 2>&1', "clusterctl-tail", *argv], timeout=self.probe_timeout_s)
+            r = self._run(node, ["sh", "-c", f'"$@" 2>&1 | tail -c {causes.MAX_TEXT}', "clusterctl-tail", *argv],
+                          timeout=self.probe_timeout_s)   # at most MAX_TEXT bytes: lines have no length limit
         except TransportError:
             return []
         return causes.node_lines(r.stdout, node)
@@ -435,7 +436,7 @@ class ClusterOps:
         OOMKilled flag (the rank's pid is the container's own)."""
         rt = self._runtime(node)
         if rt.name == "bare":
-            argv = ["sh", "-c", "dmesg 2>/dev/null | tail -n 500"]
+            argv = ["sh", "-c", f"dmesg 2>/dev/null | tail -n 500 | tail -c {causes.MAX_TEXT}"]
         else:
             argv = rt.inspect_argv(runtimes.Ref(name, "", None, self.job_id),   # selected by label
                                    "oomkilled={{.State.OOMKilled}}")
