@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from clusterctl.inventory import Host
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")   # OpenSSH's default
 # stream(): the remote command ends with the stream. sshd does not signal a command when its channel closes, so a
 # command that waits without writing (`podman logs --follow` of a removed container, `tail -F` of a finished bare
 # job) would run on forever. The channel's stdin stays open while we stream; its EOF (channel closed, connection
@@ -73,10 +74,24 @@ class Target:
     user: str
     key_files: tuple[str, ...]
     proxy_jump: str | None
+    user_known_hosts: tuple[str, ...] | None = None    # ssh_config's UserKnownHostsFile (None: not set)
+    global_known_hosts: tuple[str, ...] = GLOBAL_KNOWN_HOSTS   # ssh_config's GlobalKnownHostsFile
 
     @property
     def known_hosts_name(self) -> str:
-        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+        """The name known_hosts records this host under. Lowercased, as OpenSSH does before it looks a name up or
+        hashes it (issue 24: a hashed entry of ``node1`` must match ``NODE1``, or ``--accept-new-host-keys``
+        would record a second, different key for it)."""
+        host = self.hostname.lower()
+        return host if self.port == 22 else f"[{host}]:{self.port}"
+
+
+def _files(value: str | None) -> tuple[str, ...] | None:
+    """An ssh_config file list (``UserKnownHostsFile a b``; ``none``: no file); None when not set."""
+    if value is None:
+        return None
+    words = value.split() if isinstance(value, str) else [w for v in value for w in str(v).split()]
+    return tuple(os.path.expanduser(w) for w in words if w.lower() != "none")
 
 
 def resolve_target(host: "Host", ssh_config: str | None = None) -> Target:
@@ -91,8 +106,23 @@ def resolve_target(host: "Host", ssh_config: str | None = None) -> Target:
     proxy = host.proxy_jump or cfg.get("proxyjump")
     if proxy and proxy.lower() == "none":
         proxy = None
+    glob = _files(cfg.get("globalknownhostsfile"))
     return Target(cfg.get("hostname", host.address), port, user,
-                  tuple(os.path.expanduser(k) for k in keys), proxy)
+                  tuple(os.path.expanduser(k) for k in keys), proxy,
+                  _files(cfg.get("userknownhostsfile")), GLOBAL_KNOWN_HOSTS if glob is None else glob)
+
+
+def known_hosts_files(host: "Host", target: Target, known_hosts: str | None = None) -> tuple[list[str], str]:
+    """(the known_hosts files to check, the file that records a new key). ``known_hosts`` (an explicit override),
+    else ssh_config's ``UserKnownHostsFile`` (the first of several records), else ``~/.ssh/known_hosts``; then the
+    host's ``clusterctl_known_hosts`` (which records when set); then ssh_config's ``GlobalKnownHostsFile``
+    (default ``/etc/ssh/ssh_known_hosts{,2}``), read only, as OpenSSH does."""
+    default = str(Path("~/.ssh/known_hosts").expanduser())
+    user_files = ([known_hosts] if known_hosts else
+                  list(target.user_known_hosts) if target.user_known_hosts is not None else [default])
+    files = user_files + ([host.known_hosts] if host.known_hosts else [])
+    files += [f for f in target.global_known_hosts if f not in files]
+    return files, host.known_hosts or (user_files[0] if user_files else default)
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -163,7 +193,7 @@ def host_matches(patterns: str, name: str) -> bool:
 
 def _matches(pattern: str, name: str) -> bool:
     if pattern.startswith("|1|"):
-        return HostKeys.hash_host(name, pattern) == pattern
+        return HostKeys.hash_host(name.lower(), pattern) == pattern   # OpenSSH hashes the lowercased name
     if "*" in pattern or "?" in pattern:
         rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
         return re.fullmatch(rx, name, re.IGNORECASE) is not None
@@ -267,9 +297,7 @@ class SSHTransport:
     def __init__(self, host: "Host", options: ConnectOptions, *, _jump_depth: int = 0):
         self.host, self.options = host, options
         self.target = resolve_target(host, options.ssh_config)
-        user_kh = options.known_hosts or str(Path("~/.ssh/known_hosts").expanduser())
-        self.known_files = [user_kh] + ([host.known_hosts] if host.known_hosts else [])
-        self.record_file = host.known_hosts or user_kh
+        self.known_files, self.record_file = known_hosts_files(host, self.target, options.known_hosts)
         self._jump: SSHTransport | None = None
         self._t: paramiko.Transport | None = None
         self._depth = _jump_depth

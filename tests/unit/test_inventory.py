@@ -150,3 +150,15 @@ def test_proxy_jump_forms():
     assert inventory.parse_proxy_jump("u@[::1]:2222") == [J("u", "::1", 2222)]
     assert inventory.parse_proxy_jump("a@b:22,c") == [J("a", "b", 22), J(None, "c", None)]
     assert str(J("u", "::1", 2222)) == "u@[::1]:2222" and str(J(None, "b", None)) == "b"
+
+
+def test_relative_known_hosts_is_relative_to_the_inventory_file(tmp_path, monkeypatch):
+    """Issue 24 item 10: ``clusterctl_known_hosts: keys/kh`` names the file next to the inventory, wherever
+    clusterctl runs from (absolute and ``~`` paths are kept)."""
+    d = tmp_path / "site"
+    d.mkdir()
+    (d / "inv.yaml").write_text("all:\n  hosts:\n    n1: {clusterctl_known_hosts: keys/kh}\n"
+                                "    n2: {clusterctl_known_hosts: /etc/kh}\n    n3: {clusterctl_known_hosts: ~/kh}\n")
+    monkeypatch.chdir(tmp_path)
+    inv = inventory.parse("site/inv.yaml")
+    assert [h.known_hosts for h in inv.hosts] == [str(d / "keys" / "kh"), "/etc/kh", "~/kh"]
