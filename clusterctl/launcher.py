@@ -245,7 +245,8 @@ class ClusterOps:
 
     def __post_init__(self) -> None:
         # one kept connection per node; connect reads self.connect/hosts/options when it connects
-        self._pool = Pool(lambda node: self.connect(self.hosts[node], self.options))
+        self._pool = Pool(lambda node: self.connect(self.hosts[node], self.options),   # a connect (and its jump
+                          wait_s=2 * self.options.connect_timeout + 5)                    # host's) is bounded
         self._watches = Watches(self.sink, open_stream=lambda node, argv: open_stream(self.transport(node), argv),
                                 drop=self.drop, heartbeat_timeout_s=self.heartbeat_timeout_s, now=self.clock,
                                 mux=self.mux)

@@ -5,7 +5,8 @@
   ``accept_new_host_keys`` (then recorded, like OpenSSH ``accept-new``); a host with a recorded key of any type
   that offers another key is refused as changed, always, with both fingerprints and the file:line of the
   recorded key; a revoked key is always refused.
-- Every wait on the server has a deadline (connect, handshake, channel open, the exec request, the command).
+- Every wait on the server has a deadline (connect, handshake, authentication: all within ``connect_timeout``;
+  channel open, the exec request, the command).
 - ``~/.ssh/config`` is honoured (HostName, User, Port, IdentityFile, ProxyJump; several jump hosts too).
 - The socket is opened here with TCP_NODELAY (paramiko does not set it: ~40 ms per round trip otherwise).
 - Transient connect errors are retried with tenacity (exponential backoff + jitter) inside the connect timeout;
@@ -394,7 +395,7 @@ class SSHTransport:
         try:
             check_host_key(self.host.name, name, t.get_remote_server_key(), known, self.known_files,
                            self.record_file, self.options.accept_new_host_keys)
-            self._auth(t)
+            self._auth(t, deadline)
         except TransportError:
             t.close()
             raise
@@ -402,32 +403,48 @@ class SSHTransport:
         t.sock.settimeout(IDLE_WAKE_S)
         return t
 
-    def _auth(self, t: paramiko.Transport) -> None:
+    def _auth(self, t: paramiko.Transport, deadline: float) -> None:
+        """Public-key authentication within the connect deadline (issue 24: paramiko's ``auth_timeout`` is 30 s per
+        attempt by default, outside ``connect_timeout``; a server slow to answer held a caller 30 s per key)."""
         target, errors = self.target, []
+
+        def attempt(key) -> bool:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._auth_timeout()
+            t.auth_timeout = remaining
+            try:
+                t.auth_publickey(target.user, key)
+                return True
+            except paramiko.AuthenticationException:
+                if time.monotonic() >= deadline:
+                    raise self._auth_timeout() from None
+                return False
+            except (paramiko.SSHException, OSError) as e:
+                raise ConnectError(self.host.name, f"connection lost during authentication: {e}") from None
+
         for path in target.key_files:
             try:
                 key = paramiko.PKey.from_path(path)
             except (OSError, paramiko.SSHException, ValueError) as e:
                 errors.append(f"cannot read key {path}: {getattr(e, 'strerror', None) or e}")
                 continue
-            try:
-                t.auth_publickey(target.user, key)
+            if attempt(key):
                 return
-            except paramiko.AuthenticationException:
-                errors.append(f"key {path} rejected")
-            except (paramiko.SSHException, OSError) as e:
-                raise ConnectError(self.host.name, f"connection lost during authentication: {e}") from None
+            errors.append(f"key {path} rejected")
         try:
             for key in paramiko.Agent().get_keys():
-                try:
-                    t.auth_publickey(target.user, key)
+                if attempt(key):
                     return
-                except paramiko.AuthenticationException:
-                    errors.append("agent key rejected")
+                errors.append("agent key rejected")
         except paramiko.SSHException:
             pass
         raise AuthError(self.host.name, f"authentication as {target.user!r} failed: "
                                         f"{'; '.join(errors) or 'no key (set ansible_ssh_private_key_file)'}")
+
+    def _auth_timeout(self) -> ConnectError:
+        return ConnectError(self.host.name, f"authentication with {self.target.hostname}:{self.target.port} did not "
+                                            f"finish within the connect timeout ({self.options.connect_timeout:g}s)")
 
     # ------------------------------------------------------------------ run
     def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:

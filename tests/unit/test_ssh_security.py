@@ -272,3 +272,62 @@ def test_default_known_hosts_files(tmp_path):
     assert t.known_files == [str(home), "/x/kh", *ssh.GLOBAL_KNOWN_HOSTS] and t.record_file == "/x/kh"
     assert ssh.resolve_target(Host(name="n1", address="Node1.Example"), str(tmp_path / "cfg")).known_hosts_name \
         == "node1.example"
+
+
+# ------------------------------------------------------------------------------------ issue 24 item 7
+def test_authentication_is_bounded_by_the_connect_timeout(tmp_path, keys, servers):
+    """A server that takes 10 s to answer each key: the connect fails within its 1.5 s deadline (paramiko's own
+    auth_timeout was 30 s per key, outside the connect deadline)."""
+    from clusterctl.errors import ConnectError
+
+    srv = servers([keys["ed25519"]], handshake_delay=10)
+    t, _ = transport(tmp_path, keys, srv, known_line(srv.name, keys["ed25519"]))
+    t.options = ConnectOptions(connect_timeout=1.5, connect_retries=0, known_hosts=t.options.known_hosts,
+                               ssh_config=t.options.ssh_config)
+    t.target = ssh.Target(t.target.hostname, t.target.port, t.target.user, (str(keys["client"]),) * 2, None)
+    box: dict = {}
+
+    def call():
+        t0 = time.monotonic()
+        try:
+            t.connect()
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            box["error"] = e
+        box["s"] = time.monotonic() - t0
+
+    th = threading.Thread(target=call, daemon=True)
+    th.start()
+    th.join(40)
+    assert not th.is_alive() and box["s"] < 4, box
+    assert isinstance(box.get("error"), ConnectError) and "connect timeout" in str(box["error"]), box
+
+
+def test_shell_exec_request_never_answered_times_out(tmp_path, keys, servers):
+    """``clusterctl shell``: the exec request goes unanswered; the shell ends with CommandTimeout at the connect
+    timeout instead of hanging."""
+    import io
+
+    from clusterctl import shell
+
+    srv = servers([keys["ed25519"]], exec_mode="hang")
+    t, _ = transport(tmp_path, keys, srv, known_line(srv.name, keys["ed25519"]))
+    t.options = ConnectOptions(connect_timeout=1.5, connect_retries=0, known_hosts=t.options.known_hosts,
+                               ssh_config=t.options.ssh_config)
+    r, w = __import__("os").pipe()
+    box: dict = {}
+
+    def call():
+        t0 = time.monotonic()
+        try:
+            with open(r, "rb") as stdin:
+                shell.run(t, ["sh"], tty=False, stdin=stdin, stdout=io.open(w, "wb"), stderr=None)
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            box["error"] = e
+        box["s"] = time.monotonic() - t0
+
+    th = threading.Thread(target=call, daemon=True)
+    th.start()
+    th.join(30)
+    t.close()
+    assert not th.is_alive(), "shell hung on an unanswered exec request"
+    assert isinstance(box.get("error"), CommandTimeout) and box["s"] < 5, box
