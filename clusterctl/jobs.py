@@ -26,7 +26,7 @@ from clusterctl.errors import AuthError, ClusterctlError, HostKeyError, InputErr
 from clusterctl.inventory import Host, Inventory
 from clusterctl.plan import LaunchPlan, build_plan
 from clusterctl.record import JobRecord
-from clusterctl.spec import JobSpec, load_job
+from clusterctl.spec import JobSpec, load_job, webhook_problem
 from clusterctl.state import JobState, Store
 from clusterctl.supervisor import NodeError
 from clusterctl.transport import ConnectOptions, Transport
@@ -125,6 +125,10 @@ def check_environment(job_path: str, spec: JobSpec, environ: Mapping[str, str]) 
             raise InputError(job_path, line_of(entry, "webhook_env"),
                              f"{t.webhook_env} is not set in clusterctl's environment: `export "
                              f"{t.webhook_env}=https://...` before the launch", key=f"notify[{i}].webhook_env")
+        if t.webhook_env is not None and webhook_problem(environ[t.webhook_env], t.allow_http):
+            raise InputError(job_path, line_of(data["notify"][i], "webhook_env"),
+                             f"${t.webhook_env} {webhook_problem(environ[t.webhook_env], t.allow_http)}",
+                             key=f"notify[{i}].webhook_env")
 
 
 def check_key_files(hosts: Sequence[Host]) -> None:
