@@ -527,7 +527,8 @@ class ClusterOps:
             return None
         deadline = self.probe_timeout_s if self.spec.checkpoint.verify != "sha256" else max(self.probe_timeout_s, 120)
         source = Path(checkpoint_mod.__file__).read_bytes()
-        argv = ["python3", "-", "latest", "--root", root, "--verify", self.spec.checkpoint.verify, "--json"]
+        argv = ["python3", "-", "latest", "--root", root, "--verify", self.spec.checkpoint.verify, "--json",
+                "--job", self.spec.name]      # another job's checkpoints in a shared dir are never resumed from
 
         def ask(node: str) -> tuple[str, int]:
             r = self._run(node, argv, timeout=deadline, stdin=source)
