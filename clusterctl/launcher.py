@@ -561,7 +561,7 @@ class ClusterOps:
         found, errors = stacks.collect(nodes, lambda n: lambda argv, **kw: self._run(n, argv, **kw),
                                        self.job_id, attempt, host_timeout=60)
         try:
-            (self.sink.path.parent / f"stacks-{attempt}.json").write_text(stacks.dump_json(found, errors))
+            paths.write_private(self.sink.path.parent / f"stacks-{attempt}.json", stacks.dump_json(found, errors))
         except OSError:
             pass
         return stacks.hang_record(found, errors)
