@@ -269,4 +269,38 @@ def test_exec_in_container_names_the_container_the_launch_created(tmp_path):
     argv = jobnodes.in_job_argv(jn, "n2", ["true"])
     plan = build_plan(jn.spec, [H(name="n1", address="10.0.0.1", runtime="podman", gpus=0),
                                 H(name="n2", address="10.0.0.2", runtime="podman", gpus=0)], job_id=job_id, attempt=1)
-    assert argv == ["podman", "exec", plan.node("n2").container_name, "true"]
+    name = plan.node("n2").container_name
+    assert argv[3:] == ["podman", job_id, name, "true"] and argv[:2] == ["sh", "-c"]
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_exec_in_container_selects_the_container_by_the_jobs_label(tmp_path, tty):
+    """Issue 24 item 14: ``exec --in-container``/``shell`` enter the container that carries the job's label and
+    the name, as ``stop`` does: another job's container of that name is never entered."""
+    import subprocess
+
+    from clusterctl import jobnodes
+    from clusterctl.runtimes import LABEL_JOB_ID
+
+    store, job_id = _store_with_job(tmp_path)
+    store.start_attempt(job_id, 1, "n1", f"{job_id}-1", ["n1", "n2"])
+    jn = jobnodes.load(store, job_id)
+    argv = jobnodes.in_job_argv(jn, "n2", ["echo", "a b"], interactive=True, tty=tty)
+    fake, calls = tmp_path / "podman", tmp_path / "calls"
+    fake.write_text(f"""#!/bin/sh
+echo "$*" >> {calls}
+case "$1" in
+  ps) case "$*" in *"label={LABEL_JOB_ID}=$OWNER "*) echo "c0ffee $NAME";; esac ;;
+esac
+""")
+    fake.chmod(0o755)
+    name = jn.container("n2")
+    run = lambda owner: subprocess.run([*argv[:3], str(fake), *argv[4:]], capture_output=True, text=True,  # noqa: E731
+                                       env={"PATH": "/usr/bin:/bin", "OWNER": owner, "NAME": name}, timeout=10)
+    r = run(job_id)
+    assert r.returncode == 0, r.stderr
+    assert calls.read_text().splitlines()[-1] == "exec -i" + (" -t" if tty else "") + " c0ffee echo a b"
+    calls.unlink()
+    r = run("other-job-20260101-000000-abcd")        # only another job's container carries that name
+    assert r.returncode == 1 and f"no container {name} of job {job_id}" in r.stderr
+    assert not any(line.startswith("exec") for line in calls.read_text().splitlines())
