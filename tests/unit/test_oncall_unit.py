@@ -304,3 +304,30 @@ esac
     r = run("other-job-20260101-000000-abcd")        # only another job's container carries that name
     assert r.returncode == 1 and f"no container {name} of job {job_id}" in r.stderr
     assert not any(line.startswith("exec") for line in calls.read_text().splitlines())
+
+
+@pytest.mark.parametrize("token_set", [True, False])
+def test_status_reconciling_stores_error_tails_only_redacted(tmp_path, monkeypatch, token_set):
+    """Issue 24 item 14: ``status`` of an unsupervised job records the nodes' error tails after redacting the
+    job's secret_env values; when this shell lacks one, the tails are withheld (never stored in the clear)."""
+    from clusterctl.transport import ConnectOptions
+
+    store, job_id = _store_with_job(tmp_path, JOB + "secret_env: [HF_TOKEN]\n")
+    store.start_attempt(job_id, 1, "n1", f"{job_id}-1", ["n1", "n2"])
+    store.set_state(job_id, JobState.STARTING)
+    store.set_state(job_id, JobState.RUNNING)
+    if token_set:
+        monkeypatch.setenv("HF_TOKEN", "hf-TOPSECRET")
+    else:
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+    tail = "[n2/1] Traceback\n[n2/1] ValueError: bad token hf-TOPSECRET"
+    monkeypatch.setattr(ClusterOps, "observe", lambda self, attempt, nodes, **kw: [
+        Observation("n1", "running"), Observation("n2", "exited", exit_code=1, error_tail=tail, rank=1)])
+    monkeypatch.setattr(ClusterOps, "latest_checkpoint", lambda self, nodes: ("", 0))
+    controller.reconcile_job(tmp_path, store, job_id, ConnectOptions())
+    stored = {n.node: n.error_tail for n in store.nodes(job_id, 1)}["n2"]
+    assert "TOPSECRET" not in stored
+    if token_set:
+        assert stored == tail.replace("hf-TOPSECRET", "***")
+    else:
+        assert "withheld" in stored and "HF_TOKEN" in stored
