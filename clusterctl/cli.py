@@ -321,10 +321,12 @@ def launch_cmd(ctx, job, inventory, dry_run, detach, skip_preflight, output, acc
 
 def _attach(ws, job_id, name, output, extra=None, from_start=True) -> int:
     from clusterctl import jobs
+    from clusterctl.logs import for_terminal
     from clusterctl.state import JobState
 
     try:
-        ended = jobs.attach(ws, job_id, lambda line: out.print(line, markup=False), from_start=from_start)
+        ended = jobs.attach(ws, job_id, lambda line: out.print(for_terminal(line), markup=False),
+                            from_start=from_start)
     except KeyboardInterrupt:
         err.print(f"\ndetached; job {name} keeps running. Re-attach: clusterctl logs -f {name}   "
                   f"stop: clusterctl stop {name}", markup=False)
@@ -546,11 +548,12 @@ def logs_cmd(ctx, job, node, rank, attempt, tail, follow, accept_new) -> int:
     path = logs.path(root, j.job_id)
     lines = logs.read(path, sel, tail)
     for line in lines:
-        out.print(line, markup=False)
+        out.print(logs.for_terminal(line), markup=False)     # a node's escape sequences are shown, not run
     if follow:
         try:
             controller.follow(root, store, j.job_id,
-                              lambda ln: (sel.keeps(ln) or ln.startswith("clusterctl: ")) and out.print(ln, markup=False),
+                              lambda ln: (sel.keeps(ln) or ln.startswith("clusterctl: ")) and out.print(
+                                  logs.for_terminal(ln), markup=False),
                               from_start=False)
         except KeyboardInterrupt:
             pass

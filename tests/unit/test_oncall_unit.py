@@ -331,3 +331,44 @@ def test_status_reconciling_stores_error_tails_only_redacted(tmp_path, monkeypat
         assert stored == tail.replace("hf-TOPSECRET", "***")
     else:
         assert "withheld" in stored and "HF_TOKEN" in stored
+
+
+HOSTILE_LINE = "[n1/0] a\x1b]0;owned\x07b\x1b[2J\x9b31mc\u202ed\r"
+
+
+def test_logs_neutralise_escape_sequences_but_keep_the_stored_bytes(tmp_path):
+    """Issue 24 item 14: a rank's escape sequences reach the operator's terminal as visible text (``logs``);
+    the stored log file keeps what the rank printed."""
+    from click.testing import CliRunner
+
+    from clusterctl import paths
+    from clusterctl.cli import app
+
+    spec = loads_job(JOB, str(tmp_path / "job.yaml"))
+    store = Store(paths.db_path(paths.ensure_state_dir(tmp_path / "state")))
+    rec = record.JobRecord(spec=spec, source=str(tmp_path / "job.yaml"), hosts=HOSTS, interfaces={})
+    job_id = store.create_job("j", rec.to_json(), None, str(tmp_path / "job.yaml"))
+    log = paths.ensure_job_dir(tmp_path / "state", job_id) / "output.log"
+    raw = ("[n1/-] === attempt 1 ===\n" + HOSTILE_LINE + "\n").encode()
+    log.write_bytes(raw)
+    r = CliRunner().invoke(app, ["--state-dir", str(tmp_path / "state"), "logs", job_id])
+    assert r.exit_code == 0, r.output
+    assert "\x1b" not in r.output and "\x07" not in r.output and "\x9b" not in r.output and "\u202e" not in r.output
+    assert "[n1/0] a\\x1b]0;owned\\x07b\\x1b[2J\\x9b31mc\\u202ed" in r.output
+    assert log.read_bytes() == raw
+
+
+def test_status_error_tails_are_shown_neutralised():
+    from clusterctl import status
+
+    assert logs.for_terminal("ok\ttab") == "ok\ttab"
+    assert logs.for_terminal(HOSTILE_LINE) == "[n1/0] a\\x1b]0;owned\\x07b\\x1b[2J\\x9b31mc\\u202ed\\x0d"
+    v = {"job_id": "j-1", "name": "j", "state": "FAILED", "reason": None, "attempt": 1, "started_at": None,
+         "supervised": False,
+         "rendezvous_host": None, "nodes": [], "checkpoint": None, "supervisor": {"pid": None, "alive": False,
+                                                                                   "last_seen": None},
+         "restarts": {"failures_used": 1, "max_failures": 3, "node_failures_used": 0, "max_node_failures": 3},
+         "failures": [{"attempt": 1, "class": "user_error", "node": "n1", "rank": 0, "exit_code": 1,
+                       "signal": None, "message": "m", "error_tail": HOSTILE_LINE}]}
+    text = "\n".join(status.text(v))
+    assert "\x1b" not in text and "\\x1b]0;owned" in text
