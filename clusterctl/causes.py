@@ -12,9 +12,21 @@ from dataclasses import dataclass
 
 RANK_PREFIX = re.compile(r"^\[(\d+)\]:")
 
-# torchrun's failure summary: "Root Cause (first observed failure):" then rank / exitcode (pid) lines
-ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)"
-                        r"(?:\s*\(pid:\s*(\d+)\))?", re.S)
+# torchrun's failure summary: "Root Cause (first observed failure):" then rank / exitcode (pid) lines. Read in
+# linear time (issue 24: one regex with two lazy ``.*?`` over the whole tail was cubic, 70 s on a 256 KB tail
+# holding the GIL): each marker's block is the text up to the next marker, at most ROOT_CAUSE_BLOCK characters,
+# and only the last MAX_TEXT characters of any text from a node are read.
+ROOT_CAUSE_MARK = "Root Cause (first observed failure):"
+ROOT_CAUSE_BLOCK = 4096
+_RANK = re.compile(r"rank\s{0,64}:\s{0,64}(\d{1,9})")
+_EXITCODE = re.compile(r"exitcode\s{0,64}:\s{0,64}(-?\d{1,9})(?:\s{0,64}\(pid:\s{0,64}(\d{1,12})\))?")
+MAX_TEXT = 256 << 10      # the most of a node's text any parser here reads (its end: where the errors are)
+
+
+def capped(text: str, limit: int = MAX_TEXT) -> str:
+    """The last ``limit`` characters of ``text`` (what the parsers of node output read)."""
+    return text[-limit:] if len(text) > limit else text
+
 
 SHELL_SIGNALS = {128 + s.value: s.name for s in (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGABRT,
                                                  _signal.SIGKILL, _signal.SIGSEGV, _signal.SIGPIPE,
@@ -33,10 +45,20 @@ class RootCause:
 
 
 def root_cause_of(text: str) -> RootCause | None:
-    m = ROOT_CAUSE.search(text)
-    if not m:
-        return None
-    return RootCause(int(m.group(1)), int(m.group(2)), int(m.group(3)) if m.group(3) else None)
+    """The first failure summary in ``text`` (its last ``MAX_TEXT`` characters) that names a rank and an exit code.
+    Linear: each marker's block is bounded by the next marker and ``ROOT_CAUSE_BLOCK``."""
+    text = capped(text)
+    pos = text.find(ROOT_CAUSE_MARK)
+    while pos >= 0:
+        start = pos + len(ROOT_CAUSE_MARK)
+        nxt = text.find(ROOT_CAUSE_MARK, start, start + ROOT_CAUSE_BLOCK)
+        block = text[start:nxt if nxt >= 0 else start + ROOT_CAUSE_BLOCK]
+        r = _RANK.search(block)
+        e = _EXITCODE.search(block, r.end()) if r else None
+        if r and e:
+            return RootCause(int(r.group(1)), int(e.group(1)), int(e.group(2)) if e.group(2) else None)
+        pos = nxt if nxt >= 0 else text.find(ROOT_CAUSE_MARK, start + ROOT_CAUSE_BLOCK)
+    return None
 
 
 def root_cause(text: str) -> tuple[int, int] | None:
@@ -60,7 +82,7 @@ def signal_of(exit_code: int | None) -> str | None:
 def node_lines(text: str, node: str) -> list[str]:
     """A node's raw log lines as ``[node/rank] text`` (``-`` for the agent's own lines), empty lines dropped."""
     out = []
-    for line in text.splitlines():
+    for line in capped(text).splitlines():
         m = RANK_PREFIX.match(line)
         body = (line[m.end():] if m else line).rstrip()
         if body.strip():
@@ -94,14 +116,14 @@ def config_error(exit_code: int | None, text: str, *, script: str | None, module
                            "install torch where the job runs, or set the job's `torchrun:` to the full path of "
                            "torchrun on the nodes (check with `clusterctl preflight JOB.yaml`)")
     if script:
-        for path in CANT_OPEN.findall(text):
+        for path in CANT_OPEN.findall(capped(text)):
             if path == script or path.endswith("/" + script.lstrip("./")) or script.endswith("/" + path.lstrip("./")):
                 return ConfigError(f"python can't open the job's script {path!r} (no such file on the node)",
                                    "fix `script:` in the job file (relative to `workdir`; the bare runtime's "
                                    "default workdir is the job file's directory), or put the script on the nodes")
     if module:
         top = module.split(".")[0]
-        for name in NO_MODULE.findall(text):
+        for name in NO_MODULE.findall(capped(text)):
             if name in (module, top) or module.startswith(name + "."):
                 return ConfigError(f"python cannot import the job's module {name!r}",
                                    "fix `module:` in the job file, or install the package / set PYTHONPATH "
@@ -110,15 +132,22 @@ def config_error(exit_code: int | None, text: str, *, script: str | None, module
 
 
 # ------------------------------------------------------------------------------ OOM killer
-OOM_LINE = re.compile(r"(?:Out of memory|Memory cgroup out of memory): Killed process (\d+)|"
-                      r"oom-kill:.*?\bpid=(\d+)")
+OOM_LINE = re.compile(r"(?:Out of memory|Memory cgroup out of memory): Killed process (\d+)")
+OOM_KILL = "oom-kill:"
+_OOM_PID = re.compile(r"\bpid=(\d+)")
 
 
 def oom_killed(kernel_log: str, pid: int | None) -> bool:
-    """Whether the kernel log says the OOM killer killed ``pid`` (any OOM kill when the pid is unknown)."""
-    for m in OOM_LINE.finditer(kernel_log):
-        killed = int(m.group(1) or m.group(2))
-        if pid is None or killed == pid:
+    """Whether the kernel log says the OOM killer killed ``pid`` (any OOM kill when the pid is unknown).
+    Line by line, no lazy ``.*?`` across a line (linear in the log's last ``MAX_TEXT`` characters)."""
+    for line in capped(kernel_log).splitlines():
+        killed = [int(m.group(1)) for m in OOM_LINE.finditer(line)]
+        i = line.find(OOM_KILL)
+        if i >= 0:
+            m = _OOM_PID.search(line, i + len(OOM_KILL))
+            if m:
+                killed.append(int(m.group(1)))
+        if killed and (pid is None or pid in killed):
             return True
     return False
 
@@ -131,7 +160,7 @@ ERROR_FILE_LINE = "clusterctl: torchelastic error file: "
 def error_file_in(text: str) -> str | None:
     """The root cause message of the last error file the runner copied into a node's log, or None."""
     found = None
-    for line in text.splitlines():
+    for line in capped(text).splitlines():
         i = line.find(ERROR_FILE_LINE)
         if i >= 0:
             found = error_file_message(line[i + len(ERROR_FILE_LINE):])

@@ -20,6 +20,9 @@ Protocol (see docs/checkpoints.md):
   (and, with ``verify="sha256"``, the listed hash).
 * The latest valid checkpoint is the valid one with the highest step. Incomplete or invalid
   checkpoints are reported by ``scan`` and never loaded, and never deleted.
+* The manifest names the job that wrote it (``"job"``: ``$CLUSTERCTL_JOB``, the job's name). A checkpoint of
+  another job is ``foreign``: never loaded by ``latest``/``load()``/``resume_info``, never pruned, and ``save``
+  refuses to replace it. A manifest without ``"job"`` (written before, or outside a job) is legacy: any job's.
 
 Do not import other clusterctl modules here.
 """
@@ -53,6 +56,7 @@ ENV_KEEP = "CLUSTERCTL_CHECKPOINT_KEEP"
 ENV_VERIFY = "CLUSTERCTL_CHECKPOINT_VERIFY"
 ENV_RESUME_FROM = "CLUSTERCTL_RESUME_FROM"
 ENV_RESUME_STEP = "CLUSTERCTL_RESUME_STEP"
+ENV_JOB = "CLUSTERCTL_JOB"
 
 VERIFY_MODES = ("size", "sha256")
 DEFAULT_GRACE_S = 3600.0
@@ -62,6 +66,7 @@ STATUS_VALID = "valid"
 STATUS_INCOMPLETE = "incomplete"
 STATUS_INVALID = "invalid"
 STATUS_TEMPORARY = "temporary"
+STATUS_FOREIGN = "foreign"
 
 _STEP_RE = re.compile(r"^step-(\d+)$")
 _TMP_RE = re.compile(r"^\.tmp-step-(\d+)-[A-Za-z0-9_.-]+$")
@@ -104,7 +109,7 @@ class CheckpointInfo:
 
     path: str
     step: int
-    status: str  # "valid" | "incomplete" | "invalid" | "temporary"
+    status: str  # "valid" | "incomplete" | "invalid" | "temporary" | "foreign"
     reason: str
     mtime: float
 
@@ -141,6 +146,25 @@ def default_root(root: Optional[str] = None) -> Optional[str]:
         return os.fspath(root)
     env = os.environ.get(ENV_DIR, "")
     return env or None
+
+
+def default_job(job: Optional[str] = None) -> Optional[str]:
+    """``job`` if given, else ``$CLUSTERCTL_JOB`` (clusterctl sets it on every node), else None (no job: every
+    checkpoint is this caller's, as before checkpoints named their job)."""
+    if job:
+        return str(job)
+    return os.environ.get(ENV_JOB, "") or None
+
+
+def manifest_job(path: str) -> Optional[str]:
+    """The job named by the manifest of checkpoint ``path`` (None: no manifest, unreadable, or a legacy one)."""
+    try:
+        with open(os.path.join(os.fspath(path), MANIFEST), "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    job = manifest.get("job") if isinstance(manifest, dict) else None
+    return job if isinstance(job, str) and job else None
 
 
 def default_verify(verify: Optional[str] = None) -> str:
@@ -250,12 +274,14 @@ def _newest_mtime(path: str) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def write_manifest(directory: str, step: int) -> Dict[str, Any]:
-    """List every regular file under ``directory`` (size + sha256) into ``MANIFEST.json``.
+def write_manifest(directory: str, step: int, job: Optional[str] = None) -> Dict[str, Any]:
+    """List every regular file under ``directory`` (size + sha256) into ``MANIFEST.json``, with the job that
+    wrote it (``job``, default ``$CLUSTERCTL_JOB``; none: no ``"job"`` key).
 
     The manifest is written last and durably; the files themselves are fsynced first.
     Returns the manifest object.
     """
+    job = default_job(job)
     files: Dict[str, Dict[str, Any]] = {}
     for dirpath, dirnames, filenames in os.walk(directory):
         dirnames.sort()
@@ -270,17 +296,22 @@ def write_manifest(directory: str, step: int) -> Dict[str, Any]:
             _fsync_file(full)
             files[rel] = {"size": st.st_size, "sha256": _sha256(full)}
         _fsync_dir(dirpath)
-    manifest = {"format": FORMAT, "step": int(step), "files": files}
+    manifest: Dict[str, Any] = {"format": FORMAT, "step": int(step), "files": files}
+    if job is not None:
+        manifest["job"] = job
     _atomic_write_json(os.path.join(directory, MANIFEST), manifest)
     return manifest
 
 
-def validate(path: str, verify: Optional[str] = None, root: Optional[str] = None) -> Tuple[str, str]:
+def validate(path: str, verify: Optional[str] = None, root: Optional[str] = None,
+             job: Optional[str] = None) -> Tuple[str, str]:
     """Check one checkpoint directory. Returns ``(status, reason)``; status is
-    ``"valid"``, ``"incomplete"`` or ``"invalid"``.
+    ``"valid"``, ``"incomplete"``, ``"invalid"`` or ``"foreign"``.
 
     ``root`` (a directory, as used by :func:`scan`) confines the checkpoint: a checkpoint whose
     real path leaves it is invalid. Listed files must always stay inside the checkpoint.
+    ``job``: the job asking (no default here: :func:`scan` and :func:`load` pass ``$CLUSTERCTL_JOB``); a
+    checkpoint whose manifest names another job is ``foreign``. A manifest without a job is legacy: any job's.
     """
     mode = default_verify(verify)
     path = os.fspath(path)
@@ -301,6 +332,11 @@ def validate(path: str, verify: Optional[str] = None, root: Optional[str] = None
         return STATUS_INVALID, f"{MANIFEST} unreadable: {e}"
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         return STATUS_INVALID, f"{MANIFEST}: format is not {FORMAT!r}"
+    owner = manifest.get("job")
+    if owner is not None and not isinstance(owner, str):
+        return STATUS_INVALID, f"{MANIFEST}: job is not a string"
+    if job is not None and owner and owner != job:
+        return STATUS_FOREIGN, f"written by job {owner!r}, not {job!r} (two jobs share this checkpoint dir?)"
     mstep = manifest.get("step")
     if not isinstance(mstep, int) or isinstance(mstep, bool):
         return STATUS_INVALID, f"{MANIFEST}: step is not an integer"
@@ -342,13 +378,15 @@ def validate(path: str, verify: Optional[str] = None, root: Optional[str] = None
     return STATUS_VALID, f"{len(files)} file(s) verified ({mode})"
 
 
-def scan(root: Optional[str] = None, verify: Optional[str] = None, now: Optional[float] = None) -> List[CheckpointInfo]:
+def scan(root: Optional[str] = None, verify: Optional[str] = None, now: Optional[float] = None,
+         job: Optional[str] = None) -> List[CheckpointInfo]:
     """Report every checkpoint and temporary directory under ``root``, sorted by step then name.
 
     Entries that are neither ``step-<N>`` nor ``.tmp-step-<N>-*`` are ignored. A missing root
-    gives an empty list.
+    gives an empty list. ``job`` (default ``$CLUSTERCTL_JOB``): another job's checkpoints are ``foreign``.
     """
     mode = default_verify(verify)
+    job = default_job(job)
     r = default_root(root)
     if r is None or not os.path.isdir(r):
         return []
@@ -363,39 +401,46 @@ def scan(root: Optional[str] = None, verify: Optional[str] = None, now: Optional
             continue  # vanished (pruned or renamed) while scanning
         m = _STEP_RE.match(name)
         if m:
-            status, reason = validate(full, mode, root=real_root)
+            status, reason = validate(full, mode, root=real_root, job=job)
             out.append(CheckpointInfo(full, int(m.group(1)), status, reason, mtime))
             continue
         t = _TMP_RE.match(name)
         if t:
             age = max(0.0, now - _newest_mtime(full))
-            out.append(CheckpointInfo(full, int(t.group(1)), STATUS_TEMPORARY, f"temporary, last written {age:.0f}s ago", mtime))
+            owner = manifest_job(full)     # a temporary with its manifest written, not yet renamed
+            if job is not None and owner is not None and owner != job:
+                out.append(CheckpointInfo(full, int(t.group(1)), STATUS_FOREIGN,
+                                          f"temporary of job {owner!r}, not {job!r}", mtime))
+            else:
+                out.append(CheckpointInfo(full, int(t.group(1)), STATUS_TEMPORARY,
+                                          f"temporary, last written {age:.0f}s ago", mtime))
     out.sort(key=lambda i: (i.step, os.path.basename(i.path)))
     return out
 
 
-def latest_info(root: Optional[str] = None, verify: Optional[str] = None) -> Optional[CheckpointInfo]:
-    """The valid checkpoint with the highest step, or None."""
+def latest_info(root: Optional[str] = None, verify: Optional[str] = None,
+                job: Optional[str] = None) -> Optional[CheckpointInfo]:
+    """The valid checkpoint with the highest step (of ``job``, default ``$CLUSTERCTL_JOB``), or None."""
     best: Optional[CheckpointInfo] = None
-    for info in scan(root, verify):
+    for info in scan(root, verify, job=job):
         if info.status == STATUS_VALID and (best is None or info.step > best.step):
             best = info
     return best
 
 
-def latest(root: Optional[str] = None, verify: Optional[str] = None) -> Optional[str]:
-    """The path of the latest valid checkpoint under ``root`` (default ``$CLUSTERCTL_CHECKPOINT_DIR``),
-    or None when there is none (or no root)."""
-    info = latest_info(root, verify)
+def latest(root: Optional[str] = None, verify: Optional[str] = None, job: Optional[str] = None) -> Optional[str]:
+    """The path of the latest valid checkpoint under ``root`` (default ``$CLUSTERCTL_CHECKPOINT_DIR``) of ``job``
+    (default ``$CLUSTERCTL_JOB``; another job's are skipped), or None when there is none (or no root)."""
+    info = latest_info(root, verify, job)
     return info.path if info is not None else None
 
 
-def resume_info(root: Optional[str] = None, verify: Optional[str] = None) -> Tuple[str, int]:
+def resume_info(root: Optional[str] = None, verify: Optional[str] = None, job: Optional[str] = None) -> Tuple[str, int]:
     """``(path, step)`` of the latest valid checkpoint, ``("", 0)`` when there is none.
 
     The launcher exports these as ``CLUSTERCTL_RESUME_FROM`` / ``CLUSTERCTL_RESUME_STEP``.
     """
-    info = latest_info(root, verify)
+    info = latest_info(root, verify, job)
     if info is None:
         return "", 0
     return info.path, info.step
@@ -408,6 +453,7 @@ def prune(
     grace_s: float = DEFAULT_GRACE_S,
     now: Optional[float] = None,
     dry_run: bool = False,
+    job: Optional[str] = None,
 ) -> List[str]:
     """Apply retention under ``root``; returns the paths deleted (or that would be, with ``dry_run``).
 
@@ -416,6 +462,8 @@ def prune(
     * Deletes temporaries (``.tmp-step-*``) whose newest file is older than ``grace_s`` seconds.
     * Never deletes incomplete or invalid checkpoints, symlinks, or anything whose real path is
       outside ``root``.
+    * Never deletes another job's checkpoints (``job``, default ``$CLUSTERCTL_JOB``: ``foreign`` ones), nor a
+      temporary whose manifest names another job.
 
     A checkpoint is first renamed to a temporary name and then removed, so a crash mid-delete
     leaves a temporary (cleaned up later), never a damaged ``step-<N>``.
@@ -426,7 +474,7 @@ def prune(
     keep = max(int(keep), 1)
     now = time.time() if now is None else now
     real_root = os.path.realpath(r)
-    infos = scan(r, verify, now=now)
+    infos = scan(r, verify, now=now, job=job)
     valid = sorted((i for i in infos if i.status == STATUS_VALID), key=lambda i: i.step, reverse=True)
     victims: List[CheckpointInfo] = list(valid[keep:])
     for info in infos:
@@ -476,8 +524,13 @@ def finalize(tmp_dir: str, step: int, root: Optional[str] = None) -> str:
     deleted) so the new checkpoint takes its place.
     """
     r = _require_root(root) if root is not None else os.path.dirname(os.path.abspath(tmp_dir))
-    write_manifest(tmp_dir, step)
+    job = default_job()
     final = os.path.join(r, step_dirname(step))
+    owner = manifest_job(final) if os.path.lexists(final) else None
+    if job is not None and owner is not None and owner != job:
+        raise CheckpointError(f"{final} belongs to job {owner!r}, not {job!r}: two jobs share the checkpoint dir "
+                              f"{r}; give each job a checkpoint.dir of its own")
+    write_manifest(tmp_dir, step, job)
     if os.path.lexists(final):
         aside = f"{final}.replaced-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
         os.rename(final, aside)
@@ -591,7 +644,9 @@ def load(
     """Load a checkpoint: ``path``, or the latest valid one under ``root`` when ``path`` is None.
 
     Returns the saved state, or None when there is no valid checkpoint. A given ``path`` must be
-    valid (``CheckpointError`` otherwise). For a ``torch.distributed.checkpoint`` directory pass
+    valid (``CheckpointError`` otherwise). Without ``path`` another job's checkpoints are skipped (``foreign``,
+    ``$CLUSTERCTL_JOB``); a given ``path`` is the caller's choice (``resume --checkpoint``) and loads whoever
+    wrote it. For a ``torch.distributed.checkpoint`` directory pass
     ``state_dict`` (loaded in place, collectively, and returned); without it the whole checkpoint
     is read into a new dict on this process.
     """
@@ -951,6 +1006,8 @@ def main(argv: Optional[List[str]] = None, out: Callable[[str], None] = print) -
         p.add_argument("--root", default=None, help=f"checkpoint root (default ${ENV_DIR})")
         p.add_argument("--verify", default=None, choices=VERIFY_MODES, help=f"size (default, or ${ENV_VERIFY}) | sha256")
         p.add_argument("--json", action="store_true", help="print JSON")
+        p.add_argument("--job", default=None, help=f"this job's name (default ${ENV_JOB}): another job's "
+                                                   "checkpoints are foreign (never latest, never pruned)")
 
     p_latest = sub.add_parser("latest", help="print the latest valid checkpoint (nothing if none)")
     common(p_latest)
@@ -968,20 +1025,20 @@ def main(argv: Optional[List[str]] = None, out: Callable[[str], None] = print) -
         parser.error(f"--root is required when ${ENV_DIR} is not set")
     try:
         if args.command == "latest":
-            info = latest_info(root, args.verify)
+            info = latest_info(root, args.verify, args.job)
             if args.json:
                 out(json.dumps({"path": info.path if info else None, "step": info.step if info else None}))
             elif info is not None:
                 out(info.path)
         elif args.command == "scan":
-            infos = scan(root, args.verify)
+            infos = scan(root, args.verify, job=args.job)
             if args.json:
                 out(json.dumps([i.to_dict() for i in infos]))
             else:
                 for i in infos:
                     out(f"{i.status:<10} {i.step:>9} {i.path}  ({i.reason})")
         else:
-            deleted = prune(root, args.keep, args.verify, grace_s=args.grace, dry_run=args.dry_run)
+            deleted = prune(root, args.keep, args.verify, grace_s=args.grace, dry_run=args.dry_run, job=args.job)
             if args.json:
                 out(json.dumps({"deleted": deleted, "dry_run": args.dry_run}))
             else:

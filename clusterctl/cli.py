@@ -325,10 +325,12 @@ def launch_cmd(ctx, job, inventory, dry_run, strict, detach, skip_preflight, out
 
 def _attach(ws, job_id, name, output, extra=None, from_start=True) -> int:
     from clusterctl import jobs
+    from clusterctl.logs import for_terminal
     from clusterctl.state import JobState
 
     try:
-        ended = jobs.attach(ws, job_id, lambda line: out.print(line, markup=False), from_start=from_start)
+        ended = jobs.attach(ws, job_id, lambda line: out.print(for_terminal(line), markup=False),
+                            from_start=from_start)
     except KeyboardInterrupt:
         err.print(f"\ndetached; job {name} keeps running. Re-attach: clusterctl logs -f {name}   "
                   f"stop: clusterctl stop {name}", markup=False)
@@ -421,7 +423,7 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
     for v, lost in zip(views, unsupervised):
         if lost:
             err.print(status.unsupervised_line(v, now), markup=False)
-    cols = [Column("job"), Column("name"), Column("state"), Column("attempt", right=True, short="att"),
+    cols = [Column("job"), Column("name", min=4, max=24), Column("state"), Column("attempt", right=True, short="att"),
             Column("nodes", min=5, max=40), Column("started", short="start"), Column("ended"),
             Column("elapsed", right=True, short="took"),
             Column("reason", min=16, max=60)]     # the full job id (other commands take it); a one-line reason
@@ -550,11 +552,12 @@ def logs_cmd(ctx, job, node, rank, attempt, tail, follow, accept_new) -> int:
     path = logs.path(root, j.job_id)
     lines = logs.read(path, sel, tail)
     for line in lines:
-        out.print(line, markup=False)
+        out.print(logs.for_terminal(line), markup=False)     # a node's escape sequences are shown, not run
     if follow:
         try:
             controller.follow(root, store, j.job_id,
-                              lambda ln: (sel.keeps(ln) or ln.startswith("clusterctl: ")) and out.print(ln, markup=False),
+                              lambda ln: (sel.keeps(ln) or ln.startswith("clusterctl: ")) and out.print(
+                                  logs.for_terminal(ln), markup=False),
                               from_start=False)
         except KeyboardInterrupt:
             pass

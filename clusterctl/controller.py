@@ -65,7 +65,9 @@ def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions, *,
                                                            # by every `status` (an on-call look stays quick)
     check_key_files(list(hosts.values()))
     secrets = read_secrets(spec.secret_env, os.environ) if starts else {}
-    store.add_secrets(secrets.values())
+    # what a node prints is redacted before the store keeps it: without a start (status), with the values this
+    # shell has (reconcile_job withholds the tails when some are missing)
+    store.add_secrets(secrets.values() if starts else [os.environ[n] for n in spec.secret_env if n in os.environ])
     sink = LogSink(paths.job_dir(root, job_id) / "output.log")
     ops = ClusterOps(spec=spec, hosts=hosts, job_id=job_id, store=store, sink=sink, options=options,
                      secrets=secrets, interfaces=dict(rec.interfaces), gpu_flags=dict(rec.gpu_flags),
@@ -231,8 +233,11 @@ def reconcile_job(root: Path, store: Store, job_id: str, options: ConnectOptions
     """``status JOB`` of an active job whose supervisor is gone: ask the nodes (bounded by the connect timeout
     + 5 s) and record what they say."""
     ops, _, _ = build_ops(root, store, job_id, options, starts=False, connect=connect)
+    missing = [n for n in ops.spec.secret_env if not os.environ.get(n)]
+    withheld = (f"(error tail withheld: it could not be redacted, as secret_env {', '.join(missing)} is not set in "
+                f"the environment of this `status`; see `clusterctl logs`)") if missing else None
     try:
-        return reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5)
+        return reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5, withheld_tail=withheld)
     finally:
         ops.close()
 

@@ -16,13 +16,12 @@ them into the command with ``shlex.join``.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import paramiko
 
 from clusterctl.errors import HostKeyError, UserError
-from clusterctl.transport.ssh import check_host_key, known_keys, resolve_target
+from clusterctl.transport.ssh import check_host_key, known_hosts_files, known_keys, resolve_target
 
 if TYPE_CHECKING:
     import fabric as fabric_pkg
@@ -67,8 +66,7 @@ def connection(host: "Host", *, known_hosts: str | None = None, ssh_config: str 
     from clusterctl.inventory import Host
 
     target = resolve_target(host, ssh_config)
-    user_kh = known_hosts or str(Path("~/.ssh/known_hosts").expanduser())
-    files = [user_kh] + ([host.known_hosts] if host.known_hosts else [])
+    files, record = known_hosts_files(host, target, known_hosts)
     gateway = False
     if target.proxy_jump:
         if _depth > 3:
@@ -86,7 +84,7 @@ def connection(host: "Host", *, known_hosts: str | None = None, ssh_config: str 
     conn = fabric.Connection(host=target.hostname, user=target.user, port=target.port, gateway=gateway,
                              connect_timeout=max(1, int(connect_timeout)), connect_kwargs=kwargs)
     conn.client.set_missing_host_key_policy(
-        HostKeyPolicy(host.name, files, host.known_hosts or user_kh, accept_new_host_keys))
+        HostKeyPolicy(host.name, files, record, accept_new_host_keys))
     conn.clusterctl_host = host          # the inventory host behind this connection
     return conn
 

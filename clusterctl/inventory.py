@@ -361,6 +361,13 @@ class _Parser:
             except ValueError as e:
                 self.err(vars_, k, f"invalid value {v!r}: {e}", dotted=k)
 
+    def path_from_here(self, path: str | None) -> str | None:
+        """A relative path in the inventory (``clusterctl_known_hosts``) is relative to the inventory file's
+        directory, not to wherever clusterctl runs (issue 24); ``~`` is expanded where the file is read."""
+        if not path or path.startswith("~") or os.path.isabs(path) or self.file.startswith("<"):
+            return path
+        return os.path.join(os.path.dirname(os.path.abspath(self.file)), path)
+
     def resolve(self) -> Inventory:
         hosts = []
         for hn, defs in self.host_vars.items():
@@ -385,7 +392,7 @@ class _Parser:
                 runtime=merged.get("clusterctl_runtime", "docker"),
                 gpus=merged.get("clusterctl_gpus"),
                 interface=merged.get("clusterctl_interface"),
-                known_hosts=merged.get("clusterctl_known_hosts"),
+                known_hosts=self.path_from_here(merged.get("clusterctl_known_hosts")),
                 proxy_jump=merged.get("clusterctl_proxy_jump"),
                 groups=tuple(g for g in groups),
                 vars=merged,

@@ -68,6 +68,5 @@ def in_job_argv(jn: JobNodes, node: str, argv: list[str], *, interactive: bool =
         from clusterctl.remote_exec import IN_DIR
 
         return ["sh", "-c", IN_DIR, "clusterctl-in-dir", jn.workdir(), *argv]
-    program = runtimes.get(h.runtime).program
-    flags = (["-i"] if interactive else []) + (["-t"] if tty else [])
-    return [program, "exec", *flags, jn.container(node), *argv]
+    ref = runtimes.Ref(jn.container(node), jn.node_dir(node), None, jn.job.job_id)
+    return runtimes.get(h.runtime).exec_argv(ref, argv, interactive=interactive, tty=tty)   # by the job's label

@@ -26,7 +26,7 @@ from clusterctl.errors import AuthError, ClusterctlError, HostKeyError, InputErr
 from clusterctl.inventory import Host, Inventory
 from clusterctl.plan import LaunchPlan, build_plan
 from clusterctl.record import JobRecord
-from clusterctl.spec import JobSpec, load_job
+from clusterctl.spec import JobSpec, load_job, webhook_problem
 from clusterctl.state import JobState, Store
 from clusterctl.supervisor import NodeError
 from clusterctl.transport import ConnectOptions, Transport
@@ -133,13 +133,17 @@ def environment_problems(job_path: str, spec: JobSpec, environ: Mapping[str, str
                                        f"{t.webhook_env} is not set in clusterctl's environment: `export "
                                        f"{t.webhook_env}=https://...` before the launch",
                                        key=f"notify[{i}].webhook_env"))
+        elif t.webhook_env is not None and webhook_problem(environ[t.webhook_env], t.allow_http):
+            problems.append(InputError(job_path, line_of(data["notify"][i], "webhook_env"),
+                                       f"${t.webhook_env} {webhook_problem(environ[t.webhook_env], t.allow_http)}",
+                                       key=f"notify[{i}].webhook_env"))
     return problems
 
 
 def launch_problems(job_path: str, spec: JobSpec, hosts: Sequence[Host],
                     environ: Mapping[str, str]) -> list[InputError]:
-    """What ``launch`` would refuse before contacting any host: unset secret/webhook variables, unusable SSH key
-    files. ``launch --dry-run`` prints each as a warning (exit 2 with ``--strict``)."""
+    """What ``launch`` would refuse before contacting any host: unset secret/webhook variables (or a plain-http
+    webhook), unusable SSH key files. ``launch --dry-run`` prints each as a warning (exit 2 with ``--strict``)."""
     from clusterctl.transport.ssh import key_file_problems
 
     return environment_problems(job_path, spec, environ) + key_file_problems(hosts)

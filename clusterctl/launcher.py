@@ -306,7 +306,8 @@ class ClusterOps:
 
     def __post_init__(self) -> None:
         # one kept connection per node; connect reads self.connect/hosts/options when it connects
-        self._pool = Pool(lambda node: self.connect(self.hosts[node], self.options))
+        self._pool = Pool(lambda node: self.connect(self.hosts[node], self.options),   # a connect (and its jump
+                          wait_s=2 * self.options.connect_timeout + 5)                    # host's) is bounded
         self._watches = Watches(self.sink, open_stream=lambda node, argv: open_stream(self.transport(node), argv),
                                 drop=self.drop, heartbeat_timeout_s=self.heartbeat_timeout_s, now=self.clock,
                                 mux=self.mux)
@@ -492,7 +493,8 @@ class ClusterOps:
         """The last ``lines`` lines of the node's own log (stdout and stderr), as ``[node/rank] text``."""
         argv = self._runtime(node).logs_argv(ref, tail=lines)
         try:
-            r = self._run(node, ["sh", "-c", '"$@" 2>&1', "clusterctl-tail", *argv], timeout=self.probe_timeout_s)
+            r = self._run(node, ["sh", "-c", f'"$@" 2>&1 | tail -c {causes.MAX_TEXT}', "clusterctl-tail", *argv],
+                          timeout=self.probe_timeout_s)   # at most MAX_TEXT bytes: lines have no length limit
         except TransportError:
             return []
         return causes.node_lines(r.stdout, node)
@@ -507,7 +509,7 @@ class ClusterOps:
         OOMKilled flag (the rank's pid is the container's own)."""
         rt = self._runtime(node)
         if rt.name == "bare":
-            argv = ["sh", "-c", "dmesg 2>/dev/null | tail -n 500"]
+            argv = ["sh", "-c", f"dmesg 2>/dev/null | tail -n 500 | tail -c {causes.MAX_TEXT}"]
         else:
             argv = rt.inspect_argv(runtimes.Ref(name, "", None, self.job_id),   # selected by label
                                    "oomkilled={{.State.OOMKilled}}")
@@ -597,7 +599,8 @@ class ClusterOps:
             return None
         deadline = self.probe_timeout_s if self.spec.checkpoint.verify != "sha256" else max(self.probe_timeout_s, 120)
         source = Path(checkpoint_mod.__file__).read_bytes()
-        argv = ["python3", "-", "latest", "--root", root, "--verify", self.spec.checkpoint.verify, "--json"]
+        argv = ["python3", "-", "latest", "--root", root, "--verify", self.spec.checkpoint.verify, "--json",
+                "--job", self.spec.name]      # another job's checkpoints in a shared dir are never resumed from
 
         def ask(node: str) -> tuple[str, int]:
             r = self._run(node, argv, timeout=deadline, stdin=source)
@@ -637,7 +640,7 @@ class ClusterOps:
         found, errors = stacks.collect(nodes, lambda n: lambda argv, **kw: self._run(n, argv, **kw),
                                        self.job_id, attempt, host_timeout=60)
         try:
-            (self.sink.path.parent / f"stacks-{attempt}.json").write_text(stacks.dump_json(found, errors))
+            paths.write_private(self.sink.path.parent / f"stacks-{attempt}.json", stacks.dump_json(found, errors))
         except OSError:
             pass
         return stacks.hang_record(found, errors)

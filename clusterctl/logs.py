@@ -15,6 +15,19 @@ LINE = re.compile(r"^\[([^/\]]+)/([^\]]+)\] ")
 MARKER = re.compile(r"^\[([^/\]]+)/-\] === attempt (\d+) ===$")
 
 
+# What a node prints reaches the operator's terminal (``logs``, an attached ``launch``, ``status``'s error tails):
+# escape sequences could retitle the window, rewrite the screen, hide text, or on some terminals answer back.
+# Every C0 control but TAB, DEL, every C1 control and the bidi overrides are shown as \xNN / \uNNNN instead.
+# The stored log file keeps the bytes as printed (issue 24).
+_UNSAFE = [*range(0, 9), *range(10, 32), 127, *range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_TERMINAL = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _UNSAFE}
+
+
+def for_terminal(line: str) -> str:
+    """``line`` with control characters and escape sequences neutralised (shown, never interpreted)."""
+    return line.translate(_TERMINAL)
+
+
 def path(root, job_id: str) -> Path:
     return paths.job_dir(root, job_id) / "output.log"
 

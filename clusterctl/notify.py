@@ -2,8 +2,9 @@
 
 Events: ``started`` (an attempt is RUNNING), ``recovering``, ``failed``, ``succeeded``, ``stopped``. The
 supervisor's ``Store.on_state`` hook calls ``Notifier.on_state``, which only builds the payload and queues it: one
-background thread delivers (5 s timeout, 3 tries with exponential backoff, by tenacity), so a slow or dead endpoint
-never delays detection or a relaunch. A delivery that fails every try is an event ``notify_failed``.
+background thread delivers (5 s per try, an overall deadline; 3 tries with exponential backoff, by tenacity), so a
+slow, dead or dripping endpoint never delays detection or a relaunch. Webhooks are https:// unless the entry sets
+``allow_http: true``; a command gets a minimal environment (``COMMAND_ENV_KEEP`` and the ``CLUSTERCTL_*`` values). A delivery that fails every try is an event ``notify_failed``.
 
 A webhook URL is a secret: it is never printed (``***`` in the plan), stored (the state DB holds ``***``; the
 supervisor reads the URL from the job file, or from ``$webhook_env`` in its environment) or logged (error messages
@@ -15,6 +16,7 @@ import datetime
 import json
 import os
 import queue
+import socket
 import subprocess
 import threading
 import time
@@ -25,6 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tenacity import Retrying, stop_after_attempt, wait_exponential
 
+from clusterctl.spec import webhook_problem
 from clusterctl.state import JobState, Store
 from clusterctl.supervisor import INFRA
 
@@ -64,18 +67,26 @@ def resolve(spec_targets: Sequence[Any], environ: Mapping[str, str],
             targets.append(Target(i, on, argv=tuple(t.command)))
         elif t.webhook_env is not None:
             url = environ.get(t.webhook_env, "")
-            if url:
+            why = webhook_problem(url, getattr(t, "allow_http", False)) if url else None
+            if why:
+                problems.append(f"notify[{i}]: ${t.webhook_env} {why}")
+            elif url:
                 targets.append(Target(i, on, url=url))
             else:
                 problems.append(f"notify[{i}]: ${t.webhook_env} is not set in the supervisor's environment")
         else:
             url = t.webhook.get_secret_value()
+            ft = None
             if url == "***":     # stored spec: the URL is in the job file only
                 ft = file_targets[i] if file_targets is not None and i < len(file_targets) else None
                 url = ft.webhook.get_secret_value() if ft is not None and ft.webhook is not None else "***"
+            why = webhook_problem(url, getattr(ft, "allow_http", False) or getattr(t, "allow_http", False)) \
+                if url != "***" else None
             if url == "***":
                 problems.append(f"notify[{i}]: the webhook URL could not be read from the job file "
                                 "(moved or edited?); use webhook_env to keep it out of the file")
+            elif why:
+                problems.append(f"notify[{i}]: the webhook {why}")
             else:
                 targets.append(Target(i, on, url=url))
     return targets, problems
@@ -98,9 +109,16 @@ def build_payload(*, job: str, job_id: str, event: str, state: str, reason: str 
             "node": node, "checkpoint_step": checkpoint_step, "time": iso(now), "text": text}
 
 
+# What a notify command gets of the supervisor's environment (issue 24: it had all of it: secret_env values, webhook
+# URLs, SSH_AUTH_SOCK). Nothing else: a command that needs a token reads it itself (a wrapper script, a file).
+COMMAND_ENV_KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+
+
 def command_env(payload: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
-    """``base`` plus ``CLUSTERCTL_<KEY>`` for every payload key (None -> empty)."""
-    env = dict(base)
+    """The variables of ``base`` in ``COMMAND_ENV_KEEP`` (PATH defaults to /usr/bin:/bin) plus
+    ``CLUSTERCTL_<KEY>`` for every payload key (None -> empty)."""
+    env = {k: base[k] for k in COMMAND_ENV_KEEP if k in base}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     for k in PAYLOAD_KEYS:
         v = payload.get(k)
         env[f"CLUSTERCTL_{k.upper()}"] = "" if v is None else str(v)
@@ -109,23 +127,80 @@ def command_env(payload: Mapping[str, Any], base: Mapping[str, str]) -> dict[str
 
 # ------------------------------------------------------------------------------------------------ delivery
 def post_webhook(url: str, payload: Mapping[str, Any], timeout_s: float = TIMEOUT_S) -> None:
+    """POST ``payload`` as JSON. ``timeout_s`` bounds the whole delivery (connect, send, the answer), not each
+    socket operation (issue 24: a server dripping a byte every few seconds held the one delivery thread): at the
+    deadline the connection's socket is shut down, which ends any read or write in progress."""
     body = json.dumps(payload).encode()
     req = urllib.request.Request(url, data=body, method="POST",
                                  headers={"Content-Type": "application/json", "User-Agent": "clusterctl"})
+    conns: list = []
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        for sock in list(conns):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.daemon = True
+    timer.start()
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:   # noqa: S310 - http(s) only (spec check)
+        with _opener(conns, expired).open(req, timeout=timeout_s) as resp:   # noqa: S310 - https (http if allowed) only
             resp.read(65536)
     except urllib.error.HTTPError as e:
         raise DeliveryError(f"HTTP {e.code}") from None
-    except urllib.error.URLError as e:   # its reason may quote the URL: only the OS error's text is kept
-        reason = e.reason
-        if isinstance(reason, TimeoutError):
-            raise DeliveryError(f"no answer within {timeout_s:g}s") from None
-        raise DeliveryError(getattr(reason, "strerror", None) or "cannot connect") from None
-    except TimeoutError:
-        raise DeliveryError(f"no answer within {timeout_s:g}s") from None
-    except OSError as e:
-        raise DeliveryError(e.strerror or type(e).__name__) from None
+    except Exception as e:  # noqa: BLE001 - a socket shut down under any layer (TLS too) may fail in any way
+        if expired.is_set() or isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError):
+            raise DeliveryError(f"no complete answer within {timeout_s:g}s") from None
+        if isinstance(e, urllib.error.URLError):   # its reason may quote the URL: only the OS error's text is kept
+            raise DeliveryError(getattr(e.reason, "strerror", None) or "cannot connect") from None
+        if isinstance(e, OSError):
+            raise DeliveryError(e.strerror or type(e).__name__) from None
+        raise DeliveryError(type(e).__name__) from None
+    finally:
+        timer.cancel()
+    if expired.is_set():
+        raise DeliveryError(f"no complete answer within {timeout_s:g}s")
+
+
+class _Tracking:
+    """A urllib handler that keeps the socket of every connection it opens in ``conns`` (so a deadline can shut it
+    down; urllib drops the connection's own reference once the answer's headers are read)."""
+
+    conns: list
+    expired: threading.Event
+
+    def do_open(self, http_class, req, **kw):
+        def make(*a, **k):
+            c = http_class(*a, **k)
+            connect = c.connect
+
+            def tracked() -> None:
+                connect()
+                self.conns.append(c.sock)
+                if self.expired.is_set():           # the deadline passed while connecting
+                    c.sock.shutdown(socket.SHUT_RDWR)
+            c.connect = tracked
+            return c
+        return super().do_open(make, req, **kw)
+
+
+class _HTTP(_Tracking, urllib.request.HTTPHandler):
+    pass
+
+
+class _HTTPS(_Tracking, urllib.request.HTTPSHandler):
+    pass
+
+
+def _opener(conns: list, expired: threading.Event) -> urllib.request.OpenerDirector:
+    handlers = [_HTTP(), _HTTPS()]
+    for h in handlers:
+        h.conns, h.expired = conns, expired
+    return urllib.request.build_opener(*handlers)
 
 
 def run_command(argv: Sequence[str], payload: Mapping[str, Any], timeout_s: float = TIMEOUT_S) -> None:

@@ -77,6 +77,28 @@ def open_private(path: str | os.PathLike[str], *, append: bool = True) -> int:
     return fd
 
 
+def write_private(path: str | os.PathLike[str], text: str) -> None:
+    """Replace ``path`` with ``text``, 0600: written to a fresh temp file beside it (``O_EXCL | O_NOFOLLOW``, so
+    never through a symlink planted there), then renamed over ``path`` (a symlink at ``path`` is replaced, never
+    followed). For reports the supervisor writes into the job's directory (``stacks-<N>.json``)."""
+    import secrets
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def job_dir(root: str | os.PathLike[str], job_id: str) -> Path:
     """``<root>/jobs/<job_id>``; ``UserError`` if ``job_id`` could escape that directory."""
     if not JOB_ID_RE.match(job_id) or ".." in job_id:

@@ -41,9 +41,11 @@ class Reconciled:
     checkpoint: tuple[str, int] | None = None  # the latest valid checkpoint, when the attempt failed
 
 
-def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.time) -> Reconciled | None:
+def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.time,
+              withheld_tail: str | None = None) -> Reconciled | None:
     """One look at the current attempt's nodes (``ops``: a ``launcher.ClusterOps``), recorded. None when the
-    job has no attempt yet or is no longer active."""
+    job has no attempt yet or is no longer active. Error tails reach the store redacted (the store's secrets);
+    ``withheld_tail``: recorded instead of every tail (the caller cannot redact them: a secret value unknown)."""
     job = store.get_job(job_id)
     attempts = store.attempts(job_id)
     if job.terminal or not attempts:
@@ -60,7 +62,8 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
     d = judge(obs, rdzv_host=a.rdzv_host or "", now=clock())
     for o in obs:
         store.set_node(job_id, a.attempt, o.node, state=node_state(o), exit_code=o.exit_code, signal=o.signal,
-                       error_tail=o.error_tail or None, rank=o.rank)
+                       error_tail=(withheld_tail if withheld_tail and o.error_tail else o.error_tail) or None,
+                       rank=o.rank)
     states = tuple((o.node, node_state(o)) for o in obs)
     if d is None:
         return Reconciled(a.attempt, states, None, job.state)

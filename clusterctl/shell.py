@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from clusterctl.transport.base import quote
@@ -40,14 +41,46 @@ def run(transport, command: list[str], *, tty: bool, stdin=None, stdout=None, st
     if session is None:           # a local host: the command inherits this terminal
         return subprocess.call(command, stdin=stdin, stdout=stdout, stderr=stderr)
     chan = session()
+    options = getattr(transport, "options", None)
+    wait_s = getattr(options, "connect_timeout", None) or ANSWER_S
+    host = getattr(getattr(transport, "host", None), "name", "?")
     try:
         if tty:
             size = shutil.get_terminal_size()
-            chan.get_pty(term=os.environ.get("TERM", "xterm"), width=size.columns, height=size.lines)
-        chan.exec_command(quote(command))
+            _answered(chan, lambda: chan.get_pty(term=os.environ.get("TERM", "xterm"), width=size.columns,
+                                                 height=size.lines), wait_s, host, "the pty request")
+        _answered(chan, lambda: chan.exec_command(quote(command)), wait_s, host, "the exec request")
         return _pump(chan, stdin.fileno(), stdout.fileno(), stderr.fileno(), tty)
     finally:
         chan.close()
+
+
+ANSWER_S = 10.0     # the default deadline for the server's answer to the pty and exec requests
+
+
+def _answered(chan, request, seconds: float, host: str, what: str) -> None:
+    """``request()`` (paramiko waits for the server's answer without a deadline), closed at ``seconds``: a server
+    that never answers cannot hold ``clusterctl shell`` forever (issue 24). Raises ``CommandTimeout``."""
+    from clusterctl.errors import CommandTimeout
+
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        chan.close()
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        request()
+    except Exception:  # noqa: BLE001 - a request failed by the expiry's close is the timeout below
+        if not expired.is_set():
+            raise
+    finally:
+        timer.cancel()
+    if expired.is_set():
+        raise CommandTimeout(host, f"no answer to {what} within {seconds:g}s")
 
 
 def _pump(chan, in_fd: int, out_fd: int, err_fd: int, tty: bool) -> int:

@@ -223,6 +223,17 @@ WEBHOOK_RE = re.compile(r"^https?://[^\s/]+\S*$")
 STORED_WEBHOOK = "***"
 
 
+def webhook_problem(url: str, allow_http: bool) -> str | None:
+    """Why a webhook URL is refused (never quoting it: it is a secret), or None. https:// only, unless the notify
+    entry sets ``allow_http: true`` (issue 24: the payload and the URL's token would cross the network in clear)."""
+    if not WEBHOOK_RE.match(url):
+        return "must be an https:// URL (the value is a secret and is not shown)"
+    if url[:8].lower() != "https://" and not allow_http:
+        return ("is a plain http:// URL: use https://, or set `allow_http: true` on this notify entry to send "
+                "the payload (and the URL's token) unencrypted")
+    return None
+
+
 class NotifyTarget(_Model):
     """One ``notify:`` entry: exactly one of ``webhook`` (a secret: never printed or stored), ``webhook_env`` (the
     URL read from clusterctl's environment) or ``command`` (an argv run on the controller); ``on``: the events."""
@@ -232,6 +243,7 @@ class NotifyTarget(_Model):
     command: list[Arg] | None = None
     on: list[Literal["started", "recovering", "failed", "succeeded", "stopped"]] = Field(
         default_factory=lambda: ["failed", "recovering"])
+    allow_http: bool = False      # a webhook may be plain http:// (default: https:// only)
 
     @field_validator("webhook")
     @classmethod
@@ -267,6 +279,9 @@ class NotifyTarget(_Model):
         if len(given) != 1:
             raise ValueError("each notify entry needs exactly one of webhook, webhook_env or command"
                              + (f" (got {', '.join(given)})" if given else ""))
+        url = self.webhook.get_secret_value() if self.webhook is not None else None
+        if url is not None and url != STORED_WEBHOOK and webhook_problem(url, self.allow_http):
+            raise ValueError(f"webhook: {webhook_problem(url, self.allow_http)}")
         return self
 
     def describe(self) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from clusterctl.errors import ClusterctlError, UserError
-from clusterctl.ids import JOB_NAME_RE
+from clusterctl.ids import ID_RANDOM_BYTES, JOB_NAME_RE
 
 SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 30.0
@@ -353,7 +353,8 @@ class Store:
 
     def create_job(self, name: str, spec_json: str, inventory_path: str | None, job_path: str | None, *,
                    exclusive: bool = True) -> str:
-        """Insert a PENDING job and return its id ``<name>-<YYYYmmdd-HHMMSS>-<4 hex>`` (UTC).
+        """Insert a PENDING job and return its id ``<name>-<YYYYmmdd-HHMMSS>-<12 hex>`` (UTC; 48 random bits, so ids
+        made in the same second by different state dirs, which share nodes and checkpoint dirs, do not collide).
         With ``exclusive``, raises ``JobActive`` if a non-terminal job of that name exists (checked atomically)."""
         if not JOB_NAME_RE.match(name):
             raise UserError(f"invalid job name {name!r}: lowercase letters, digits and '-' (at most 63)")
@@ -365,14 +366,14 @@ class Store:
                 if active is not None:
                     raise JobActive(active)
             while True:
-                job_id = f"{name}-{stamp}-{_secrets.token_hex(2)}"
+                job_id = f"{name}-{stamp}-{_secrets.token_hex(ID_RANDOM_BYTES)}"
                 try:
                     db.execute("INSERT INTO jobs (job_id, name, state, spec_json, inventory_path, job_path,"
                                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                                (job_id, name, JobState.PENDING.value, spec_json, _opt_str(inventory_path),
                                 _opt_str(job_path), now, now))
                     return job_id
-                except sqlite3.IntegrityError:   # same name, same second, same 4 hex: draw again
+                except sqlite3.IntegrityError:   # same name, same second, same 12 hex: draw again
                     continue
 
     def find_job(self, job_id_or_name: str) -> Job | None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from clusterctl import budget
 from clusterctl import record as record_mod
+from clusterctl.logs import for_terminal
 from clusterctl.state import TERMINAL_STATES, Job, Store
 from clusterctl.supervisor import Verdict
 
@@ -147,7 +148,7 @@ def text(v: dict[str, Any], now: float | None = None) -> list[str]:
           f"exit {f['exit_code'] if f['exit_code'] is not None else '-'} signal {f['signal'] or '-'}"
           + (" OOM" if f.get("oom") else "") + f": {f['message']}")
         for line in (f["error_tail"] or "").splitlines()[-10:]:
-            p(f"          | {line}")
+            p(f"          | {for_terminal(line)}")      # a node's text: its escape sequences shown, not run
         for line in f.get("stacks") or []:
             p(f"          waiting: {line}")
     return lines

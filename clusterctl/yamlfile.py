@@ -24,6 +24,8 @@ class LineList(list):
 
 
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+MAX_MERGED_KEYS = 10_000   # keys one mapping may get from merge keys (``<<``)
 
 
 def _loader_for(file: str):
@@ -34,6 +36,41 @@ def _loader_for(file: str):
             if kind is yaml.ScalarNode and implicit[0] and tag in _NUMBER_TAGS and ":" in value:
                 return "tag:yaml.org,2002:str"
             return tag
+
+        def flatten_mapping(self, node):
+            """Merge keys (``<<: *anchor``, ``<<: [*a, *b]``) as PyYAML does, but whatever its version: each merged
+            key node is taken once, so a 563-byte "merge bomb" (the same anchor merged again and again, nested)
+            stays small (issue 24: PyYAML before 6.0.3 copied every pair each time: 428 MB), and a mapping gets at
+            most ``MAX_MERGED_KEYS`` keys from merges."""
+            merge, seen, index = [], set(), 0
+            while index < len(node.value):
+                key_node, value_node = node.value[index]
+                if key_node.tag == _MERGE_TAG:
+                    del node.value[index]
+                    if isinstance(value_node, yaml.MappingNode):
+                        sources = [value_node]
+                    elif isinstance(value_node, yaml.SequenceNode) and all(
+                            isinstance(n, yaml.MappingNode) for n in value_node.value):
+                        sources = value_node.value
+                    else:
+                        raise InputError(file, key_node.start_mark.line + 1,
+                                         "a merge key (<<) takes a mapping or a list of mappings")
+                    for source in sources:
+                        self.flatten_mapping(source)
+                        for pair in source.value:
+                            if id(pair[0]) not in seen:
+                                seen.add(id(pair[0]))
+                                merge.append(pair)
+                        if len(merge) > MAX_MERGED_KEYS:
+                            raise InputError(file, key_node.start_mark.line + 1,
+                                             f"merge keys (<<) give this mapping more than {MAX_MERGED_KEYS} keys")
+                elif key_node.tag == "tag:yaml.org,2002:value":
+                    key_node.tag = "tag:yaml.org,2002:str"
+                    index += 1
+                else:
+                    index += 1
+            if merge:
+                node.value = merge + node.value
 
     def construct_mapping(loader, node, deep=False):
         loader.flatten_mapping(node)

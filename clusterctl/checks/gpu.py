@@ -1,6 +1,8 @@
 """GPU checks: nvidia-smi CSV parser (pure), the image -> minimum driver table, gpu_driver/gpu_count/gpu_health."""
 from __future__ import annotations
 
+import shlex
+
 import re
 from typing import Any
 
@@ -172,7 +174,7 @@ def check_gpu_health(p: HostProbe) -> CheckResult:
         which = ", ".join(f"GPU {i}: {n}" for i, n in ecc.items())
         first = next(iter(ecc))
         return failed("gpu_health", f"uncorrectable ECC errors ({which})",
-                      f"drain the host; reset the GPU (`nvidia-smi -r -i {first}`) or reboot, and replace it if "
+                      f"drain the host; reset the GPU (`nvidia-smi -r -i {shlex.quote(str(first))}`) or reboot, and replace it if "
                       "errors return", **data)
     if pending:
         return warned("gpu_health", f"retired pages pending on GPU {', '.join(map(str, pending))}",

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 # Section markers: ``b NAME`` prints ``@@cc<NAME``, ``e NAME RC`` prints ``@@cc>NAME RC`` (shell functions, fixed text).
 MARKERS = "b() { printf '@@cc<%s\\n' \"$1\"; }\ne() { printf '\\n@@cc>%s %d\\n' \"$1\" \"$2\"; }\n"
-_SECTION_RE = re.compile(r"^@@cc<(\w+)\n(.*?)\n@@cc>\1 (-?\d+)$", re.S | re.M)
+_OPEN_RE = re.compile(r"@@cc<(\w+)")
+_CLOSE_RE = re.compile(r"@@cc>(\w+) (-?\d+)")
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,26 @@ class Section:
 
 
 def split_sections(stdout: str) -> dict[str, Section]:
-    """``@@cc<NAME`` ... ``@@cc>NAME RC`` blocks -> {NAME: Section(output, rc)}. Pure."""
-    return {m.group(1): Section(m.group(2).rstrip("\n"), int(m.group(3))) for m in _SECTION_RE.finditer(stdout)}
+    """``@@cc<NAME`` ... ``@@cc>NAME RC`` blocks -> {NAME: Section(output, rc)}. Pure, and linear in the output
+    (issue 24: one lazy ``(.*?)`` regex over the whole output was quadratic in unclosed markers): a line at a
+    time; a closer ends the section of its name opened last before it (openers with no closer are ignored)."""
+    out: dict[str, Section] = {}
+    lines = stdout.split("\n")
+    opened: dict[str, int] = {}
+    for i, line in enumerate(lines):
+        if not line.startswith("@@cc"):
+            continue
+        m = _OPEN_RE.fullmatch(line)
+        if m:
+            opened[m.group(1)] = i
+            continue
+        m = _CLOSE_RE.fullmatch(line)
+        if m and m.group(1) in opened:
+            start = opened[m.group(1)]
+            if i > start + 1:        # ``e`` prints ``\n@@cc>``: a section has at least one (empty) line
+                out[m.group(1)] = Section("\n".join(lines[start + 1:i]).rstrip("\n"), int(m.group(2)))
+                opened.clear()
+    return out
 
 
 def section(name: str, body: str) -> str:

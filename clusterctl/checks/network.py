@@ -1,6 +1,8 @@
 """Network checks: ``ss -Hltn`` and ``ip -o addr/link`` parsers (pure); ports and interface checks."""
 from __future__ import annotations
 
+import shlex
+
 import ipaddress
 import re
 from typing import Any
@@ -139,7 +141,7 @@ def check_interface(p: HostProbe) -> CheckResult:
     data = {"name": name, "address": ip, "state": link["state"], "mtu": link["mtu"]}
     if not link_is_up(link):
         return failed("interface", f"{name} is down (state {link['state']}, flags {','.join(link['flags'])})",
-                      f"bring it up: `sudo ip link set {name} up`, and check the cable/switch port", **data)
+                      f"bring it up: `sudo ip link set {shlex.quote(name)} up`, and check the cable/switch port", **data)
     if how == "SSH connection address":
         return warned("interface", f"{p.host.address} is on no NIC; {name} carries the SSH connection's address "
                       f"{ip}", "set clusterctl_interface for this host to the NIC peers should use", **data)

@@ -1,6 +1,8 @@
 """System checks: ssh (connection + command latency), clock offset and NTP state; their pure parsers."""
 from __future__ import annotations
 
+import shlex
+
 from typing import TYPE_CHECKING, Any
 
 from clusterctl.checks.model import Check, HostProbe, Probe, parse_epoch, section, tool_cmd
@@ -28,31 +30,39 @@ def clock_offset(remote_start: float, remote_end: float | None, sent: float, rec
     return offset, transit / 2
 
 
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+
 def ssh_hint(err: BaseException, host: "Host") -> str:
+    """The fix for an SSH failure, as commands to copy. Every inventory value in them is quoted (issue 24: an
+    ``ansible_user`` or ``clusterctl_known_hosts`` of ``$(curl ...|sh)`` must not become a command to paste)."""
     target = f"{host.user + '@' if host.user else ''}{host.address}"
     jump = getattr(host, "proxy_jump", None)
-    port = (f" -p {host.port}" if host.port else "") + (f" -J {jump}" if jump else "")   # the same route as ours
+    route = (["-p", str(host.port)] if host.port else []) + (["-J", jump] if jump else [])  # the same route as ours
+    ssh = shlex.join(["ssh", *route, target])
     if isinstance(err, HostKeyError):
-        kh = getattr(host, "known_hosts", None) or "~/.ssh/known_hosts"   # where the transport records keys
+        kh = getattr(host, "known_hosts", None)    # where the transport records keys
+        into = shlex.quote(kh) if kh else DEFAULT_KNOWN_HOSTS
         if "HOST KEY CHANGED" in str(err):   # appending the new key would leave the stale one; the flag never helps
             return ("verify the new key out of band; then remove the old entry (`ssh-keygen -R` as shown above) "
                     "and rerun with --accept-new-host-keys")
+        scan = shlex.join(["ssh-keyscan", *(["-p", str(host.port)] if host.port else []), host.address])
         if jump:   # ssh-keyscan cannot go through a bastion: scan from the bastion itself
-            bastion, _, bport = jump.split(",")[0].rpartition(":") if ":" in jump.split(",")[0] else (jump, "", "")
-            via = f"ssh{' -p ' + bport if bport else ''} {bastion}"
-            return (f"verify the host's fingerprint, then `{via} ssh-keyscan{' -p ' + str(host.port) if host.port else ''} "
-                    f"{host.address} >> {kh}` (or rerun with --accept-new-host-keys)")
-        return (f"verify the host's fingerprint, then `ssh-keyscan{port} {host.address} >> {kh}` "
-                "(or rerun with --accept-new-host-keys)")
+            first = jump.split(",")[0]
+            bastion, _, bport = first.rpartition(":") if ":" in first else (first, "", "")
+            via = shlex.join(["ssh", *(["-p", bport] if bport else []), bastion])
+            return (f"verify the host's fingerprint, then `{via} {shlex.quote(scan)} >> {into}` "
+                    "(or rerun with --accept-new-host-keys)")
+        return f"verify the host's fingerprint, then `{scan} >> {into}` (or rerun with --accept-new-host-keys)"
     if isinstance(err, AuthError):
-        return f"check the key and user: `ssh{port} {target}` must work without a password (ansible_user, " \
+        return f"check the key and user: `{ssh}` must work without a password (ansible_user, " \
                "ansible_ssh_private_key_file)"
     if isinstance(err, ConnectError):
-        return f"check that the host is up and sshd listens: `ssh{port} {target} true`"
+        return f"check that the host is up and sshd listens: `{ssh} true`"
     if isinstance(err, (CommandTimeout, DeadlineExceeded)):
         return ("the host did not answer in time: run `nvidia-smi` and `docker info` there by hand (a wedged "
                 "driver or daemon hangs), or raise the timeout")
-    return f"run `ssh{port} {target} true` and fix the error it prints"
+    return f"run `{ssh} true` and fix the error it prints"
 
 
 def check_ssh_error(err: BaseException, host: "Host") -> CheckResult:

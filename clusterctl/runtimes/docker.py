@@ -103,6 +103,13 @@ class ContainerRuntime:
             opts.append("--follow")
         return self._by_label(node, 'shift 2; exec "$0" logs "$@" "$cid"', *opts)
 
+    def exec_argv(self, node: NodeRef, argv: list[str], *, interactive: bool = False, tty: bool = False) -> list[str]:
+        """``exec [-i] [-t] CONTAINER argv`` in this job's container of ``node``, selected by its job-id label and
+        exact name as ``stop`` does (issue 24: by name alone, ``exec --in-container``/``shell`` could enter another
+        job's container that took the name)."""
+        flags = (" -i" if interactive else "") + (" -t" if tty else "")
+        return self._by_label(node, f'shift 2; exec "$0" exec{flags} "$cid" "$@"', *argv)
+
     def pid_argv(self, node: NodeRef) -> list[str]:
         return self._by_label(node, 'exec "$0" inspect --format="{{.State.Pid}}" "$cid"')
 

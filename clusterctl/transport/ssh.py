@@ -5,7 +5,8 @@
   ``accept_new_host_keys`` (then recorded, like OpenSSH ``accept-new``); a host with a recorded key of any type
   that offers another key is refused as changed, always, with both fingerprints and the file:line of the
   recorded key; a revoked key is always refused.
-- Every wait on the server has a deadline (connect, handshake, channel open, the exec request, the command).
+- Every wait on the server has a deadline (connect, handshake, authentication: all within ``connect_timeout``;
+  channel open, the exec request, the command).
 - ``~/.ssh/config`` is honoured (HostName, User, Port, IdentityFile, ProxyJump; several jump hosts too).
 - The socket is opened here with TCP_NODELAY (paramiko does not set it: ~40 ms per round trip otherwise).
 - Transient connect errors are retried with tenacity (exponential backoff + jitter) inside the connect timeout;
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from clusterctl.inventory import Host
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")   # OpenSSH's default
 # stream(): the remote command ends with the stream. sshd does not signal a command when its channel closes, so a
 # command that waits without writing (`podman logs --follow` of a removed container, `tail -F` of a finished bare
 # job) would run on forever. The channel's stdin stays open while we stream; its EOF (channel closed, connection
@@ -73,10 +75,24 @@ class Target:
     user: str
     key_files: tuple[str, ...]
     proxy_jump: str | None
+    user_known_hosts: tuple[str, ...] | None = None    # ssh_config's UserKnownHostsFile (None: not set)
+    global_known_hosts: tuple[str, ...] = GLOBAL_KNOWN_HOSTS   # ssh_config's GlobalKnownHostsFile
 
     @property
     def known_hosts_name(self) -> str:
-        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+        """The name known_hosts records this host under. Lowercased, as OpenSSH does before it looks a name up or
+        hashes it (issue 24: a hashed entry of ``node1`` must match ``NODE1``, or ``--accept-new-host-keys``
+        would record a second, different key for it)."""
+        host = self.hostname.lower()
+        return host if self.port == 22 else f"[{host}]:{self.port}"
+
+
+def _files(value: str | None) -> tuple[str, ...] | None:
+    """An ssh_config file list (``UserKnownHostsFile a b``; ``none``: no file); None when not set."""
+    if value is None:
+        return None
+    words = value.split() if isinstance(value, str) else [w for v in value for w in str(v).split()]
+    return tuple(os.path.expanduser(w) for w in words if w.lower() != "none")
 
 
 def resolve_target(host: "Host", ssh_config: str | None = None) -> Target:
@@ -91,8 +107,23 @@ def resolve_target(host: "Host", ssh_config: str | None = None) -> Target:
     proxy = host.proxy_jump or cfg.get("proxyjump")
     if proxy and proxy.lower() == "none":
         proxy = None
+    glob = _files(cfg.get("globalknownhostsfile"))
     return Target(cfg.get("hostname", host.address), port, user,
-                  tuple(os.path.expanduser(k) for k in keys), proxy)
+                  tuple(os.path.expanduser(k) for k in keys), proxy,
+                  _files(cfg.get("userknownhostsfile")), GLOBAL_KNOWN_HOSTS if glob is None else glob)
+
+
+def known_hosts_files(host: "Host", target: Target, known_hosts: str | None = None) -> tuple[list[str], str]:
+    """(the known_hosts files to check, the file that records a new key). ``known_hosts`` (an explicit override),
+    else ssh_config's ``UserKnownHostsFile`` (the first of several records), else ``~/.ssh/known_hosts``; then the
+    host's ``clusterctl_known_hosts`` (which records when set); then ssh_config's ``GlobalKnownHostsFile``
+    (default ``/etc/ssh/ssh_known_hosts{,2}``), read only, as OpenSSH does."""
+    default = str(Path("~/.ssh/known_hosts").expanduser())
+    user_files = ([known_hosts] if known_hosts else
+                  list(target.user_known_hosts) if target.user_known_hosts is not None else [default])
+    files = user_files + ([host.known_hosts] if host.known_hosts else [])
+    files += [f for f in target.global_known_hosts if f not in files]
+    return files, host.known_hosts or (user_files[0] if user_files else default)
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -163,7 +194,7 @@ def host_matches(patterns: str, name: str) -> bool:
 
 def _matches(pattern: str, name: str) -> bool:
     if pattern.startswith("|1|"):
-        return HostKeys.hash_host(name, pattern) == pattern
+        return HostKeys.hash_host(name.lower(), pattern) == pattern   # OpenSSH hashes the lowercased name
     if "*" in pattern or "?" in pattern:
         rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
         return re.fullmatch(rx, name, re.IGNORECASE) is not None
@@ -267,9 +298,7 @@ class SSHTransport:
     def __init__(self, host: "Host", options: ConnectOptions, *, _jump_depth: int = 0):
         self.host, self.options = host, options
         self.target = resolve_target(host, options.ssh_config)
-        user_kh = options.known_hosts or str(Path("~/.ssh/known_hosts").expanduser())
-        self.known_files = [user_kh] + ([host.known_hosts] if host.known_hosts else [])
-        self.record_file = host.known_hosts or user_kh
+        self.known_files, self.record_file = known_hosts_files(host, self.target, options.known_hosts)
         self._jump: SSHTransport | None = None
         self._t: paramiko.Transport | None = None
         self._depth = _jump_depth
@@ -366,7 +395,7 @@ class SSHTransport:
         try:
             check_host_key(self.host.name, name, t.get_remote_server_key(), known, self.known_files,
                            self.record_file, self.options.accept_new_host_keys)
-            self._auth(t)
+            self._auth(t, deadline)
         except TransportError:
             t.close()
             raise
@@ -374,32 +403,48 @@ class SSHTransport:
         t.sock.settimeout(IDLE_WAKE_S)
         return t
 
-    def _auth(self, t: paramiko.Transport) -> None:
+    def _auth(self, t: paramiko.Transport, deadline: float) -> None:
+        """Public-key authentication within the connect deadline (issue 24: paramiko's ``auth_timeout`` is 30 s per
+        attempt by default, outside ``connect_timeout``; a server slow to answer held a caller 30 s per key)."""
         target, errors = self.target, []
+
+        def attempt(key) -> bool:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._auth_timeout()
+            t.auth_timeout = remaining
+            try:
+                t.auth_publickey(target.user, key)
+                return True
+            except paramiko.AuthenticationException:
+                if time.monotonic() >= deadline:
+                    raise self._auth_timeout() from None
+                return False
+            except (paramiko.SSHException, OSError) as e:
+                raise ConnectError(self.host.name, f"connection lost during authentication: {e}") from None
+
         for path in target.key_files:
             try:
                 key = paramiko.PKey.from_path(path)
             except (OSError, paramiko.SSHException, ValueError) as e:
                 errors.append(f"cannot read key {path}: {getattr(e, 'strerror', None) or e}")
                 continue
-            try:
-                t.auth_publickey(target.user, key)
+            if attempt(key):
                 return
-            except paramiko.AuthenticationException:
-                errors.append(f"key {path} rejected")
-            except (paramiko.SSHException, OSError) as e:
-                raise ConnectError(self.host.name, f"connection lost during authentication: {e}") from None
+            errors.append(f"key {path} rejected")
         try:
             for key in paramiko.Agent().get_keys():
-                try:
-                    t.auth_publickey(target.user, key)
+                if attempt(key):
                     return
-                except paramiko.AuthenticationException:
-                    errors.append("agent key rejected")
+                errors.append("agent key rejected")
         except paramiko.SSHException:
             pass
         raise AuthError(self.host.name, f"authentication as {target.user!r} failed: "
                                         f"{'; '.join(errors) or 'no key (set ansible_ssh_private_key_file)'}")
+
+    def _auth_timeout(self) -> ConnectError:
+        return ConnectError(self.host.name, f"authentication with {self.target.hostname}:{self.target.port} did not "
+                                            f"finish within the connect timeout ({self.options.connect_timeout:g}s)")
 
     # ------------------------------------------------------------------ run
     def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:

@@ -93,9 +93,10 @@ def test_notifications_history_and_automatic_cordon(testbed, tmp_path):
     spec = yaml.safe_load(job.read_text())
     spec["hosts"] = HOSTS
     spec["notify"] = [
-        {"webhook": f"{base}/hook/{secrets[0]}", "on": ["started", "recovering", "failed", "succeeded"]},
-        {"webhook_env": "CC_TEST_HOOK", "on": ["succeeded"]},
-        {"webhook": f"{base}/fail/{secrets[2]}", "on": ["succeeded"]},
+        {"webhook": f"{base}/hook/{secrets[0]}", "on": ["started", "recovering", "failed", "succeeded"],
+         "allow_http": True},                   # the testbed's receiver speaks plain http (issue 24: opt in)
+        {"webhook_env": "CC_TEST_HOOK", "on": ["succeeded"], "allow_http": True},
+        {"webhook": f"{base}/fail/{secrets[2]}", "on": ["succeeded"], "allow_http": True},
         {"command": [sys.executable, "-c", RECORD_ENV, str(tmp_path / "command.jsonl")],
          "on": ["recovering", "succeeded"]},
     ]

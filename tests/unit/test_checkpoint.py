@@ -504,3 +504,77 @@ def test_quickstart_train_resumes(tmp_path):
     assert ck.latest(str(tmp_path / "ckpt")).endswith("step-000000015")
     r = run("--fail-always", attempt="3")
     assert r.returncode == 1
+
+
+# --------------------------------------------------------------------------------------------
+# issue 24 item 11: checkpoints carry their job
+# --------------------------------------------------------------------------------------------
+
+
+def make_job_ckpt(root: Path, step: int, job: str | None) -> Path:
+    d = make_ckpt(root, step, manifest=False)
+    ck.write_manifest(str(d), step, job)
+    return d
+
+
+def test_the_manifest_names_the_job(tmp_path, monkeypatch):
+    monkeypatch.setenv(ck.ENV_JOB, "alpha")
+    d = make_ckpt(tmp_path, 1)
+    assert json.loads((d / ck.MANIFEST).read_text())["job"] == "alpha"
+    monkeypatch.delenv(ck.ENV_JOB)
+    d = make_ckpt(tmp_path, 2)
+    assert "job" not in json.loads((d / ck.MANIFEST).read_text())    # outside a job: no identity, as before
+
+
+def test_another_jobs_checkpoints_are_never_loaded_or_pruned(tmp_path, monkeypatch):
+    """Two jobs share one checkpoint.dir: each resumes from and prunes only its own (and legacy ones)."""
+    for step in (10, 20, 30):
+        make_job_ckpt(tmp_path, step, "alpha")
+    for step in (15, 25, 35):
+        make_job_ckpt(tmp_path, step, "beta")
+    monkeypatch.setenv(ck.ENV_JOB, "alpha")
+    assert ck.latest(str(tmp_path)) == str(tmp_path / ck.step_dirname(30))
+    assert ck.resume_info(str(tmp_path)) == (str(tmp_path / ck.step_dirname(30)), 30)
+    st = statuses(tmp_path)
+    assert [st[ck.step_dirname(s)] for s in (15, 25, 35)] == ["foreign"] * 3
+    deleted = ck.prune(str(tmp_path), keep=1)
+    assert sorted(os.path.basename(d) for d in deleted) == [ck.step_dirname(10), ck.step_dirname(20)]
+    assert all((tmp_path / ck.step_dirname(s)).is_dir() for s in (15, 25, 35))
+    # beta, through its own environment or the CLI's --job
+    assert ck.latest(str(tmp_path), job="beta") == str(tmp_path / ck.step_dirname(35))
+    lines: list[str] = []
+    assert ck.main(["latest", "--root", str(tmp_path), "--json", "--job", "beta"], out=lines.append) == 0
+    assert json.loads(lines[0]) == {"path": str(tmp_path / ck.step_dirname(35)), "step": 35}
+    # a job that has written nothing yet starts fresh instead of resuming from another's
+    assert ck.latest(str(tmp_path), job="gamma") is None
+
+
+def test_a_job_never_replaces_another_jobs_step(tmp_path, monkeypatch):
+    make_job_ckpt(tmp_path, 40, "beta")
+    monkeypatch.setenv(ck.ENV_JOB, "alpha")
+    tmp = tmp_path / ".tmp-step-000000040-x"
+    tmp.mkdir()
+    (tmp / "state.pt").write_bytes(b"alpha")
+    with pytest.raises(ck.CheckpointError, match="belongs to job 'beta'.*share the checkpoint dir"):
+        ck.finalize(str(tmp), 40, str(tmp_path))
+    assert json.loads((tmp_path / ck.step_dirname(40) / ck.MANIFEST).read_text())["job"] == "beta"
+
+
+def test_legacy_checkpoints_without_a_job_belong_to_every_job(tmp_path, monkeypatch):
+    """Checkpoints written before manifests named their job keep resuming (backward compatibility)."""
+    make_job_ckpt(tmp_path, 5, None)
+    monkeypatch.setenv(ck.ENV_JOB, "alpha")
+    assert ck.latest(str(tmp_path)) == str(tmp_path / ck.step_dirname(5))
+    make_job_ckpt(tmp_path, 6, "alpha")
+    assert ck.prune(str(tmp_path), keep=1) == [str(tmp_path / ck.step_dirname(5))]
+
+
+def test_a_foreign_temporary_is_not_pruned(tmp_path, monkeypatch):
+    t = make_tmp(tmp_path, 7, age_s=7200, token="beta1")
+    ck.write_manifest(str(t), 7, "beta")
+    old = time.time() - 7200
+    for p in (*t.iterdir(), t):
+        os.utime(p, (old, old))
+    monkeypatch.setenv(ck.ENV_JOB, "alpha")
+    assert ck.prune(str(tmp_path), keep=1) == [] and t.is_dir()
+    assert ck.prune(str(tmp_path), keep=1, job="beta") == [str(t)]

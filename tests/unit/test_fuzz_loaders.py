@@ -244,3 +244,82 @@ def test_inventory_small_group_dag_still_loads():
 def test_host_range_bomb_is_refused():
     e = _clean(inventory.parse_data, {"all": {"hosts": {"n[0:99999][0:99999]": None}}}, "inv.yaml")
     assert isinstance(e, InputError) and "more than" in str(e)
+
+
+# --------------------------------------------------------------------------------------------- issue 24 item 14
+OLD_FLATTEN = '''
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, SequenceNode
+
+
+def old_flatten(self, node):
+    """PyYAML before merge-key dedup: every merged pair copied each time it is merged."""
+    merge = []
+    index = 0
+    while index < len(node.value):
+        key_node, value_node = node.value[index]
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            del node.value[index]
+            if isinstance(value_node, MappingNode):
+                self.flatten_mapping(value_node)
+                merge.extend(value_node.value)
+            elif isinstance(value_node, SequenceNode):
+                submerge = []
+                for subnode in value_node.value:
+                    self.flatten_mapping(subnode)
+                    submerge.append(subnode.value)
+                submerge.reverse()
+                for value in submerge:
+                    merge.extend(value)
+        else:
+            index += 1
+    if merge:
+        node.value = merge + node.value
+
+
+SafeConstructor.flatten_mapping = old_flatten
+'''
+
+
+def merge_bomb(depth: int = 10, width: int = 9) -> str:
+    level = "&l0 {k0: 0}"
+    for i in range(1, depth + 1):
+        level = f"&l{i} {{<<: [{level}{f', *l{i - 1}' * (width - 1)}]}}"
+    return f"top: {{<<: {level}}}\n"
+
+
+def test_a_merge_key_bomb_stays_small_whatever_the_pyyaml_version(tmp_path):
+    """A ~600-byte document whose nested merges would expand to 9**10 pairs: loaded in a fresh interpreter
+    that has PyYAML's old (no dedup) merge code, under a 1.5 GB memory limit. clusterctl's loader takes each merged
+    key once: the document is ``{top: {k0: 0}}`` within a second."""
+    import subprocess
+    import sys
+
+    text = merge_bomb()
+    assert len(text) < 700
+    (tmp_path / "bomb.yaml").write_text(text)
+    (tmp_path / "oldyaml.py").write_text(OLD_FLATTEN)
+    prog = ("import resource, sys, time; resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))\n"
+            f"sys.path.insert(0, {str(tmp_path)!r}); import oldyaml\n"
+            "from clusterctl.yamlfile import load_yaml_with_lines\n"
+            f"t = time.perf_counter(); d = load_yaml_with_lines({str(tmp_path / 'bomb.yaml')!r})\n"
+            "print(time.perf_counter() - t); print(d)")
+    try:
+        p = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the merge bomb was still expanding after 30 s")
+    assert p.returncode == 0, p.stderr[-2000:]
+    seconds, data = p.stdout.splitlines()
+    assert float(seconds) < 2 and data == "{'top': {'k0': 0}}"
+
+
+def test_merge_keys_still_work_and_are_bounded(tmp_path):
+    from clusterctl.yamlfile import MAX_MERGED_KEYS, loads
+
+    assert loads("d: &d {a: 1, b: 2}\nx: {<<: *d, c: 3}\ny: {<<: [*d, {e: 5}]}\n", "f.yaml") == {
+        "d": {"a": 1, "b": 2}, "x": {"a": 1, "b": 2, "c": 3}, "y": {"a": 1, "b": 2, "e": 5}}
+    with pytest.raises(InputError, match="takes a mapping or a list of mappings"):
+        loads("x: {<<: 3}\n", "f.yaml")
+    many = "{" + ", ".join(f"k{i}: {i}" for i in range(MAX_MERGED_KEYS + 1)) + "}"
+    with pytest.raises(InputError, match=f"more than {MAX_MERGED_KEYS} keys"):
+        loads(f"x: {{<<: {many}}}\n", "f.yaml")

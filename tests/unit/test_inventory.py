@@ -167,3 +167,15 @@ def test_bad_ranges_are_clear_errors(pattern, message):
 
     with pytest.raises(ValueError, match=re.escape(message)):
         expand_range(pattern)
+
+
+def test_relative_known_hosts_is_relative_to_the_inventory_file(tmp_path, monkeypatch):
+    """Issue 24 item 10: ``clusterctl_known_hosts: keys/kh`` names the file next to the inventory, wherever
+    clusterctl runs from (absolute and ``~`` paths are kept)."""
+    d = tmp_path / "site"
+    d.mkdir()
+    (d / "inv.yaml").write_text("all:\n  hosts:\n    n1: {clusterctl_known_hosts: keys/kh}\n"
+                                "    n2: {clusterctl_known_hosts: /etc/kh}\n    n3: {clusterctl_known_hosts: ~/kh}\n")
+    monkeypatch.chdir(tmp_path)
+    inv = inventory.parse("site/inv.yaml")
+    assert [h.known_hosts for h in inv.hosts] == [str(d / "keys" / "kh"), "/etc/kh", "~/kh"]

@@ -144,3 +144,27 @@ def test_the_start_commands_are_bounded_by_the_jobs_start_timeout(tmp_path):
         ops.close()
     assert all(n.timeouts == [240, 240, 240] for n in nodes.values())
     assert loads_job(JOB, "job.yaml").supervisor.start_timeout_s == 60
+
+
+def test_stacks_report_is_private_and_never_written_through_a_symlink(tmp_path, monkeypatch):
+    """Issue 24 item 14: ``stacks-<N>.json`` is 0600 whatever the umask, and a symlink planted at its name is
+    replaced, not followed."""
+    import os
+    import stat
+
+    nodes = {n: Node(h) for n, h in HOSTS.items()}
+    ops = _ops(tmp_path, nodes)
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (tmp_path / "stacks-2.json").symlink_to(victim)
+    old = os.umask(0o022)
+    try:
+        ops.stacks(1, ["n1"])
+        ops.stacks(2, ["n1"])
+    finally:
+        os.umask(old)
+        ops.close()
+    for n in (1, 2):
+        st = os.lstat(tmp_path / f"stacks-{n}.json")
+        assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    assert victim.read_text() == "keep me"

@@ -11,7 +11,7 @@ from clusterctl.errors import InputError
 from clusterctl.spec import loads_job
 from clusterctl.state import JobState, Store
 
-URL = "http://127.0.0.1:9/hooks/T0-SECRET-TOKEN"
+URL = "https://127.0.0.1:9/hooks/T0-SECRET-TOKEN"
 
 
 def job(notify_yaml: str):
@@ -188,3 +188,91 @@ def test_a_failure_that_exhausts_the_budget_is_announced_as_failed_only(store):
     store.set_state(job_id, JobState.FAILED, "budget exhausted")
     n.close(timeout_s=10)
     assert posted == [("recovering", 1), ("failed", 2)]
+
+
+# ------------------------------------------------------------------------------------------------ issue 24
+def test_plain_http_webhook_needs_allow_http():
+    """Items 12: https:// only, unless the notify entry sets ``allow_http: true``; the URL is never echoed."""
+    with pytest.raises(InputError) as e:
+        job("  - {webhook: 'http://h/SECRET'}\n")
+    assert "allow_http: true" in str(e.value) and "SECRET" not in str(e.value)
+    spec = job("  - {webhook: 'http://h/SECRET', allow_http: true}\n  - {webhook_env: HOOK}\n"
+               "  - {webhook_env: HOOK, allow_http: true}\n")
+    targets, problems = notify.resolve(spec.notify, {"HOOK": "http://h/ENVSECRET"})
+    assert [t.index for t in targets] == [0, 2]
+    assert len(problems) == 1 and problems[0].startswith("notify[1]: $HOOK is a plain http:// URL")
+    assert "ENVSECRET" not in problems[0]
+    targets, problems = notify.resolve(spec.notify, {"HOOK": "file:///etc/passwd"})
+    assert [t.index for t in targets] == [0] and len(problems) == 2
+
+
+def test_launch_refuses_a_plain_http_webhook_env(tmp_path):
+    from clusterctl.jobs import check_environment
+
+    f = tmp_path / "job.yaml"
+    f.write_text("name: demo\nscript: train.py\nnotify:\n  - {webhook_env: HOOK}\n")
+    spec = loads_job(f.read_text())
+    with pytest.raises(InputError) as e:
+        check_environment(str(f), spec, {"HOOK": "http://h/ENVSECRET"})
+    assert f"{f}:4" in str(e.value) and "allow_http" in str(e.value) and "ENVSECRET" not in str(e.value)
+    check_environment(str(f), spec, {"HOOK": "https://h/ENVSECRET"})
+
+
+def test_command_gets_a_minimal_environment(tmp_path, monkeypatch):
+    """Item 12: the supervisor's secrets, webhook URLs and SSH agent never reach a notify command."""
+    for k, v in {"SSH_AUTH_SOCK": "/tmp/agent.sock", "HF_TOKEN": "hf-SECRET", "SLACK_HOOK": "https://h/SECRET",
+                 "AWS_SECRET_ACCESS_KEY": "aws-SECRET", "LANG": "C.UTF-8"}.items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "env"
+    p = notify.build_payload(job="j", job_id="j-1", event="failed", state="FAILED", reason="r", attempt=1,
+                             node=None, checkpoint_step=None, now=0)
+    notify.run_command(["sh", "-c", f"env > {out}"], p)
+    env = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    assert "SECRET" not in out.read_text() and "SSH_AUTH_SOCK" not in env
+    assert env["LANG"] == "C.UTF-8" and env["CLUSTERCTL_EVENT"] == "failed" and env["PATH"]
+    assert set(env) - {k for k in env if k.startswith("CLUSTERCTL_")} <= set(notify.COMMAND_ENV_KEEP) | {
+        "PWD", "SHLVL", "_", "OLDPWD"}
+
+
+def test_webhook_timeout_bounds_the_whole_delivery():
+    """Item 14: a server that drips a byte every 0.2 s never trips a per-read timeout; the delivery still ends at
+    its 1 s deadline (it took as long as the server kept dripping)."""
+    import socket as _socket
+
+    srv = _socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    stop = threading.Event()
+
+    def drip():
+        conn, _ = srv.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+        while not stop.is_set():
+            try:
+                conn.sendall(b"x")
+            except OSError:
+                break
+            time.sleep(0.2)
+        conn.close()
+
+    threading.Thread(target=drip, daemon=True).start()
+    p = notify.build_payload(job="j", job_id="j-1", event="failed", state="FAILED", reason="r", attempt=1,
+                             node=None, checkpoint_step=None, now=0)
+    box: dict = {}
+
+    def deliver():
+        t0 = time.monotonic()
+        try:
+            notify.post_webhook(f"http://127.0.0.1:{srv.getsockname()[1]}/SECRET", p, timeout_s=1.0)
+        except notify.DeliveryError as e:
+            box["error"] = str(e)
+        box["s"] = time.monotonic() - t0
+
+    th = threading.Thread(target=deliver, daemon=True)
+    th.start()
+    th.join(8)
+    stop.set()
+    srv.close()
+    assert not th.is_alive(), "the delivery was held by a dripping server"
+    assert box["s"] < 3 and "within 1s" in box["error"] and "SECRET" not in box["error"], box

@@ -269,4 +269,106 @@ def test_exec_in_container_names_the_container_the_launch_created(tmp_path):
     argv = jobnodes.in_job_argv(jn, "n2", ["true"])
     plan = build_plan(jn.spec, [H(name="n1", address="10.0.0.1", runtime="podman", gpus=0),
                                 H(name="n2", address="10.0.0.2", runtime="podman", gpus=0)], job_id=job_id, attempt=1)
-    assert argv == ["podman", "exec", plan.node("n2").container_name, "true"]
+    name = plan.node("n2").container_name
+    assert argv[3:] == ["podman", job_id, name, "true"] and argv[:2] == ["sh", "-c"]
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_exec_in_container_selects_the_container_by_the_jobs_label(tmp_path, tty):
+    """Issue 24 item 14: ``exec --in-container``/``shell`` enter the container that carries the job's label and
+    the name, as ``stop`` does: another job's container of that name is never entered."""
+    import subprocess
+
+    from clusterctl import jobnodes
+    from clusterctl.runtimes import LABEL_JOB_ID
+
+    store, job_id = _store_with_job(tmp_path)
+    store.start_attempt(job_id, 1, "n1", f"{job_id}-1", ["n1", "n2"])
+    jn = jobnodes.load(store, job_id)
+    argv = jobnodes.in_job_argv(jn, "n2", ["echo", "a b"], interactive=True, tty=tty)
+    fake, calls = tmp_path / "podman", tmp_path / "calls"
+    fake.write_text(f"""#!/bin/sh
+echo "$*" >> {calls}
+case "$1" in
+  ps) case "$*" in *"label={LABEL_JOB_ID}=$OWNER "*) echo "c0ffee $NAME";; esac ;;
+esac
+""")
+    fake.chmod(0o755)
+    name = jn.container("n2")
+    run = lambda owner: subprocess.run([*argv[:3], str(fake), *argv[4:]], capture_output=True, text=True,  # noqa: E731
+                                       env={"PATH": "/usr/bin:/bin", "OWNER": owner, "NAME": name}, timeout=10)
+    r = run(job_id)
+    assert r.returncode == 0, r.stderr
+    assert calls.read_text().splitlines()[-1] == "exec -i" + (" -t" if tty else "") + " c0ffee echo a b"
+    calls.unlink()
+    r = run("other-job-20260101-000000-abcd")        # only another job's container carries that name
+    assert r.returncode == 1 and f"no container {name} of job {job_id}" in r.stderr
+    assert not any(line.startswith("exec") for line in calls.read_text().splitlines())
+
+
+@pytest.mark.parametrize("token_set", [True, False])
+def test_status_reconciling_stores_error_tails_only_redacted(tmp_path, monkeypatch, token_set):
+    """Issue 24 item 14: ``status`` of an unsupervised job records the nodes' error tails after redacting the
+    job's secret_env values; when this shell lacks one, the tails are withheld (never stored in the clear)."""
+    from clusterctl.transport import ConnectOptions
+
+    store, job_id = _store_with_job(tmp_path, JOB + "secret_env: [HF_TOKEN]\n")
+    store.start_attempt(job_id, 1, "n1", f"{job_id}-1", ["n1", "n2"])
+    store.set_state(job_id, JobState.STARTING)
+    store.set_state(job_id, JobState.RUNNING)
+    if token_set:
+        monkeypatch.setenv("HF_TOKEN", "hf-TOPSECRET")
+    else:
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+    tail = "[n2/1] Traceback\n[n2/1] ValueError: bad token hf-TOPSECRET"
+    monkeypatch.setattr(ClusterOps, "observe", lambda self, attempt, nodes, **kw: [
+        Observation("n1", "running"), Observation("n2", "exited", exit_code=1, error_tail=tail, rank=1)])
+    monkeypatch.setattr(ClusterOps, "latest_checkpoint", lambda self, nodes: ("", 0))
+    controller.reconcile_job(tmp_path, store, job_id, ConnectOptions())
+    stored = {n.node: n.error_tail for n in store.nodes(job_id, 1)}["n2"]
+    assert "TOPSECRET" not in stored
+    if token_set:
+        assert stored == tail.replace("hf-TOPSECRET", "***")
+    else:
+        assert "withheld" in stored and "HF_TOKEN" in stored
+
+
+HOSTILE_LINE = "[n1/0] a\x1b]0;owned\x07b\x1b[2J\x9b31mc\u202ed\r"
+
+
+def test_logs_neutralise_escape_sequences_but_keep_the_stored_bytes(tmp_path):
+    """Issue 24 item 14: a rank's escape sequences reach the operator's terminal as visible text (``logs``);
+    the stored log file keeps what the rank printed."""
+    from click.testing import CliRunner
+
+    from clusterctl import paths
+    from clusterctl.cli import app
+
+    spec = loads_job(JOB, str(tmp_path / "job.yaml"))
+    store = Store(paths.db_path(paths.ensure_state_dir(tmp_path / "state")))
+    rec = record.JobRecord(spec=spec, source=str(tmp_path / "job.yaml"), hosts=HOSTS, interfaces={})
+    job_id = store.create_job("j", rec.to_json(), None, str(tmp_path / "job.yaml"))
+    log = paths.ensure_job_dir(tmp_path / "state", job_id) / "output.log"
+    raw = ("[n1/-] === attempt 1 ===\n" + HOSTILE_LINE + "\n").encode()
+    log.write_bytes(raw)
+    r = CliRunner().invoke(app, ["--state-dir", str(tmp_path / "state"), "logs", job_id])
+    assert r.exit_code == 0, r.output
+    assert "\x1b" not in r.output and "\x07" not in r.output and "\x9b" not in r.output and "\u202e" not in r.output
+    assert "[n1/0] a\\x1b]0;owned\\x07b\\x1b[2J\\x9b31mc\\u202ed" in r.output
+    assert log.read_bytes() == raw
+
+
+def test_status_error_tails_are_shown_neutralised():
+    from clusterctl import status
+
+    assert logs.for_terminal("ok\ttab") == "ok\ttab"
+    assert logs.for_terminal(HOSTILE_LINE) == "[n1/0] a\\x1b]0;owned\\x07b\\x1b[2J\\x9b31mc\\u202ed\\x0d"
+    v = {"job_id": "j-1", "name": "j", "state": "FAILED", "reason": None, "attempt": 1, "started_at": None,
+         "supervised": False,
+         "rendezvous_host": None, "nodes": [], "checkpoint": None, "supervisor": {"pid": None, "alive": False,
+                                                                                   "last_seen": None},
+         "restarts": {"failures_used": 1, "max_failures": 3, "node_failures_used": 0, "max_node_failures": 3},
+         "failures": [{"attempt": 1, "class": "user_error", "node": "n1", "rank": 0, "exit_code": 1,
+                       "signal": None, "message": "m", "error_tail": HOSTILE_LINE}]}
+    text = "\n".join(status.text(v))
+    assert "\x1b" not in text and "\\x1b]0;owned" in text

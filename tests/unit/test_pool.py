@@ -107,3 +107,28 @@ def test_one_node_is_connected_once_by_concurrent_callers():
     for th in threads:
         th.join(10)
     assert calls == ["n1"] and len(got) == 4 and len({id(t) for t in got}) == 1
+
+
+def test_waiting_for_another_threads_connect_has_a_deadline():
+    """Issue 24 item 7: a thread that finds another thread connecting to the same node waits ``wait_s`` at most."""
+    import time
+
+    from clusterctl.errors import ConnectError
+
+    release = threading.Event()
+
+    def connect(node):
+        release.wait(30)              # a connect stuck on a slow sshd (in real life bounded by connect_timeout)
+        return Fake(node)
+
+    pool = Pool(connect, wait_s=0.3)
+    first = threading.Thread(target=pool.get, args=("n1",), daemon=True)
+    first.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    with pytest.raises(ConnectError, match="did not finish within 0.3s"):
+        pool.get("n1")
+    assert time.monotonic() - t0 < 2
+    release.set()
+    first.join(5)
+    assert isinstance(pool.get("n1"), Fake)      # the lock was released: the next get finds the connection

@@ -214,3 +214,120 @@ def test_bad_proxy_jump_from_ssh_config_is_a_clean_error(tmp_path, keys, servers
                                               known_hosts=str(tmp_path / "u")))
     with pytest.raises(TransportError, match="ProxyJump 'bastion:abc'.*port 'abc'"):
         t.connect()
+
+
+# ------------------------------------------------------------------------------------ issue 24 item 10
+def hashed_line(name: str, key) -> str:
+    from paramiko.hostkeys import HostKeys
+
+    return known_line(HostKeys.hash_host(name), key)
+
+
+@pytest.mark.parametrize("recorded, refused", [("other_ed25519", True), ("ed25519", False)])
+def test_hashed_entry_matches_an_uppercase_host_name(tmp_path, keys, servers, recorded, refused):
+    """ssh-keyscan -H / HashKnownHosts record the lowercased name hashed; an inventory's ``LOCALHOST`` is that
+    host: another key is changed (not new), even with --accept-new-host-keys, and the recorded one connects."""
+    srv = servers([keys["ed25519"]])
+    (tmp_path / "cfg").write_text("")
+    kh = tmp_path / "known_hosts"
+    kh.write_text(hashed_line(f"[localhost]:{srv.port}", keys[recorded]))
+    host = Host(name="n1", address="LOCALHOST", port=srv.port, key_file=str(keys["client"]), known_hosts=str(kh))
+    options = ConnectOptions(connect_timeout=5, connect_retries=0, accept_new_host_keys=True,
+                             known_hosts=str(tmp_path / "user_known_hosts"), ssh_config=str(tmp_path / "cfg"))
+    t = ssh.SSHTransport(host, options)
+    before = kh.read_text()
+    if refused:
+        with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
+            t.connect()
+    else:
+        assert t.run(["true"]).exit_code == 0
+        t.close()
+    assert kh.read_text() == before     # nothing recorded either way
+
+
+def test_known_hosts_files_of_ssh_config_are_honoured(tmp_path, keys, servers):
+    srv = servers([keys["ed25519"]])
+    user, glob = tmp_path / "user_kh", tmp_path / "global_kh"
+    (tmp_path / "cfg").write_text(f"Host *\n  UserKnownHostsFile {user}\n  GlobalKnownHostsFile {glob}\n")
+    host = Host(name="n1", address="127.0.0.1", port=srv.port, key_file=str(keys["client"]))
+    options = ConnectOptions(connect_timeout=5, connect_retries=0, accept_new_host_keys=True,
+                             ssh_config=str(tmp_path / "cfg"))
+    t = ssh.SSHTransport(host, options)
+    assert t.known_files == [str(user), str(glob)] and t.record_file == str(user)
+    glob.write_text(known_line(srv.name, keys["other_ed25519"]))   # the global file's key wins over accept-new
+    with pytest.raises(HostKeyError, match="HOST KEY CHANGED") as e:
+        t.connect()
+    assert f"{glob}:1" in str(e.value) and not user.exists()
+    glob.write_text("")
+    t.connect()                                                    # a new key is recorded in UserKnownHostsFile
+    t.close()
+    assert user.read_text() == known_line(srv.name, keys["ed25519"])
+
+
+def test_default_known_hosts_files(tmp_path):
+    (tmp_path / "cfg").write_text("")
+    host = Host(name="n1", address="h1", known_hosts="/x/kh")
+    t = ssh.SSHTransport(host, ConnectOptions(ssh_config=str(tmp_path / "cfg")))
+    home = ssh.Path("~/.ssh/known_hosts").expanduser()
+    assert t.known_files == [str(home), "/x/kh", *ssh.GLOBAL_KNOWN_HOSTS] and t.record_file == "/x/kh"
+    assert ssh.resolve_target(Host(name="n1", address="Node1.Example"), str(tmp_path / "cfg")).known_hosts_name \
+        == "node1.example"
+
+
+# ------------------------------------------------------------------------------------ issue 24 item 7
+def test_authentication_is_bounded_by_the_connect_timeout(tmp_path, keys, servers):
+    """A server that takes 10 s to answer each key: the connect fails within its 1.5 s deadline (paramiko's own
+    auth_timeout was 30 s per key, outside the connect deadline)."""
+    from clusterctl.errors import ConnectError
+
+    srv = servers([keys["ed25519"]], handshake_delay=10)
+    t, _ = transport(tmp_path, keys, srv, known_line(srv.name, keys["ed25519"]))
+    t.options = ConnectOptions(connect_timeout=1.5, connect_retries=0, known_hosts=t.options.known_hosts,
+                               ssh_config=t.options.ssh_config)
+    t.target = ssh.Target(t.target.hostname, t.target.port, t.target.user, (str(keys["client"]),) * 2, None)
+    box: dict = {}
+
+    def call():
+        t0 = time.monotonic()
+        try:
+            t.connect()
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            box["error"] = e
+        box["s"] = time.monotonic() - t0
+
+    th = threading.Thread(target=call, daemon=True)
+    th.start()
+    th.join(40)
+    assert not th.is_alive() and box["s"] < 4, box
+    assert isinstance(box.get("error"), ConnectError) and "connect timeout" in str(box["error"]), box
+
+
+def test_shell_exec_request_never_answered_times_out(tmp_path, keys, servers):
+    """``clusterctl shell``: the exec request goes unanswered; the shell ends with CommandTimeout at the connect
+    timeout instead of hanging."""
+    import io
+
+    from clusterctl import shell
+
+    srv = servers([keys["ed25519"]], exec_mode="hang")
+    t, _ = transport(tmp_path, keys, srv, known_line(srv.name, keys["ed25519"]))
+    t.options = ConnectOptions(connect_timeout=1.5, connect_retries=0, known_hosts=t.options.known_hosts,
+                               ssh_config=t.options.ssh_config)
+    r, w = __import__("os").pipe()
+    box: dict = {}
+
+    def call():
+        t0 = time.monotonic()
+        try:
+            with open(r, "rb") as stdin:
+                shell.run(t, ["sh"], tty=False, stdin=stdin, stdout=io.open(w, "wb"), stderr=None)
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            box["error"] = e
+        box["s"] = time.monotonic() - t0
+
+    th = threading.Thread(target=call, daemon=True)
+    th.start()
+    th.join(30)
+    t.close()
+    assert not th.is_alive(), "shell hung on an unanswered exec request"
+    assert isinstance(box.get("error"), CommandTimeout) and box["s"] < 5, box

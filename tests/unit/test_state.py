@@ -137,7 +137,7 @@ def test_newer_schema_is_refused(root: Path) -> None:
 
 def test_create_and_get_job(store: Store) -> None:
     job_id = store.create_job("llm", SPEC, "/inv.yaml", "/job.yaml")
-    assert re.fullmatch(r"llm-20260101-000001-[0-9a-f]{4}", job_id)
+    assert re.fullmatch(r"llm-20260101-000001-[0-9a-f]{12}", job_id)   # 48 random bits (issue 24)
     job = store.get_job(job_id)
     assert isinstance(job, Job)
     assert (job.name, job.state, job.attempt, job.reason, job.supervisor_pid) == ("llm", JobState.PENDING, 0, None, None)
