@@ -329,3 +329,30 @@ def test_a_swapped_job_and_inventory_say_which_file_each_looks_like(tmp_path, in
     assert r.returncode == 2 and "looks like an inventory (it has `all:`), not a job file" in r.stderr
     r = cli(tmp_path, "launch", "job.yaml", "-i", "job.yaml", "--dry-run")
     assert r.returncode == 2 and "looks like a job file" in r.stderr
+
+
+def test_every_flag_the_readme_names_is_in_the_commands_help():
+    """README's command table and the CLI stay in step: each `--flag`/`-x` a row names is in that command's help."""
+    import re
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from clusterctl.cli import app
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("## Commands", 1)[1].split("\n\n", 2)[1]
+    checked = 0
+    for row in table.splitlines()[2:]:
+        cell = row.split("|")[1]
+        for part in cell.split(" / "):
+            m = re.search(r"`clusterctl ([a-z]+)|`([a-z]+) ", part)
+            if not m:
+                continue
+            cmd = m.group(1) or m.group(2)
+            help_text = CliRunner().invoke(app, [cmd, "--help"]).output
+            assert f"Usage: app {cmd}" in help_text or f"{cmd} [OPTIONS]" in help_text, (cmd, help_text)
+            for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-[a-zA-Z])\b", part):
+                assert flag in help_text, f"README names {flag} for `clusterctl {cmd}`, its --help does not"
+                checked += 1
+    assert checked > 30
