@@ -14,7 +14,7 @@ TEST_DEB := openssh-server openssh-client podman runc catatonit iproute2 procps 
 TORCH := torch==2.13.0
 DEMO_ENV := PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 
-.PHONY: test demo demo-recovery deps demo-deps test-deps venv demo-venv clean-venv
+.PHONY: test demo demo-recovery deps demo-deps test-deps venv demo-venv clean-venv install
 
 # Unit tests, then integration tests, in pytest processes of their own (the signalled sh wrapper test failed in
 # runs started under nohup, now fixed; a 2-process gloo save aborted once, cause not found). The integration
@@ -90,6 +90,17 @@ $(VENV)/.installed-demo: pyproject.toml | $(PY)
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[demo]'
 	touch $@
+
+# make install: clusterctl (+ torch, for a controller that also trains locally) in a venv of its own, linked from
+# $(BINDIR); PREFIX/BINDIR to change where.
+PREFIX ?= $(HOME)/.local/share/clusterctl
+BINDIR ?= $(HOME)/.local/bin
+install:
+	$(PYTHON) -m venv $(PREFIX)/venv
+	$(PREFIX)/venv/bin/python -m pip install -q $(TORCH)
+	$(PREFIX)/venv/bin/python -m pip install -q '.[train]'
+	mkdir -p $(BINDIR) && ln -sf $(PREFIX)/venv/bin/clusterctl $(BINDIR)/clusterctl
+	@echo "installed: $(BINDIR)/clusterctl (is $(BINDIR) on your PATH?)"
 
 clean-venv:
 	rm -rf $(VENV)

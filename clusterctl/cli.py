@@ -52,6 +52,33 @@ def output_option(f):
                         help="table, or json on stdout for scripts.")(f)
 
 
+def complete_jobs(ctx, param, incomplete: str) -> list:
+    """Shell completion of JOB: the names and ids in the state dir (``--state-dir`` or its default)."""
+    try:
+        from clusterctl.paths import db_path, state_dir
+        from clusterctl.state import Store
+
+        root = state_dir((ctx.find_root().params or {}).get("state_dir"))
+        if not db_path(root).exists():
+            return []
+        with Store(db_path(root)) as store:
+            jobs = store.list_jobs()
+        names = dict.fromkeys([j.name for j in jobs] + [j.job_id for j in jobs])
+        return [n for n in names if n.startswith(incomplete)]
+    except Exception:  # noqa: BLE001 - completion never prints a traceback into the user's shell
+        return []
+
+
+def complete_hosts(ctx, param, incomplete: str) -> list:
+    """Shell completion of HOST: the default inventory's host names ($CLUSTERCTL_INVENTORY, ./inventory.yaml)."""
+    try:
+        from clusterctl import inventory as inv_mod
+
+        return [h.name for h in inv_mod.load(ctx.params.get("inventory")).hosts if h.name.startswith(incomplete)]
+    except Exception:  # noqa: BLE001
+        return []
+
+
 def accept_option(f):
     return click.option("--accept-new-host-keys", "accept_new", is_flag=True,
                         help="Record unknown SSH host keys (never changed ones).")(f)
@@ -211,7 +238,7 @@ def exec_cmd(ctx, inventory, limit, job, node, in_container, timeout, output, ac
 
 
 @app.command("shell")
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("--node", default=None, help="This node (default: the current attempt's rendezvous host).")
 @accept_option
 @click.pass_context
@@ -235,7 +262,7 @@ def shell_cmd(ctx, job, node, accept_new) -> int:
 
 
 @app.command("stacks")
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("--node", default=None, help="Only the ranks on this node.")
 @output_option
 @accept_option
@@ -360,7 +387,7 @@ def supervise_cmd(ctx, job_id, adopt) -> int:
 
 
 @app.command("status")
-@click.argument("job", required=False)
+@click.argument("job", required=False, shell_complete=complete_jobs)
 @click.option("--all", "show_all", is_flag=True, help="Every finished job (default: the 20 newest).")
 @click.option("--state", "states", multiple=True, metavar="STATE",
               help="Only jobs in this state (repeatable): PENDING STARTING RUNNING RECOVERING SUCCEEDED FAILED "
@@ -484,7 +511,7 @@ def _watch(view, output: str, interval_s: float = 2.0) -> int:
 
 
 @app.command("events")
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new events until the job ends.")
 @output_option
 @click.pass_context
@@ -528,7 +555,7 @@ def events_cmd(ctx, job, follow, output) -> int:
 
 
 @app.command("logs")
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("--node", default=None, help="Only this node.")
 @click.option("--rank", default=None, type=int, help="Only this global rank.")
 @click.option("--attempt", default=None, type=click.IntRange(min=1), help="Only this attempt.")
@@ -565,7 +592,7 @@ def logs_cmd(ctx, job, node, rank, attempt, tail, follow, accept_new) -> int:
 
 
 @app.command("stop")
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds between SIGTERM and kill (0-3600).")
 @output_option
@@ -587,7 +614,7 @@ def stop_cmd(ctx, job, grace, output, accept_new) -> int:
 
 
 @app.command("resume")
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @click.option("--exclude", multiple=True, help="Do not use this host (repeatable).")
 @click.option("--checkpoint", default=None, help="Resume from this checkpoint instead of the latest valid one.")
 @click.option("--detach", "-d", is_flag=True,
@@ -691,7 +718,7 @@ def _host_names(hosts) -> list:
 
 
 @app.command("cordon")
-@click.argument("hosts", nargs=-1, required=True)
+@click.argument("hosts", nargs=-1, required=True, shell_complete=complete_hosts)
 @click.option("--reason", required=True, help="Why (shown by `nodes`, in plans and in launch errors).")
 @inventory_option
 @output_option
@@ -728,7 +755,7 @@ def cordon_cmd(ctx, hosts, reason, inventory, output) -> int:
 
 
 @app.command("uncordon")
-@click.argument("hosts", nargs=-1, required=True)
+@click.argument("hosts", nargs=-1, required=True, shell_complete=complete_hosts)
 @output_option
 @click.pass_context
 def uncordon_cmd(ctx, hosts, output) -> int:
@@ -797,6 +824,65 @@ def hoist_globals(args: List[str]) -> List[str]:
             rest.append(a)
         i += 1
     return front + rest
+
+
+# ---------------------------------------------------------------------------------------------- first hour
+@app.command("doctor")
+@output_option
+@click.pass_context
+def doctor_cmd(ctx, output) -> int:
+    """This machine as clusterctl needs it: ssh-agent, ~/.ssh/config, key permissions, the state dir."""
+    import os
+    from pathlib import Path
+
+    from clusterctl import doctor, paths
+
+    found = doctor.diagnose(paths.state_dir(ctx.obj.state_dir), os.environ, Path.home())
+    if output == "json":
+        print_json([f.to_dict() for f in found])
+    else:
+        marks = {"pass": "✓", "warn": "!", "fail": "✗"}
+        for f in found:
+            out.print(f"{marks[f.status]} {f.check}: {f.detail}" + (f"\n    → {f.hint}" if f.hint else ""),
+                      markup=False)
+    return 1 if any(f.status == "fail" for f in found) else 0
+
+
+@app.command("validate")
+@click.argument("job")
+@inventory_option
+@click.option("--strict", is_flag=True, help="Warnings (unset secret variables, key files) fail too (exit 2).")
+@output_option
+@click.pass_context
+def validate_cmd(ctx, job, inventory, strict, output) -> int:
+    """Check JOB and the inventory as launch does before contacting any host (schema, hosts, cordons, secret
+    variables, key files); exit 0 valid, 2 invalid."""
+    import os
+
+    from clusterctl import jobs
+
+    ws = jobs.open_workspace(ctx.obj.state_dir)
+    dry = jobs.dry_run(ws, jobs.LaunchRequest(job, inventory, environ=os.environ))
+    problems = [str(p) for p in dry.problems]
+    if output == "json":
+        print_json({"valid": not (strict and problems), "job": dry.plan.job_id.removesuffix("-DRYRUN"), "nodes": [n.host for n in dry.plan.nodes],
+                    "warnings": problems})
+    else:
+        for p in problems:
+            err.print(f"warning: {p}", markup=False)
+        err.print(f"{job}: valid ({len(dry.plan.nodes)} node(s): {', '.join(n.host for n in dry.plan.nodes)})"
+                  + (f", {len(problems)} warning(s)" if problems else ""), markup=False)
+    return 2 if strict and problems else 0
+
+
+@app.command("schema")
+def schema_cmd() -> int:
+    """The job file's JSON Schema (for editors: yaml-language-server, VS Code); also shipped as
+    templates/job.schema.json in the repo, clusterctl.templates in the wheel)."""
+    from clusterctl.spec import json_schema
+
+    print_json(json_schema())
+    return 0
 
 
 def main(argv: Optional[List[str]] = None) -> None:

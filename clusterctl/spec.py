@@ -608,3 +608,12 @@ def loads_job(text: str, file: str = "<job>") -> JobSpec:
 def load_job(path: str) -> JobSpec:
     """Read and validate a job file. Raises ``InputError`` (``FILE:LINE: key: message``) for every problem."""
     return parse_job(yamlfile.load_yaml_with_lines(path), path)
+
+
+def json_schema() -> dict:
+    """The job file's JSON Schema, from the pydantic models (``clusterctl schema``; shipped as
+    ``templates/job.schema.json``, kept equal by a test)."""
+    schema = JobSpec.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "clusterctl job file"
+    return schema

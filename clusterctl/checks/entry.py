@@ -81,8 +81,14 @@ def check_torchrun(probe: HostProbe) -> CheckResult | None:
         return None
     facts = parse_entry(probe.sections[SECTION].output) if SECTION in probe.sections else {}
     name = job.torchrun[0] if job.torchrun else "torchrun"
-    fix = (f"install torch on {host.name} where a non-interactive SSH session finds it (PATH from sshd, no "
-           f"~/.bashrc), or set the job's `torchrun:` to its full path, e.g. `torchrun: [/opt/venv/bin/torchrun]`")
+    if host.connection == "local":      # the embedded default / a local host: this shell's PATH, not sshd's
+        fix = ("torchrun runs on this machine with clusterctl's own PATH: activate the venv that has torch "
+               "(`source .venv/bin/activate`), install clusterctl and torch into one (README, Install), or set "
+               "the job's `torchrun:` to its full path, e.g. `torchrun: [/path/to/venv/bin/torchrun]`")
+    else:
+        fix = (f"install torch on {host.name} where a non-interactive SSH session finds it (PATH from sshd, no "
+               f"~/.bashrc), or set the job's `torchrun:` to its full path, e.g. "
+               f"`torchrun: [/opt/venv/bin/torchrun]`")
     if facts.get("workdir") == "missing":
         return failed("torchrun", f"workdir {job.workdir} does not exist on {host.name}",
                       f"create it on {host.name}, or fix `workdir:` in the job file", workdir=job.workdir)

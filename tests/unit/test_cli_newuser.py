@@ -356,3 +356,52 @@ def test_every_flag_the_readme_names_is_in_the_commands_help():
                 assert flag in help_text, f"README names {flag} for `clusterctl {cmd}`, its --help does not"
                 checked += 1
     assert checked > 30
+
+
+def test_validate_checks_what_launch_checks_without_contacting_a_host(tmp_path, inv):
+    write_job(tmp_path, JOB + "secret_env: [HF_TOKEN]\n")
+    r = cli(tmp_path, "validate", "job.yaml", "-i", str(inv), env={"HF_TOKEN": "x"})
+    assert r.returncode == 0 and "job.yaml: valid (3 node(s): node1, node2, node3)" in r.stderr, r.stderr
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "--state-dir", str(tmp_path / "s"), "validate",
+                        "job.yaml", "-i", str(inv), "--strict", "-o", "json"], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and json.loads(r.stdout)["warnings"][0].startswith("job.yaml:4: secret_env[0]")
+    write_job(tmp_path, "name: demo\nscript: train.py\nnodes: 9\n")
+    r = cli(tmp_path, "validate", "job.yaml", "-i", str(inv))
+    assert r.returncode == 2 and "nodes" in r.stderr
+
+
+def test_the_shipped_json_schema_is_the_models_and_validates_the_template():
+    from pathlib import Path
+
+    from clusterctl.spec import json_schema
+
+    shipped = json.loads((Path(__file__).resolve().parents[2] / "templates" / "job.schema.json").read_text())
+    assert shipped == json.loads(json.dumps(json_schema()))
+    assert {"name", "script", "nodes", "checkpoint", "restarts"} <= set(shipped["properties"])
+    assert shipped["additionalProperties"] is False
+
+
+def test_doctor_reports_key_permissions_and_the_state_dir(tmp_path):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    key = home / ".ssh" / "id_ed25519"
+    key.write_text("x")
+    key.chmod(0o644)
+    r = cli(tmp_path, "doctor", "-o", "json", env={"HOME": str(home), "SSH_AUTH_SOCK": str(tmp_path / "none")})
+    found = {f["check"]: f for f in json.loads(r.stdout)}
+    assert r.returncode == 1
+    assert found["key_permissions"]["status"] == "fail" and "chmod 600" in found["key_permissions"]["hint"]
+    assert found["ssh_agent"]["status"] == "fail" and found["state_dir"]["status"] == "pass"
+
+
+def test_shell_completion_offers_job_and_host_names(tmp_path, inv):
+    done = _finished_job(tmp_path, "bert-ft")
+    env = {"COMP_WORDS": "clusterctl status be", "COMP_CWORD": "2", "_CLUSTERCTL_COMPLETE": "bash_complete"}
+    r = cli(tmp_path, env=env)
+    assert "plain,bert-ft" in r.stdout.splitlines() and f"plain,{done}" in r.stdout.splitlines()
+    env = {"COMP_WORDS": "clusterctl cordon node", "COMP_CWORD": "2", "_CLUSTERCTL_COMPLETE": "bash_complete",
+           "CLUSTERCTL_INVENTORY": str(inv)}
+    r = cli(tmp_path, env=env)
+    assert r.stdout.split() == [f"plain,node{i}" for i in range(1, 5)]
