@@ -141,7 +141,8 @@ def progress_bar(show: bool):
 @app.command("preflight")
 @inventory_option
 @click.argument("job", required=False)
-@click.option("--limit", default=None, help="Hosts, groups, comma lists, globs (node*, gpu[1-4]).")
+@click.option("--limit", default=None, help="Hosts, groups, comma lists, the inventory's ranges (gpu[01:04]) and "
+                                             "globs (node*).")
 @output_option
 @click.option("--strict", is_flag=True, help="Warnings fail too.")
 @click.option("--pull", is_flag=True, help="Pull the image where it is missing instead of failing.")

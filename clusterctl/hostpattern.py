@@ -1,7 +1,9 @@
 """``--limit PATTERN``: which inventory hosts a command runs on (pure).
 
-A pattern is a comma-separated list of host names, group names and shell-style globs (``node[1-3]*`` is a glob
-here, ``gpu*``, ``rack?``), matched against host *and* group names. Hosts come back in inventory order, each once.
+A pattern is a comma-separated list of host names, group names, the inventory's own ranges (``gpu[01:04]``,
+``n[a:c]``, ``n[0:10:2]``: the same syntax as host names in the inventory) and the globs ``*`` and ``?`` (``gpu*``,
+``rack?``), matched against host *and* group names. Hosts come back in inventory order, each once. A shell-style
+class such as ``gpu[1-4]`` is refused with the range that means it (``gpu[1:4]``).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from clusterctl.errors import UserError
 if TYPE_CHECKING:
     from clusterctl.inventory import Host, Inventory
 
-GLOB_CHARS = "*?["
+GLOB_CHARS = "*?"
 
 
 def split(pattern: str) -> list[str]:
@@ -38,6 +40,19 @@ def select(inventory: "Inventory", pattern: str | None) -> list["Host"]:
 
 
 def _match(inventory: "Inventory", names: list[str], part: str) -> set[str]:
+    from clusterctl.inventory import DASH_RANGE_RE, RANGE_RE, expand_range
+
+    if RANGE_RE.search(part):
+        try:
+            expanded = expand_range(part)
+        except ValueError as e:
+            raise UserError(f"--limit {part!r}: {e}") from None
+        return set().union(*(_match(inventory, names, p) for p in expanded))
+    if "[" in part:
+        m = DASH_RANGE_RE.search(part)
+        fix = part[: m.start()] + f"[{m.group(1)}:{m.group(2)}]" + part[m.end():] if m else None
+        raise UserError(f"--limit {part!r}: ranges are written as in the inventory, [FIRST:LAST]"
+                        + (f": {fix!r}" if fix else ""))
     if any(c in part for c in GLOB_CHARS):
         hits = {n for n in names if fnmatch.fnmatchcase(n, part)}
         for g, members in inventory.groups.items():

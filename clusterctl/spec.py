@@ -57,6 +57,16 @@ def _scalar_str(v: Any, what: str) -> str:
     raise ValueError(f"{what} must be a string, got {_kind(v)}")
 
 
+def _numbers_as_written(data: dict) -> dict:
+    """``args`` items and ``env`` values that YAML read as numbers, back to their text in the file."""
+    args, env = data.get("args"), data.get("env")
+    if isinstance(args, list):
+        data["args"] = [yamlfile.number_text(args, i, v) for i, v in enumerate(args)]
+    if isinstance(env, dict):
+        data["env"] = {k: yamlfile.number_text(env, k, v) for k, v in env.items()}
+    return data
+
+
 def _kind(v: Any) -> str:
     if v is None:
         return "nothing (null)"
@@ -587,7 +597,7 @@ def parse_job(data: Any, file: str) -> JobSpec:
     if nul is not None:
         raise InputError(file, _locate(data, nul), "NUL byte in value", key=_dotted(nul))
     try:
-        spec = JobSpec.model_validate(dict(data))
+        spec = JobSpec.model_validate(_numbers_as_written(dict(data)))
     except ValidationError as e:      # every problem of the file at once, in line order
         problems: dict[tuple, InputError] = {}
         for err in e.errors(include_url=False):

@@ -16,11 +16,21 @@ from clusterctl.errors import InputError
 class LineDict(dict):
     line: int = 0
     lines: dict
+    texts: dict      # key -> the source text of a number value (``1.10`` stays "1.10", ``0x1F`` "0x1F")
 
 
 class LineList(list):
     line: int = 0
     lines: dict
+    texts: dict      # index -> the source text of a number item
+
+
+def number_text(node: Any, key: Any, value: Any) -> Any:
+    """``value`` as written in the file when it is a YAML number (args and env keep ``1.10``, ``010``, ``0x1F``,
+    ``3.0e-4`` as text; YAML would re-print them as 1.1, 8, 31, 0.0003), else ``value``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return getattr(node, "texts", {}).get(key, value)
+    return value
 
 
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
@@ -76,6 +86,7 @@ def _loader_for(file: str):
         loader.flatten_mapping(node)
         out = LineDict()
         out.line, out.lines = node.start_mark.line + 1, {}
+        out.texts = {}
         for key_node, value_node in node.value:
             if key_node.tag == "tag:yaml.org,2002:bool" and key_node.style is None:
                 key = key_node.value   # a key `on:`/`yes:` is its text (YAML 1.1 would read the boolean True)
@@ -89,12 +100,16 @@ def _loader_for(file: str):
                 raise InputError(file, key_node.start_mark.line + 1, f"duplicate key {key!r}")
             out[key] = loader.construct_object(value_node, deep=True)
             out.lines[key] = key_node.start_mark.line + 1
+            if isinstance(value_node, yaml.ScalarNode) and value_node.tag in _NUMBER_TAGS:
+                out.texts[key] = value_node.value
         return out
 
     def construct_sequence(loader, node, deep=False):
         out = LineList(loader.construct_object(child, deep=True) for child in node.value)
         out.line = node.start_mark.line + 1
         out.lines = {i: child.start_mark.line + 1 for i, child in enumerate(node.value)}
+        out.texts = {i: child.value for i, child in enumerate(node.value)
+                     if isinstance(child, yaml.ScalarNode) and child.tag in _NUMBER_TAGS}
         return out
 
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)

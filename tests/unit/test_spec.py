@@ -146,3 +146,11 @@ def test_every_problem_of_a_job_file_is_reported_at_once_in_line_order():
                      "job.yaml:1: Name: unknown key 'Name' (did you mean 'name'?)",
                      "job.yaml:3: nodes: must be >= 1, got 0",
                      "job.yaml:5: restarts.backoff_s: must be >= 0.0, got -1"]
+
+
+def test_args_and_env_numbers_keep_the_text_as_written():
+    """YAML re-prints numbers (1.10 -> 1.1, 010 -> 8, 0x1F -> 31, 3.0e-4 -> 0.0003): args/env keep the file's text."""
+    s = loads_job("name: j\nscript: t.py\nargs: [--lr, 3.0e-4, --v, 1.10, 010, 0x1F, 7, '1.10']\n"
+                  "env: {A: 1.10, B: 0x1F, C: 010}\n")
+    assert list(s.args) == ["--lr", "3.0e-4", "--v", "1.10", "010", "0x1F", "7", "1.10"]
+    assert dict(s.env) == {"A": "1.10", "B": "0x1F", "C": "010"}

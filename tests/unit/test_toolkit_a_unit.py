@@ -29,7 +29,7 @@ def inv() -> Inventory:
     ("train", ["gpu1", "gpu2"]),
     ("gpu?", ["gpu1", "gpu2"]),
     ("gpu*", ["gpu1", "gpu2", "gpu10"]),
-    ("gpu[12]", ["gpu1", "gpu2"]),
+    ("gpu[1:2]", ["gpu1", "gpu2"]),                  # the inventory's range syntax (issue 27 item 6)
     ("inf*", ["login"]),                                  # globs match group names too
     ("train, gpu1 ,login", ["gpu1", "gpu2", "login"]),
 ])
@@ -196,3 +196,15 @@ def test_fabric_connections_from_the_inventory(tmp_path):
     assert c1.client._policy.record_file == str(tmp_path / "kh")
     assert [c.clusterctl_host.name for c in cfab.group(inventory, limit="n2", ssh_config=str(tmp_path / "none"))] \
         == ["n2"]
+
+
+def test_limit_speaks_the_inventorys_range_syntax_and_refuses_a_shell_class(tmp_path):
+    from clusterctl import hostpattern, inventory
+    from clusterctl.errors import UserError
+
+    p = tmp_path / "i.yaml"
+    p.write_text("all:\n  hosts:\n    gpu[01:06]:\n")
+    inv = inventory.load(str(p))
+    assert [h.name for h in hostpattern.select(inv, "gpu[01:04]")] == ["gpu01", "gpu02", "gpu03", "gpu04"]
+    with pytest.raises(UserError, match=r"\[FIRST:LAST\]: 'gpu\[1:4\]'"):
+        hostpattern.select(inv, "gpu[1-4]")
