@@ -298,6 +298,24 @@ def stacks_cmd(ctx, job, node, output, accept_new) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- jobs
+def launch_overrides(name: str | None, nodes: str | None, env: tuple) -> dict:
+    """`launch --name/--nodes/--env K=V` as job-file keys (validated with the job file)."""
+    out: dict = {}
+    if name is not None:
+        out["name"] = name
+    if nodes is not None:
+        out["nodes"] = int(nodes) if nodes.isdigit() else nodes
+    pairs = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r}: expected K=V", param_hint="--env")
+        pairs[key] = value
+    if pairs:
+        out["env"] = pairs
+    return out
+
+
 @app.command("launch")
 @click.argument("job")
 @inventory_option
@@ -306,10 +324,15 @@ def stacks_cmd(ctx, job, node, output, accept_new) -> int:
 @click.option("--strict", is_flag=True, help="With --dry-run: exit 2 when there is any such problem.")
 @click.option("--detach", "-d", is_flag=True, help="Return once the job is started; the supervisor runs on.")
 @click.option("--skip-preflight", is_flag=True, help="Skip the quick preflight of the chosen hosts.")
+@click.option("--name", "name_override", default=None, help="Override the job file's name.")
+@click.option("--nodes", "nodes_override", default=None, help="Override the job file's nodes (4, or MIN:MAX).")
+@click.option("--env", "env_override", multiple=True, metavar="K=V",
+              help="Add or override an env entry (repeatable; not for secrets: use secret_env).")
 @output_option
 @accept_option
 @click.pass_context
-def launch_cmd(ctx, job, inventory, dry_run, strict, detach, skip_preflight, output, accept_new) -> int:
+def launch_cmd(ctx, job, inventory, dry_run, strict, detach, skip_preflight, name_override, nodes_override,
+               env_override, output, accept_new) -> int:
     """Start JOB (a job YAML) on the inventory's hosts and supervise it."""
     import os
 
@@ -318,7 +341,8 @@ def launch_cmd(ctx, job, inventory, dry_run, strict, detach, skip_preflight, out
 
     ws = jobs.open_workspace(ctx.obj.state_dir)
     request = jobs.LaunchRequest(job, inventory, connect_options(ctx, accept_new), skip_preflight=skip_preflight,
-                                 environ=os.environ)
+                                 environ=os.environ, overrides=launch_overrides(name_override, nodes_override,
+                                                                                env_override))
     if dry_run:   # needs no secret values: they show as ***
         dry = jobs.dry_run(ws, request)
         if output == "json":

@@ -59,12 +59,36 @@ class JobContext:
     recorded: tuple[Host, ...] = ()                # the job's hosts with the cordoned ones (usable once uncordoned)
 
 
-def load_context(job_path: str, inventory_path: str | None, cordons: Mapping[str, Any] | None = None) -> JobContext:
+def with_overrides(data: Any, overrides: Mapping[str, Any]) -> Any:
+    """The job file's data with `launch --name/--nodes/--env K=V` applied (``env`` entries merged; the others
+    replace the file's value), validated as if the file said so."""
+    if not overrides or not isinstance(data, dict):
+        return data
+    out = yamlfile.LineDict(data)
+    out.line, out.lines, out.texts = data.line, dict(data.lines), dict(getattr(data, "texts", {}))
+    for key, value in overrides.items():
+        if key == "env":
+            env = yamlfile.LineDict(data.get("env") or {})
+            old = data.get("env")
+            env.line, env.lines = getattr(old, "line", 0), dict(getattr(old, "lines", {}))
+            env.texts = dict(getattr(old, "texts", {}))
+            env.update(value)
+            out["env"] = env
+        else:
+            out[key] = value
+    return out
+
+
+def load_context(job_path: str, inventory_path: str | None, cordons: Mapping[str, Any] | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> JobContext:
     """The job and the hosts it will use, checked against each other (errors at the job file's line).
-    ``cordons``: host -> cordon (``Store.cordons()``); those hosts are left out (``excluded``)."""
-    spec = load_job(job_path)
+    ``cordons``: host -> cordon (``Store.cordons()``); those hosts are left out (``excluded``). ``overrides``:
+    `launch --name/--nodes/--env` (``with_overrides``). The job file is read once."""
+    from clusterctl.spec import parse_job
+
+    data = with_overrides(yamlfile.load_yaml_with_lines(job_path), overrides or {})
+    spec = parse_job(data, job_path)
     inv = inventory_mod.load(inventory_path)
-    data = yamlfile.load_yaml_with_lines(job_path)
 
     def bad(key: str, message: str) -> InputError:
         return InputError(job_path, line_of(data, key), message, key=key)
@@ -194,6 +218,7 @@ class LaunchRequest:
     options: ConnectOptions = field(default_factory=ConnectOptions)   # accept_new_host_keys: for this launch only
     skip_preflight: bool = False
     environ: Mapping[str, str] = field(default_factory=dict)         # where secret_env / webhook_env are read
+    overrides: Mapping[str, Any] = field(default_factory=dict)       # launch --name/--nodes/--env K=V
 
 
 @dataclass(frozen=True)
@@ -221,7 +246,8 @@ class DryRun:
 def dry_run(ws: Workspace, request: LaunchRequest) -> DryRun:
     """The plan ``launch`` would run (cordoned hosts left out) and every problem ``launch`` would refuse before
     contacting a host; needs no secret values: they show as ***."""
-    ctx = load_context(request.job_path, request.inventory_path, cordons=ws.store.cordons())
+    ctx = load_context(request.job_path, request.inventory_path, cordons=ws.store.cordons(),
+                       overrides=request.overrides)
     hosts = ctx.hosts[: ctx.spec.max_nodes]
     plan = build_plan(ctx.spec, hosts, job_id=f"{ctx.spec.name}-DRYRUN", attempt=1, interfaces=None,
                       spares=[h.name for h in ctx.hosts[ctx.spec.max_nodes:]], excluded=ctx.excluded)
@@ -233,7 +259,8 @@ def launch(ws: Workspace, request: LaunchRequest, *, connect: Connect = default_
            spawn: Spawn = controller.spawn_supervisor) -> Union[Launched, PreflightFailed]:
     """Check, record and start a job; its detached supervisor does the rest. ``PreflightFailed``: nothing was
     recorded or started. Input errors (exit 2) and unsafe hosts are raised."""
-    ctx = load_context(request.job_path, request.inventory_path, cordons=ws.store.cordons())
+    ctx = load_context(request.job_path, request.inventory_path, cordons=ws.store.cordons(),
+                       overrides=request.overrides)
     spec = ctx.spec
     check_environment(request.job_path, spec, request.environ)
     active = ws.store.active_job(spec.name)

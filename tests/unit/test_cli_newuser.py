@@ -405,3 +405,17 @@ def test_shell_completion_offers_job_and_host_names(tmp_path, inv):
            "CLUSTERCTL_INVENTORY": str(inv)}
     r = cli(tmp_path, env=env)
     assert r.stdout.split() == [f"plain,node{i}" for i in range(1, 5)]
+
+
+def test_launch_overrides_name_nodes_and_env_are_validated_like_the_file(tmp_path, inv):
+    write_job(tmp_path, JOB + "env: {A: '1'}\n")
+    r = cli(tmp_path, "launch", "job.yaml", "-i", str(inv), "--dry-run", "-o", "json", "--name", "other",
+            "--nodes", "2", "--env", "LR=0.10", "--env", "A=2")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["job_id"] == "other-DRYRUN" and len(plan["nodes"]) == 2
+    assert plan["nodes"][0]["env"]["LR"] == "0.10" and plan["nodes"][0]["env"]["A"] == "2"
+    r = cli(tmp_path, "launch", "job.yaml", "-i", str(inv), "--dry-run", "--nodes", "x")
+    assert r.returncode == 2 and "nodes: must be a node count" in r.stderr
+    r = cli(tmp_path, "launch", "job.yaml", "-i", str(inv), "--dry-run", "--env", "novalue")
+    assert r.returncode == 2 and "expected K=V" in r.stderr
