@@ -479,9 +479,12 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
             Column("nodes", min=5, max=40), Column("started", short="start"), Column("ended"),
             Column("elapsed", right=True, short="took"),
             Column("reason", min=16, max=60)]     # the full job id (other commands take it); a one-line reason
-    table = [[r["job_id"], r["name"], r["state"] + ("!" if lost else ""), str(r["attempt"]),
+    table = [[r["job_id"], r["name"], r["state"], str(r["attempt"]),
               ",".join(r["nodes"]) or "-", history.clock(r["started_at"], now), history.clock(r["ended_at"], now),
-              history.duration(r["elapsed_s"]), ("UNSUPERVISED: " if lost else "") + r["short_reason"]]
+              history.duration(r["elapsed_s"]),
+              (f"UNSUPERVISED: no supervisor; `clusterctl resume {r['name']}`" + (f" ({r['short_reason']})"
+                                                                                   if r["short_reason"] else ""))
+              if lost else r["short_reason"]]
              for r, lost in zip(rows, unsupervised)]
     for line in fit(cols, table, out.width, shrink_order=[(8, 24), (4, 12), (1, 8)], spill=8):
         out.print(line, markup=False)

@@ -324,10 +324,15 @@ def status(ws: Workspace, job_ref: str, options: ConnectOptions, *, connect: Con
     from clusterctl import status as status_mod
 
     j = ws.store.get_job(job_ref)
+    found = None
     if not j.terminal and not controller.supervision(ws.root, j)["supervised"]:
-        controller.reconcile_job(ws.root, ws.store, j.job_id, options, connect=connect)
+        found = controller.reconcile_job(ws.root, ws.store, j.job_id, options, connect=connect)
         j = ws.store.get_job(j.job_id)
-    return status_mod.job_view(ws.store, j, supervision=controller.supervision(ws.root, j))
+    view = status_mod.job_view(ws.store, j, supervision=controller.supervision(ws.root, j))
+    if found is not None and found.decision is not None:     # this look ended the job: say so first, loudly
+        view["reconciled"] = {"attempt": found.attempt, "verdict": found.decision.verdict.value,
+                              "message": found.decision.message, "state": found.state.value}
+    return view
 
 
 # ---------------------------------------------------------------------------------------------- stop

@@ -129,6 +129,11 @@ def text(v: dict[str, Any], now: float | None = None) -> list[str]:
     p = lines.append
     if unsupervised(v):
         p(unsupervised_line(v, now))
+    elif v.get("reconciled"):
+        r = v["reconciled"]
+        p(f"UNSUPERVISED: clusterctl's supervisor of job {v['job_id']} was gone; its nodes say attempt "
+          f"{r['attempt']} ended ({r['verdict']}: {r['message']}): the job is now {r['state']}."
+          + ("" if r["state"] == "SUCCEEDED" else f" Run: clusterctl resume {v['name']}"))
     p(f"job       {v['job_id']}  ({v['name']})")
     p(f"state     {v['state']}" + (f"  — {v['reason']}" if v["reason"] else ""))
     sup = v["supervisor"]

@@ -419,3 +419,16 @@ def test_launch_overrides_name_nodes_and_env_are_validated_like_the_file(tmp_pat
     assert r.returncode == 2 and "nodes: must be a node count" in r.stderr
     r = cli(tmp_path, "launch", "job.yaml", "-i", str(inv), "--dry-run", "--env", "novalue")
     assert r.returncode == 2 and "expected K=V" in r.stderr
+
+
+def test_an_unsupervised_job_in_the_list_says_so_in_words_not_a_bang(tmp_path):
+    active = _finished_job(tmp_path, "bert-ft2", state=None)        # STARTING, no supervisor ever claimed it
+    with Store(paths.db_path(tmp_path / "state")) as s:
+        s.set_state(active, JobState.RUNNING)
+        s.claim_supervisor(active, 999_999_999)                      # a pid that is not alive
+        s.heartbeat(active, 999_999_999)
+    r = cli(tmp_path, "status", env={"COLUMNS": "200"})
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith(active))
+    assert " RUNNING " in row and "RUNNING!" not in row
+    assert "UNSUPERVISED: no supervisor; `clusterctl resume bert-ft2`" in row
+    assert r.stderr.startswith("UNSUPERVISED: job " + active)
