@@ -155,6 +155,9 @@ def _end_on_error(store: Store, ops, notifier, job_id: str, nodes, error: Except
     return JobState.FAILED
 
 
+LOG_LAG_S = 1.5      # how far the controller's log copy may lag a node (polled followers: once a second)
+
+
 def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *, from_start: bool = True,
            poll_s: float = 0.3, stop_when_done: bool = True) -> JobState:
     """Print the job's log copy and its events as they grow (``from_start=False``: only what comes after this
@@ -174,15 +177,18 @@ def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *
             offset += len(complete)
             for line in complete.decode(errors="replace").splitlines():
                 echo(line)
-        events = store.events(job_id, after_id=printed_events)
-        for e in events:
+        job = store.get_job(job_id)
+        done = stop_when_done and job.terminal and not (job.supervisor_pid and pid_alive(job.supervisor_pid))
+        # an event waits until the log copy has caught up with it (the followers read each node once a second), so
+        # "latest valid checkpoint ..." comes after the rank's own "checkpoint" line, not before it
+        ripe = time.time() - LOG_LAG_S
+        for e in store.events(job_id, after_id=printed_events):
+            if not done and e.time > ripe:
+                break
             printed_events = e.id
             echo(f"clusterctl: {e.message}")
-        job = store.get_job(job_id)
-        if stop_when_done and job.terminal:
-            sup = job.supervisor_pid
-            if not sup or not pid_alive(sup):
-                return job.state
+        if done:
+            return job.state
         time.sleep(poll_s)
 
 

@@ -136,3 +136,32 @@ def test_a_log_copy_write_that_fails_is_said_and_dropped_not_raised(tmp_path, ca
     assert sink.trouble is None and "3 lines were dropped" in capsys.readouterr().err
     sink.close()
     assert (tmp_path / "output.log").read_text() == "[n1/0] d\n"
+
+
+def test_the_attached_view_shows_an_event_after_the_rank_lines_the_log_copy_brings_later(tmp_path):
+    """The supervisor records "latest valid checkpoint" as soon as it sees it; the rank's own "checkpoint" line
+    reaches the log copy up to a second later. `follow` holds an event until the copy has caught up."""
+    import threading
+    import time
+
+    from clusterctl import paths
+
+    root = paths.ensure_state_dir(tmp_path / "state")
+    store = Store(paths.db_path(root))
+    job_id = store.create_job("demo", "{}", None, None)
+    log = paths.ensure_job_dir(root, job_id) / "output.log"
+    log.write_text("[n1/0] step 19\n")
+    store.add_event(job_id, "checkpoint", "latest valid checkpoint: /ck/step-000000020")
+
+    def node_side():
+        time.sleep(0.6)
+        with open(log, "a") as f:
+            f.write("[n1/0] checkpoint 20 saved\n")
+        time.sleep(1.6)
+        store.set_state(job_id, JobState.FAILED, "end")
+
+    threading.Thread(target=node_side, daemon=True).start()
+    lines: list[str] = []
+    assert controller.follow(root, store, job_id, lines.append, poll_s=0.1) == JobState.FAILED
+    assert lines == ["[n1/0] step 19", "[n1/0] checkpoint 20 saved",
+                     "clusterctl: latest valid checkpoint: /ck/step-000000020"]
