@@ -15,7 +15,9 @@ child's exit code, or dies of the same signal. When the client goes away (killed
 whole session (SIGKILL): nothing forked outlives the process that asked for it.
 
 Protocol, one connection per child: client -> ``<len:4><json>`` with the three fds; zygote -> ``P <pid>\\n``, later
-``X <code>\\n`` (exit code) or ``S <signal>\\n``; on a failure before the fork ``E <message>\\n``.
+``X <code>\\n`` (exit code) or ``S <signal>\\n``; on a failure before the fork ``E <message>\\n``. Kind ``ping``
+answers ``X 0`` at once (is the zygote up and warm?). A ``torchrun`` request first kills and reaps every child of
+another attempt (``CLUSTERCTL_ATTEMPT``): no two generations run on one node.
 Command line: ``python zygote.py serve SOCK`` / ``python -S zygote.py client SOCK KIND ARGV...``.
 """
 from __future__ import annotations
@@ -56,6 +58,8 @@ def client(sock: str, kind: str, argv: list[str], connect_timeout_s: float = 5.0
     except OSError as e:
         print(f"clusterctl-zygote: cannot reach {sock}: {e}", file=sys.stderr)
         return 125
+    if kind == "ping" and first.startswith("X "):
+        return int(first[2:])
     if not first.startswith("P "):
         print(f"clusterctl-zygote: {first[2:].strip() or 'the zygote closed the connection'}", file=sys.stderr)
         return 125
@@ -115,6 +119,9 @@ def _run_child(req: dict) -> int:
                 stream.reconfigure(write_through=True)
             except (AttributeError, ValueError):
                 pass
+    for entry in reversed([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        if entry not in sys.path:           # sys.path was made when the zygote started: the job's entries go first
+            sys.path.insert(0, entry)
     try:
         if req["kind"] == "torchrun":
             sys.argv = ["torchrun", *argv]
@@ -151,6 +158,7 @@ def _fork(req: dict, fds: list[int], listener: socket.socket, conns: list[socket
     code = 1
     try:
         os.setsid()                          # its own session: the zygote kills the whole of it
+        signal.set_wakeup_fd(-1)
         for s in FORWARDED + (signal.SIGCHLD,):
             signal.signal(s, signal.SIG_DFL)
         listener.close()
@@ -187,20 +195,69 @@ def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
         os.umask(old)
     listener.listen(64)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    wake_r, wake_w = os.pipe()                      # SIGCHLD wakes the select loop (no polling while idle)
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
     children: dict[socket.socket, int] = {}         # connection -> child pid
+    attempt_of: dict[int, str] = {}                 # child pid -> CLUSTERCTL_ATTEMPT of its request
+    agents: set[int] = set()                        # the children that are torchrun agents
     print(READY, flush=True)
+
+    def kill_attempts(keep: str | None = None, only: str | None = None) -> None:
+        """SIGKILL the sessions of the children of other attempts than ``keep`` (or of attempt ``only``), and
+        reap them: a new attempt's agent starts only once the old generation is gone."""
+        for conn, pid in list(children.items()):
+            a = attempt_of.get(pid)
+            if (keep is not None and a == keep) or (only is not None and a != only):
+                continue
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            status = _reap(pid)
+            finish(conn, pid, status)
+
+    def finish(conn: socket.socket, pid: int, status: int | None) -> None:
+        children.pop(conn, None)
+        attempt_of.pop(pid, None)
+        agents.discard(pid)
+        if status is not None:
+            msg = f"S {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"X {os.WEXITSTATUS(status)}"
+            try:
+                conn.sendall(f"{msg}\n".encode())
+            except OSError:
+                pass
+        conn.close()
+
     try:
         while True:
-            ready, _, _ = select.select([listener, *children], [], [], 0.05)
+            ready, _, _ = select.select([listener, wake_r, *children], [], [], 5.0)
             for c in ready:
-                if c is listener:
+                if c == wake_r:
+                    try:
+                        os.read(wake_r, 512)
+                    except BlockingIOError:
+                        pass
+                elif c is listener:
                     conn, _ = listener.accept()
                     fds: list[int] = []
                     try:
                         req, fds = _recv(conn)
+                        if req["kind"] == "ping":
+                            conn.sendall(b"X 0\n")
+                            conn.close()
+                            continue
+                        attempt = str(req["env"].get("CLUSTERCTL_ATTEMPT", ""))
+                        if req["kind"] == "torchrun":
+                            kill_attempts(keep=attempt)    # no two generations on one node
                         pid = _fork(req, fds, listener, list(children))
                         conn.sendall(f"P {pid}\n".encode())
                         children[conn] = pid
+                        attempt_of[pid] = attempt
+                        if req["kind"] == "torchrun":
+                            agents.add(pid)
                     except Exception as e:  # noqa: BLE001 - that request fails, the zygote stays
                         try:
                             conn.sendall(f"E {e}\n".encode())
@@ -210,35 +267,36 @@ def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
                     finally:
                         for fd in fds:          # the child has its copies
                             os.close(fd)
-                elif not c.recv(1):                  # the client went away: its child goes too
-                    pid = children.pop(c)
-                    c.close()
+                elif c in children and not c.recv(1):   # the client went away: its child goes too
+                    pid = children[c]
                     try:
                         os.killpg(pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-                    _reap(pid)
+                    was_agent = pid in agents
+                    attempt = attempt_of.get(pid)
+                    finish(c, pid, _reap(pid))
+                    if was_agent:               # an agent killed from outside: its ranks (their clients are its
+                        kill_attempts(only=attempt)   # children, in its session, gone with it) go too
             for conn, pid in list(children.items()):
                 status = _reap(pid, block=False)
                 if status is None:
                     continue
-                children.pop(conn)
                 try:
                     os.killpg(pid, signal.SIGKILL)   # what the child left in its session
                 except (ProcessLookupError, PermissionError):
                     pass
-                msg = f"S {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"X {os.WEXITSTATUS(status)}"
-                try:
-                    conn.sendall(f"{msg}\n".encode())
-                except OSError:
-                    pass
-                conn.close()
+                finish(conn, pid, status)
     finally:
         for pid in children.values():
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        try:
+            os.unlink(sock)
+        except OSError:
+            pass
 
 
 def _reap(pid: int, block: bool = True) -> int | None:
@@ -250,8 +308,8 @@ def _reap(pid: int, block: bool = True) -> int | None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) >= 2 and argv[0] == "serve":
-        serve(argv[1])
+    if len(argv) >= 2 and argv[0] == "serve":    # serve SOCK [MODULE,MODULE...] (default PRELOAD; "" none)
+        serve(argv[1], tuple(m for m in argv[2].split(",") if m) if len(argv) > 2 else PRELOAD)
         return 0
     if len(argv) >= 3 and argv[0] == "client":
         return client(argv[1], argv[2], argv[3:])
