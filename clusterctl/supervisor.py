@@ -278,6 +278,8 @@ class Supervisor:
             errors = self.ops.start(attempt, nodes, rdzv, (path, step))
             if not errors:
                 self.store.set_state(self.job_id, JobState.RUNNING)
+                if not first:
+                    self._relaunch_events(attempt, nodes)
                 return nodes, rdzv, attempt
             for node, e in errors.items():
                 self.event("start_failed", f"attempt {attempt}: {node} failed to start: {e.message}",
@@ -292,6 +294,15 @@ class Supervisor:
             if not self._spend(Verdict.NODE_LOST, f"{len(errors)} node(s) failed to start"):
                 return None
             attempt += 1
+
+    def _relaunch_events(self, attempt: int, nodes: list[str]) -> None:
+        """One ``relaunch`` event per node of a relaunch: ``klass`` warm or cold, and why (optional
+        ``NodeOps.recovery``: node -> (mode, why) of the last start; without it every node is cold)."""
+        modes = getattr(self.ops, "recovery", None) or {}
+        for node in nodes:
+            mode, why = modes.get(node, ("cold", "the node runtime has no warm path"))
+            self.event("relaunch", f"attempt {attempt}: {node} {mode}: {why}", attempt=attempt, node=node,
+                       klass=mode)
 
     def _checkpoint_for_start(self, nodes: list[str]) -> tuple[str, int] | None:
         """The checkpoint a new attempt resumes from. An unknown answer is asked again, never taken as "none":

@@ -10,7 +10,8 @@ connections, and ``waitpid(WNOHANG)`` for its children, so a ``fork`` never copi
 ``rank``), argv, the environment and the working directory, and passes its stdin/stdout/stderr (``SCM_RIGHTS``);
 the zygote forks, the child takes those fds, the environment and the directory, and runs
 ``torch.distributed.run.main(argv)`` (the real torchrun agent) or the rank (``runpy``: ``argv[0]`` a script,
-or ``-m MODULE``). The client forwards TERM/INT/HUP/USR1/USR2 to the child (same PID namespace), and exits with the
+or ``-m MODULE``). The client forwards TERM/INT/HUP/USR1/USR2 to the child (as ``K <signal>`` lines: the child may
+live in another PID namespace, the zygote's container), and exits with the
 child's exit code, or dies of the same signal. When the client goes away (killed), the zygote kills the child's
 whole session (SIGKILL): nothing forked outlives the process that asked for it.
 
@@ -65,10 +66,10 @@ def client(sock: str, kind: str, argv: list[str], connect_timeout_s: float = 5.0
         return 125
     pid = int(first[2:])
 
-    def forward(signum, _frame):
+    def forward(signum, _frame):       # through the zygote: the child may be in another PID namespace
         try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
+            conn.sendall(f"K {signum}\n".encode())
+        except OSError:
             pass
 
     for s in FORWARDED:
@@ -267,8 +268,21 @@ def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
                     finally:
                         for fd in fds:          # the child has its copies
                             os.close(fd)
-                elif c in children and not c.recv(1):   # the client went away: its child goes too
+                elif c in children:
                     pid = children[c]
+                    try:
+                        data = c.recv(256)
+                    except OSError:
+                        data = b""
+                    if data:                         # "K <signal>" lines: the client forwards a signal
+                        for line in data.decode(errors="replace").splitlines():
+                            if line.startswith("K ") and line[2:].strip().isdigit():
+                                try:
+                                    os.kill(pid, int(line[2:]))
+                                except ProcessLookupError:
+                                    pass
+                        continue
+                    # the client went away: its child goes too
                     try:
                         os.killpg(pid, signal.SIGKILL)
                     except ProcessLookupError:
@@ -278,15 +292,20 @@ def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
                     finish(c, pid, _reap(pid))
                     if was_agent:               # an agent killed from outside: its ranks (their clients are its
                         kill_attempts(only=attempt)   # children, in its session, gone with it) go too
-            for conn, pid in list(children.items()):
-                status = _reap(pid, block=False)
-                if status is None:
-                    continue
+            conn_of = {pid: conn for conn, pid in children.items()}
+            while True:        # reap every child, and orphans too (docker: the zygote is the container's PID 1)
                 try:
-                    os.killpg(pid, signal.SIGKILL)   # what the child left in its session
-                except (ProcessLookupError, PermissionError):
-                    pass
-                finish(conn, pid, status)
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if not pid:
+                    break
+                if pid in conn_of:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)   # what the child left in its session
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                    finish(conn_of.pop(pid), pid, status)
     finally:
         for pid in children.values():
             try:
