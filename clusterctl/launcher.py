@@ -528,14 +528,25 @@ class ClusterOps:
                           timeout=60)
             if not r.ok:
                 raise CommandFailed(r.stderr.strip()[-300:] or f"exit code {r.exit_code}")
-            if attempt is None and hasattr(rt, "zygote_remove_argv"):   # the job ends: its zygotes go too
-                r = self._run(host.name, rt.zygote_remove_argv(self.job_id, host.name,
-                                                               runtimes.warm_dir(self.job_id, host.name)), timeout=60)
-                if not r.ok:
-                    raise CommandFailed(r.stderr.strip()[-300:] or f"zygote: exit code {r.exit_code}")
+            if attempt is None:         # every attempt of the job: its zygote goes too
+                self._drop_zygote(host.name)
 
         results = fan_out([self.hosts[n] for n in nodes], stop_one, host_timeout=grace_s + 75)
         return node_errors(results)
+
+    def drop_zygotes(self, nodes: Sequence[str]) -> dict[str, NodeError]:
+        """Remove the job's zygote containers and warm dirs on ``nodes`` (the job ended)."""
+        return node_errors(fan_out([self.hosts[n] for n in nodes], lambda h: self._drop_zygote(h.name),
+                                   host_timeout=75))
+
+    def _drop_zygote(self, node: str) -> None:
+        rt = self._runtime(node)
+        if not hasattr(rt, "zygote_remove_argv"):
+            return
+        r = self._run(node, rt.zygote_remove_argv(self.job_id, node, runtimes.warm_dir(self.job_id, node)),
+                      timeout=60)
+        if not r.ok:
+            raise CommandFailed(r.stderr.strip()[-300:] or f"zygote: exit code {r.exit_code}")
 
     def reachable(self, nodes: Sequence[str]) -> list[str]:
         """The nodes that run a command now. A node that failed its last probe is asked over a fresh connection:

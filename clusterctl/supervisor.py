@@ -517,6 +517,15 @@ class Supervisor:
                 self.event("cleanup_pending", f"{node}: containers of this job may still be there ({why}); run "
                                               "`clusterctl stop` once it is reachable again", node=node)
 
+    def _drop_zygotes(self) -> None:
+        """The job ended: remove its warm zygotes on every node that answers (optional ``NodeOps.drop_zygotes``)."""
+        drop = getattr(self.ops, "drop_zygotes", None)
+        if drop is None:
+            return
+        for node, e in drop(self.ops.reachable(self.all_nodes)).items():
+            self.event("cleanup_pending", f"could not remove the zygote on {node}: {e.message} (run `clusterctl "
+                                          "stop` when it is reachable again)", node=node)
+
     def _cleanup(self, attempt: int | None, nodes: Sequence[str]) -> None:
         errors = self.ops.stop(attempt, nodes) if nodes else {}
         self._unclean.update(errors)      # tried again when the job ends
@@ -526,6 +535,7 @@ class Supervisor:
 
     def _finish(self, state: JobState, reason: str) -> JobState:
         self._cleanup_unclean()
+        self._drop_zygotes()
         self.store.set_state(self.job_id, state, reason)
         self.event("end", f"job {state.value}: {reason}")
         return state
