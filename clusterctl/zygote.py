@@ -157,7 +157,14 @@ def _fork(req: dict, fds: list[int], listener: socket.socket, conns: list[socket
     if pid:
         return pid
     code = 1
+    marker = ""
     try:
+        if req["kind"] == "rank" and "RANK" in req["env"]:
+            # how `clusterctl stacks` finds a forked rank (its /proc environ is the zygote's): ATTEMPT RANK
+            marker = os.path.join(os.path.dirname(listener.getsockname()), "ranks", str(os.getpid()))
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            with open(marker, "w") as f:
+                f.write(f"{req['env'].get('CLUSTERCTL_ATTEMPT', '')} {req['env']['RANK']}\n")
         os.setsid()                          # its own session: the zygote kills the whole of it
         signal.set_wakeup_fd(-1)
         for s in FORWARDED + (signal.SIGCHLD,):
@@ -176,6 +183,11 @@ def _fork(req: dict, fds: list[int], listener: socket.socket, conns: list[socket
             try:
                 stream.flush()
             except Exception:  # noqa: BLE001
+                pass
+        if marker:
+            try:
+                os.unlink(marker)
+            except OSError:
                 pass
         os._exit(code if 0 <= code < 256 else 1)
 

@@ -77,3 +77,42 @@ def test_a_killed_client_takes_its_child_along(sock, tmp_path):
     while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{child}").exists()
+
+
+def test_stacks_finds_a_rank_forked_by_the_zygote(tmp_path):
+    """``/proc/PID/environ`` of a forked rank is the zygote's: stacks' node script finds it by the zygote's marker
+    (the real script, the real py-spy from the venv)."""
+    import shutil
+
+    from clusterctl import runtimes, stacks
+
+    job_id, node = f"zyg-{os.getpid()}-t", "n1"
+    wdir = runtimes.warm_dir(job_id, node)
+    os.makedirs(wdir, exist_ok=True)
+    sock = f"{wdir}/z.sock"
+    shutil.copy(ZYGOTE, f"{wdir}/zygote.py")            # as on a node: zygote.py in the warm dir
+    z = subprocess.Popen([sys.executable, f"{wdir}/zygote.py", "serve", sock, ""], stdout=subprocess.PIPE, text=True)
+    script = tmp_path / "r.py"
+    script.write_text("import time\ndef hidden_wait_forever():\n    print('up', flush=True)\n    time.sleep(60)\n"
+                      "hidden_wait_forever()\n")
+    p = None
+    try:
+        assert z.stdout.readline().strip() == zygote.READY
+        p = subprocess.Popen(client(sock, "rank", str(script)), stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, CLUSTERCTL_ATTEMPT="2", RANK="3"))
+        assert p.stdout.readline() == "up\n"
+        spy = str(Path(sys.executable).parent / "py-spy")
+        r = subprocess.run(["sh", "-c", stacks.NODE_SCRIPT, "stacks", job_id, "2", spy, "20", node],
+                           capture_output=True, text=True, timeout=60)
+        assert "@@clusterctl-rank " in r.stdout and r.stdout.split("@@clusterctl-rank ")[1].split()[1] == "3", r.stdout
+        assert "hidden_wait_forever" in r.stdout
+        r = subprocess.run(["sh", "-c", stacks.NODE_SCRIPT, "stacks", job_id, "1", spy, "20", node],
+                           capture_output=True, text=True, timeout=60)
+        assert "@@clusterctl-rank " not in r.stdout            # another attempt's ranks are not this one's
+    finally:
+        if p is not None:
+            p.kill()
+            p.wait(10)
+        z.terminate()
+        z.wait(10)
+        shutil.rmtree(wdir, ignore_errors=True)
