@@ -115,6 +115,10 @@ def run_clusterctl(tb, base: Path, kind: str, rep: int = 1, runtime: str = "podm
         gang = next((e for e in ev if e["kind"] == "gang_stop"), None)
         relaunched = [e for e in ev if e["kind"] == "relaunch" and e["attempt"] == (start2 or {}).get("attempt")]
         steps = [r for r in recs if r["time"] > t0]
+
+        def step_s(rs):   # median wall time per step of one attempt (rank 0's records, consecutive steps)
+            d = [b["time"] - a["time"] for a, b in zip(rs, rs[1:]) if b["step"] == a["step"] + 1]
+            return round(statistics.median(d), 4) if d else None
         method = "clusterctl" if runtime == "podman" else f"clusterctl {runtime}"
         if recovery:
             method += f" {recovery}"
@@ -126,6 +130,8 @@ def run_clusterctl(tb, base: Path, kind: str, rep: int = 1, runtime: str = "podm
                 "gang": round(gang["time"] - t0, 1) if gang else None,
                 "modes": ",".join(sorted(f"{e['node']}={e['class']}" for e in relaunched)),
                 "steps_after": len(steps),
+                "step_s_before": step_s([r for r in recs if r["attempt"] == before]),
+                "step_s_after": step_s([r for r in steps if r["attempt"] != before][1:]),
                 "mttr": round(first["time"] - t0, 1) if first else None,
                 "detect": round(verdict["time"] - t0, 1) if verdict else None,
                 "relaunch": round(start2["time"] - t0, 1) if start2 else None,
@@ -325,13 +331,15 @@ def warm_section(results: list[dict], args) -> str:
              "survivors' new containers running: the last relaunch event), first step (the new attempt's first "
              "recorded step = MTTR). Between started and first step: rendezvous, the ranks (forked warm, or "
              "importing torch cold), process group, checkpoint load.", "",
-             "| fault | recovery | MTTR s | verdict s | stopped s | started s | steps lost | survivors |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
+             "| fault | recovery | MTTR s | verdict s | stopped s | started s | steps lost | step s before / after "
+             "| survivors |",
+             "|---|---|---:|---:|---:|---:|---:|---|---|"]
     for r in results:
         if not r["method"].startswith("clusterctl"):
             continue
         lines.append(f"| {r['fault']} | {r['method'].rsplit(' ', 1)[-1]} | {sec(r['mttr'])} | {sec(r['detect'])} | "
-                     f"{sec(r['stopped'])} | {sec(r['started'])} | {r['lost']} | {r['modes'] or '-'} |")
+                     f"{sec(r['stopped'])} | {sec(r['started'])} | {r['lost']} | "
+                     f"{r.get('step_s_before') or '-'} / {r.get('step_s_after') or '-'} | {r['modes'] or '-'} |")
     by = {}
     for r in results:
         if r.get("mttr") is not None and r["method"].startswith("clusterctl"):
