@@ -123,6 +123,11 @@ def _run_child(req: dict) -> int:
     for entry in reversed([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]):
         if entry not in sys.path:           # sys.path was made when the zygote started: the job's entries go first
             sys.path.insert(0, entry)
+    torch = sys.modules.get("torch")
+    if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        # read by the OpenMP runtime when the zygote imported torch, not now: torchrun sets it to 1 per rank
+        # when nproc_per_node > 1 (without this, every forked rank ran one thread per core: 2x the step time)
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
     try:
         if req["kind"] == "torchrun":
             sys.argv = ["torchrun", *argv]
