@@ -92,10 +92,12 @@ def fault(tb, kind: str, rdzv: str, other: str) -> str:
     return victim
 
 
-def run_clusterctl(tb, base: Path, kind: str, rep: int = 1, runtime: str = "podman") -> dict:
-    tag = "" if runtime == "podman" else runtime[0]
+def run_clusterctl(tb, base: Path, kind: str, rep: int = 1, runtime: str = "podman", recovery: str = "",
+                   nproc: int = 2) -> dict:
+    tag = ("" if runtime == "podman" else runtime[0]) + (recovery[:1] if recovery else "")
     run = rh.new_run(tb, base / f"cc{tag}-{kind}-{rep}", f"bench{tag}{kind.replace('_', '')}{rep}", runtime=runtime,
-                     steps=STEPS, every=EVERY, step_time=STEP_TIME, nproc=2)    # as the plain torchrun arm
+                     steps=STEPS, every=EVERY, step_time=STEP_TIME, nproc=nproc,    # 2: as the plain torchrun arm
+                     recovery=recovery or None)
     victim = None
     try:
         run.launch()
@@ -110,7 +112,26 @@ def run_clusterctl(tb, base: Path, kind: str, rep: int = 1, runtime: str = "podm
         ev = run.events()
         verdict = next((e for e in ev if e["kind"] == "verdict" and e["class"] != "success"), None)
         start2 = next((e for e in ev if e["kind"] == "start" and (e["attempt"] or 0) > 1), None)
-        return {"method": "clusterctl" if runtime == "podman" else f"clusterctl {runtime}", "fault": kind, "victim": victim, "state": end["state"],
+        gang = next((e for e in ev if e["kind"] == "gang_stop"), None)
+        relaunched = [e for e in ev if e["kind"] == "relaunch" and e["attempt"] == (start2 or {}).get("attempt")]
+        steps = [r for r in recs if r["time"] > t0]
+
+        def step_s(rs):   # median wall time per step of one attempt (rank 0's records, consecutive steps)
+            d = [b["time"] - a["time"] for a, b in zip(rs, rs[1:]) if b["step"] == a["step"] + 1]
+            return round(statistics.median(d), 4) if d else None
+        method = "clusterctl" if runtime == "podman" else f"clusterctl {runtime}"
+        if recovery:
+            method += f" {recovery}"
+        return {"method": method, "fault": kind, "victim": victim, "state": end["state"],
+                # phases (s after the fault): verdict, survivors stopped (gang_stop + cleanup -> the next start
+                # event), containers started (relaunch events), first step; warm/cold per survivor
+                "stopped": round(start2["time"] - t0, 1) if start2 else None,
+                "started": round(max(e["time"] for e in relaunched) - t0, 1) if relaunched else None,
+                "gang": round(gang["time"] - t0, 1) if gang else None,
+                "modes": ",".join(sorted(f"{e['node']}={e['class']}" for e in relaunched)),
+                "steps_after": len(steps),
+                "step_s_before": step_s([r for r in recs if r["attempt"] == before]),
+                "step_s_after": step_s([r for r in steps if r["attempt"] != before][1:]),
                 "mttr": round(first["time"] - t0, 1) if first else None,
                 "detect": round(verdict["time"] - t0, 1) if verdict else None,
                 "relaunch": round(start2["time"] - t0, 1) if start2 else None,
@@ -290,6 +311,44 @@ def side_section(results: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+WARM = "## warm recovery"
+
+
+def warm_section(results: list[dict], args) -> str:
+    """``## warm recovery``: warm and cold side by side (one row per run, interleaved) with the phases."""
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    sec = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    lines = [WARM, "",
+             f"Measured {when} on {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end. "
+             f"3-host podman testbed, quickstart script, `nodes: \"2:3\"`, {args.nproc} rank(s) per node, "
+             f"{STEPS} steps, `--step-time {STEP_TIME} --checkpoint-every {EVERY}`, fault at step >= {FAULT_AT}; "
+             f"each fault run with `recovery: warm` and `recovery: cold`, interleaved, {args.reps} run(s) each. "
+             f"Rerun: `python bench/recovery.py --recovery {args.recovery} --methods clusterctl --faults "
+             f"{args.faults} --reps {args.reps} --nproc {args.nproc}` (own testbed, prefix `{args.prefix}`, "
+             f"10.{args.subnet}.0.0/24).", "",
+             "Phases, seconds after the fault: verdict (the supervisor's verdict event), stopped (the old "
+             "attempt's containers removed, checkpoint found: the next attempt's start event), started (the "
+             "survivors' new containers running: the last relaunch event), first step (the new attempt's first "
+             "recorded step = MTTR). Between started and first step: rendezvous, the ranks (forked warm, or "
+             "importing torch cold), process group, checkpoint load.", "",
+             "| fault | recovery | MTTR s | verdict s | stopped s | started s | steps lost | step s before / after "
+             "| survivors |",
+             "|---|---|---:|---:|---:|---:|---:|---|---|"]
+    for r in results:
+        if not r["method"].startswith("clusterctl"):
+            continue
+        lines.append(f"| {r['fault']} | {r['method'].rsplit(' ', 1)[-1]} | {sec(r['mttr'])} | {sec(r['detect'])} | "
+                     f"{sec(r['stopped'])} | {sec(r['started'])} | {r['lost']} | "
+                     f"{r.get('step_s_before') or '-'} / {r.get('step_s_after') or '-'} | {r['modes'] or '-'} |")
+    by = {}
+    for r in results:
+        if r.get("mttr") is not None and r["method"].startswith("clusterctl"):
+            by.setdefault((r["fault"], r["method"].rsplit(" ", 1)[-1]), []).append(r["mttr"])
+    lines += ["", "Median MTTR: " + "; ".join(f"{f} {m} {statistics.median(v):.1f} s" for (f, m), v in by.items())
+              + ".", ""]
+    return "\n".join(lines)
+
+
 def run_series(base: Path, n: int, args) -> list[dict]:
     tb = Testbed(4, base / "tb4", [profile(gpus=0)] * 4, prefix=args.prefix, subnet_octet=args.subnet)
     kinds = [fs.FIVE[i % len(fs.FIVE)] for i in range(n)]
@@ -336,6 +395,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="clusterctl runs per fault (torchrun: one)")
     ap.add_argument("--series", type=int, default=0, metavar="N",
                     help="instead: N faults in one run on 4 hosts, MTTR of each (the ### series sub-table)")
+    ap.add_argument("--recovery", default="",
+                    help="warm,cold: each clusterctl run once per recovery mode, interleaved (the job's "
+                         "`recovery:` key); the ## warm recovery section is written from them")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks per node of the clusterctl runs")
     ap.add_argument("--runtimes", default="podman",
                     help="clusterctl's runtimes, comma-separated (podman, docker): with docker, the side-by-side "
                          "sub-table is written too (the main table keeps podman's runs and torchrun's)")
@@ -349,6 +412,7 @@ def main(argv=None) -> int:
             write_subsection(SECTION, SERIES, text, DOC)
         return 0
     rts = args.runtimes.split(",")
+    modes = [m for m in args.recovery.split(",") if m] or [""]
     tb = Testbed(3, base / "tb", [profile(gpus=0)] * 3, prefix=args.prefix, subnet_octet=args.subnet,
                  docker="docker" in rts)
     results = []
@@ -358,13 +422,20 @@ def main(argv=None) -> int:
             for method in args.methods.split(","):
                 for rep in range(1, (args.reps if method == "clusterctl" else 1) + 1):
                     for rt in (rts if method == "clusterctl" else ["-"]):
-                        t = time.monotonic()
-                        r = run_clusterctl(tb, base, kind, rep, rt) if method == "clusterctl" else \
-                            run_torchrun(tb, base, kind, args.torchrun_wait)
-                        print(json.dumps(r), f"({time.monotonic() - t:.0f} s)", flush=True)
-                        results.append(r)
+                        for rec in (modes if method == "clusterctl" else [""]):
+                            t = time.monotonic()
+                            r = run_clusterctl(tb, base, kind, rep, rt, rec, args.nproc) if method == "clusterctl" \
+                                else run_torchrun(tb, base, kind, args.torchrun_wait)
+                            print(json.dumps(r), f"({time.monotonic() - t:.0f} s)", flush=True)
+                            results.append(r)
     finally:
         tb.down()
+    if modes != [""]:             # warm beside cold: the ## warm recovery section only
+        text = warm_section(results, args)
+        print(text)
+        if not args.no_write:
+            replace_section(WARM, text, DOC)
+        return 0
     if rts != ["podman"]:         # docker beside podman: the side-by-side sub-table
         text = side_section([r for r in results if r["method"].startswith("clusterctl")], args)
         print(text)

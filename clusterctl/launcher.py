@@ -35,6 +35,9 @@ from clusterctl.transport.pool import Pool
 from clusterctl.transport.streams import StreamMux, open_stream
 from clusterctl.watch import Mux, Watch, Watches
 
+ZYGOTE_SOURCE = (Path(__file__).parent / "zygote.py").read_bytes()   # written into each node's warm dir
+WARM_PING_S = 5.0       # a survivor's zygote must answer within this, else its relaunch is cold
+
 # `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
 _PKG = Path(checkpoint_mod.__file__).parent
 CHECKPOINT_INSTALLER = checkpoint_installer((_PKG / "checkpoint.py").read_text(),
@@ -313,6 +316,7 @@ class ClusterOps:
                                 mux=self.mux)
         self._set_plan(None)
         self._unhealthy: set[str] = set()     # nodes whose last probe failed (asked for nothing else meanwhile)
+        self.recovery: dict[str, tuple[str, str]] = {}   # node -> ("warm" | "cold", why) of the last start
 
     @property
     def plan(self) -> LaunchPlan | None:
@@ -382,7 +386,9 @@ class ClusterOps:
         # each command's bound is the job's (a slow node, a saturated host gets what the job allows); a node's
         # whole start: its connection, then those commands
         timeout = self.spec.supervisor.start_timeout_s
-        commands = 2 if attempt > 1 else 1
+        commands = 4 if attempt > 1 else 2   # leftovers, zygote ping, start; a zygote (re)start
+
+        self.recovery = {}
 
         def start_one(host: Host) -> None:
             node = self._plan_node(host.name)
@@ -390,12 +396,19 @@ class ClusterOps:
             if attempt > 1:     # the previous attempt's leftovers (a new job id has none: a command less per node)
                 self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
                           timeout=timeout)
-            r = self._run(host.name, node.runtime_argv, timeout=timeout,
-                          stdin=node.env_script(self.secrets, CHECKPOINT_INSTALLER))
+            mode, why = self._warm_or_cold(host.name, node, attempt)
+            argv, prelude = node.runtime_argv, CHECKPOINT_INSTALLER
+            if mode == "warm":   # the job's modules where the zygote's children see them too
+                argv = node.warm_argv
+                prelude = f"{runtimes.LIB_DIR_VAR}={node.warm_dir}/lib-{attempt}\n{CHECKPOINT_INSTALLER}"
+            r = self._run(host.name, argv, timeout=timeout, stdin=node.env_script(self.secrets, prelude))
             if not r.ok:
                 raise CommandFailed((r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}")[-500:])
             self.store.set_node(self.job_id, attempt, host.name, address=host.address,
                                 container=node.container_name, state="running")
+            if mode == "cold" and node.zygote_argv:   # warm for the next relaunch (after this start: it goes first)
+                why += self._start_zygote(host.name, node, timeout)
+            self.recovery[host.name] = (mode, why)
 
         self._watches.keep(nodes)   # nodes left out of this attempt
         results = fan_out([self.hosts[n] for n in nodes], start_one,
@@ -406,6 +419,35 @@ class ClusterOps:
             return errors
         self.attach(attempt)
         return {}
+
+    def _warm_or_cold(self, node: str, plan_node, attempt: int) -> tuple[str, str]:
+        """("warm", why) when ``node``'s zygote answers (its relaunch is forked from it), else ("cold", why)."""
+        if attempt <= 1:
+            return "cold", "the job's first attempt"
+        if not plan_node.warm_argv:
+            return "cold", plan_node.cold_why
+        try:
+            r = self._run(node, self._runtime(node).zygote_ping_argv(plan_node.warm_dir), timeout=WARM_PING_S)
+        except TransportError as e:
+            return "cold", f"its zygote did not answer within {WARM_PING_S:g}s ({e})"
+        if r.ok:
+            return "warm", "its zygote answered: torchrun and the ranks are forked from it"
+        text = (r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}").splitlines()[-1][-200:]
+        if "No such file" in text:
+            return "cold", "no zygote on the node (a new node, or its zygote had not started yet)"
+        return "cold", f"its zygote did not answer ({text})"
+
+    def _start_zygote(self, node: str, plan_node, timeout: float) -> str:
+        """(Re)start the node's zygote container; returns "" or why it failed (the next relaunch is cold then)."""
+        rt = self._runtime(node)
+        try:
+            self._run(node, rt.zygote_remove_argv(self.job_id, node, plan_node.warm_dir), timeout=timeout)
+            r = self._run(node, plan_node.zygote_argv, timeout=timeout, stdin=ZYGOTE_SOURCE)
+        except TransportError as e:
+            return f"; its zygote could not start: {e}"
+        if not r.ok:
+            return f"; its zygote could not start: {(r.stderr.strip() or f'exit code {r.exit_code}')[-200:]}"
+        return ""
 
     def observe(self, attempt: int, nodes: Sequence[str], *, watch: bool = True,
                 deadline_s: float | None = None) -> list[Observation]:
@@ -560,9 +602,25 @@ class ClusterOps:
                           timeout=60)
             if not r.ok:
                 raise CommandFailed(r.stderr.strip()[-300:] or f"exit code {r.exit_code}")
+            if attempt is None:         # every attempt of the job: its zygote goes too
+                self._drop_zygote(host.name)
 
         results = fan_out([self.hosts[n] for n in nodes], stop_one, host_timeout=grace_s + 75)
         return node_errors(results)
+
+    def drop_zygotes(self, nodes: Sequence[str]) -> dict[str, NodeError]:
+        """Remove the job's zygote containers and warm dirs on ``nodes`` (the job ended)."""
+        return node_errors(fan_out([self.hosts[n] for n in nodes], lambda h: self._drop_zygote(h.name),
+                                   host_timeout=75))
+
+    def _drop_zygote(self, node: str) -> None:
+        rt = self._runtime(node)
+        if not hasattr(rt, "zygote_remove_argv"):
+            return
+        r = self._run(node, rt.zygote_remove_argv(self.job_id, node, runtimes.warm_dir(self.job_id, node)),
+                      timeout=60)
+        if not r.ok:
+            raise CommandFailed(r.stderr.strip()[-300:] or f"zygote: exit code {r.exit_code}")
 
     def reachable(self, nodes: Sequence[str]) -> list[str]:
         """The nodes that run a command now. A node that failed its last probe is asked over a fresh connection:

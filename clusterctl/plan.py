@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 from clusterctl import hostport, runtimes
@@ -34,6 +34,11 @@ class NodePlan:
     nproc: int
     is_rdzv_host: bool
     job_id: str = ""                      # the job id its containers are labelled with (not in to_dict: the plan has it)
+    # warm recovery (docker, podman; recovery: warm): not in to_dict/render (the first attempt runs runtime_argv)
+    warm_dir: str = ""                    # the node's zygote dir (runtimes.warm_dir); "" : no warm path
+    warm_argv: tuple[str, ...] = ()       # runtime_argv, torchrun and its ranks forked by the zygote
+    zygote_argv: tuple[str, ...] = ()     # starts the node's zygote container (stdin: zygote.py)
+    cold_why: str = ""                    # why this node has no warm path ("" when it has one)
 
     def env_script(self, secrets: Mapping[str, str], prelude: str = "") -> bytes:
         """The stdin for ``runtime_argv``: ``export NAME='value'`` lines with the real secret values filled in,
@@ -173,8 +178,11 @@ def nnodes(spec: JobSpec, attempt: int, n_hosts: int) -> str:
 
 
 def torchrun_argv(spec: JobSpec, *, rdzv_endpoint: str, rdzv_id: str, is_host: bool, local_addr: str,
-                  nproc: int, nnodes_arg: str | None = None) -> list[str]:
-    """The torchrun command line of one node (FACTS §2: c10d, is_host on one node, --local-addr everywhere)."""
+                  nproc: int, nnodes_arg: str | None = None, warm_dir: str = "") -> list[str]:
+    """The torchrun command line of one node (FACTS §2: c10d, is_host on one node, --local-addr everywhere).
+
+    ``warm_dir``: torchrun itself and each rank are forked by the node's zygote: the zygote's client runs
+    torchrun's arguments, and the ranks' entrypoint (``--no-python``) is the client again (kind ``rank``)."""
     r = spec.rendezvous
     conf = (f"is_host={1 if is_host else 0},join_timeout={r.join_timeout},last_call_timeout={r.last_call_timeout},"
             f"close_timeout={r.close_timeout},keep_alive_interval={r.keep_alive_interval},"
@@ -184,6 +192,9 @@ def torchrun_argv(spec: JobSpec, *, rdzv_endpoint: str, rdzv_id: str, is_host: b
             "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
             f"--rdzv-conf={conf}", f"--local-addr={local_addr}", f"--max-restarts={spec.restarts.max_restarts}",
             "--tee=3"]  # with TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE every line carries its global rank
+    if warm_dir:
+        argv = [*runtimes.zygote_client(warm_dir, "torchrun"), *argv[len(spec.torchrun):],
+                "--no-python", *runtimes.zygote_client(warm_dir, "rank")]
     if spec.module is not None:
         argv += ["-m", spec.module]
     else:
@@ -217,6 +228,17 @@ def node_env(spec: JobSpec, host: Host, *, job_id: str, attempt: int, interface:
     for name in secret_names:
         env[name] = MASK
     return env
+
+
+def warm_unavailable(spec: JobSpec, runtime: str) -> str:
+    """Why a node of this job has no warm path ("" when it has one)."""
+    if spec.recovery != "warm":
+        return "recovery: cold in the job"
+    if runtime == "bare":
+        return "bare runtime: no warm path yet"
+    if list(spec.torchrun) != ["torchrun"]:
+        return "a custom torchrun command (the zygote runs torch.distributed.run itself)"
+    return ""
 
 
 def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, rdzv_host: Host | None = None,
@@ -283,11 +305,20 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
             infiniband=bool(infiniband.get(h.name)),
             ipc=spec.container.ipc, shm_size=spec.container.shm_size,
             ulimits=tuple(spec.container.ulimits.items()), extra_args=tuple(spec.container.extra_args))
+        cold_why = warm_unavailable(spec, h.runtime)
+        warm: dict[str, Any] = {"cold_why": cold_why}
+        if not cold_why:
+            wdir = runtimes.warm_dir(job_id, h.name)
+            wargv = torchrun_argv(spec, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, is_host=is_host,
+                                  local_addr=h.address, nproc=nproc, nnodes_arg=nnodes_arg, warm_dir=wdir)
+            warm.update(warm_dir=wdir, zygote_argv=tuple(rt.zygote_start_argv(req, wdir)),
+                        warm_argv=tuple(rt.run_argv(replace(req, command=tuple(wargv),
+                                                            mounts=(*req.mounts, f"{wdir}:{wdir}")))))
         nodes.append(NodePlan(
             host=h.name, address=h.address, runtime=h.runtime, container_name=name,
             runtime_argv=tuple(rt.run_argv(req)), torchrun_argv=tuple(targv), env=env, secret_names=secret_names,
             node_dir=ndir, log_path=f"{ndir}/node.log" if bare else None, nproc=nproc, is_rdzv_host=is_host,
-            job_id=job_id))
+            job_id=job_id, **warm))
     return LaunchPlan(job=spec.name, job_id=job_id, attempt=attempt, rdzv_endpoint=endpoint, nodes=tuple(nodes),
                       nnodes=nnodes_arg, image=spec.image, spares=tuple(spares), excluded=tuple(excluded),
                       notify=tuple(t.describe() for t in spec.notify))

@@ -347,6 +347,7 @@ class JobSpec(_Model):
     container: Container = Field(default_factory=Container)
     hosts: list[HostName] | None = None
     notify: list[NotifyTarget] = Field(default_factory=list)
+    recovery: Literal["warm", "cold"] = "warm"   # warm: survivors keep a warm zygote (docs/design.md, warm recovery)
 
     _source: str = PrivateAttr(default="")
 

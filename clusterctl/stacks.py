@@ -6,7 +6,9 @@ output -> ``RankStack``s), ``group`` / ``summary`` / ``render`` (identical stack
 
 On the node, ``NODE_SCRIPT`` finds the attempt's rank processes by their environment (``CLUSTERCTL_JOB_ID``,
 ``CLUSTERCTL_ATTEMPT``, ``CLUSTERCTL_NODE`` and torchrun's ``RANK``; a rank's own children, e.g. DataLoader workers, are skipped) in
-``/proc`` -- host PIDs, so containerized ranks are found the same way -- and dumps each with py-spy. A node without
+``/proc`` -- host PIDs, so containerized ranks are found the same way -- and dumps each with py-spy. A rank forked
+by a warm zygote (clusterctl/zygote.py) has the zygote's environment in ``/proc``: it is found by the marker its
+zygote wrote, ``/tmp/clusterctl-warm/<job_id>_<node>/ranks/<its pid in the zygote's namespace>`` ("ATTEMPT RANK"). A node without
 ``py-spy`` on its PATH gets the static binary from this machine's py-spy wheel on the command's stdin: it is
 written to a private ``mktemp -d`` directory (0700) and removed when the command ends.
 """
@@ -42,8 +44,20 @@ elif ! command -v "$spy" >/dev/null 2>&1; then
 fi
 T=; command -v timeout >/dev/null 2>&1 && T="timeout $4"
 found=
+w=/tmp/clusterctl-warm/${jid}_$node
 for e in /proc/[0-9]*/environ; do
   v=$(exec 2>/dev/null; tr '\0' '\n' <"$e") || continue
+  if [ -d "$w/ranks" ] && ! printf '%s\n' "$v" | grep -qxF "CLUSTERCTL_JOB_ID=$jid"; then
+    p=${e#/proc/}; p=${p%/environ}
+    grep -qF "$w/zygote.py" "/proc/$p/cmdline" 2>/dev/null || continue
+    n=$(sed -n 's/^NSpid:.*[[:space:]]\([0-9][0-9]*\)$/\1/p' "/proc/$p/status" 2>/dev/null)
+    read -r a r <"$w/ranks/$n" 2>/dev/null || continue
+    [ "$a" = "$att" ] || continue
+    pp=$(sed -n 's/^PPid:[[:space:]]*//p' "/proc/$p/status" 2>/dev/null)
+    found="$found$p ${pp:-0} $r
+"
+    continue
+  fi
   printf '%s\n' "$v" | grep -qxF "CLUSTERCTL_JOB_ID=$jid" || continue
   printf '%s\n' "$v" | grep -qxF "CLUSTERCTL_ATTEMPT=$att" || continue
   printf '%s\n' "$v" | grep -qxF "CLUSTERCTL_NODE=$node" || continue

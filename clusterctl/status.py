@@ -55,6 +55,10 @@ def job_view(store: Store, job: Job, now: float | None = None, supervision: dict
                       "found_by": "status" if e.kind == "reconciled" else "supervisor",
                       "error_tail": _tail(store, job.job_id, e), "stacks": _stacks(events, e)} for e in failures],
         "checkpoint": checkpoint,
+        # every relaunch, per node: warm or cold, and why (the supervisor's ``relaunch`` events)
+        "relaunches": [{"attempt": e.attempt, "node": e.node, "recovery": e.klass,
+                        "why": e.message.split(f"{e.node} {e.klass}: ", 1)[-1]} for e in events
+                       if e.kind == "relaunch"],
         "restarts": budget_view(events, restarts, now),
         "supervised": sup["supervised"],
         "supervisor": {"pid": sup["pid"], "alive": sup["alive"], "last_seen": sup["last_seen"]},
@@ -147,6 +151,8 @@ def text(v: dict[str, Any], now: float | None = None) -> list[str]:
     p(f"restarts  user errors {r['failures_used']}/{r['max_failures']}, "
       f"infrastructure {r['node_failures_used']}/{r['max_node_failures']}"
       + (f" ({'within ' + r['window'] if r['window_s'] else 'since the last progress'})" if "window" in r else ""))
+    for r in v.get("relaunches") or []:
+        p(f"relaunch  attempt {r['attempt']} {r['node']} {r['recovery']}: {r['why']}")
     for f in v["failures"]:
         rank = f["rank"] if f["rank"] is not None else "-"
         p(f"failure   attempt {f['attempt']} [{f['class']}] node {f['node'] or '-'} rank {rank} "

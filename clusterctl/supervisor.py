@@ -319,6 +319,8 @@ class Supervisor:
             errors = self.ops.start(attempt, nodes, rdzv, (path, step))
             if not errors:
                 self._set_state(JobState.RUNNING)     # a `stop` during the start: Preempted removes what started
+                if not first:
+                    self._relaunch_events(attempt, nodes)
                 return nodes, rdzv, attempt
             for node, e in errors.items():
                 self.event("start_failed", f"attempt {attempt}: {node} failed to start: {e.message}",
@@ -333,6 +335,15 @@ class Supervisor:
             if not self._spend(Verdict.NODE_LOST, f"{len(errors)} node(s) failed to start"):
                 return None
             attempt += 1
+
+    def _relaunch_events(self, attempt: int, nodes: list[str]) -> None:
+        """One ``relaunch`` event per node of a relaunch: ``klass`` warm or cold, and why (optional
+        ``NodeOps.recovery``: node -> (mode, why) of the last start; without it every node is cold)."""
+        modes = getattr(self.ops, "recovery", None) or {}
+        for node in nodes:
+            mode, why = modes.get(node, ("cold", "the node runtime has no warm path"))
+            self.event("relaunch", f"attempt {attempt}: {node} {mode}: {why}", attempt=attempt, node=node,
+                       klass=mode)
 
     def _checkpoint_for_start(self, nodes: list[str]) -> tuple[str, int] | None:
         """The checkpoint a new attempt resumes from. An unknown answer is asked again, never taken as "none":
@@ -564,6 +575,15 @@ class Supervisor:
                 self.event("cleanup_pending", f"{node}: containers of this job may still be there ({why}); run "
                                               "`clusterctl stop` once it is reachable again", node=node)
 
+    def _drop_zygotes(self) -> None:
+        """The job ended: remove its warm zygotes on every node that answers (optional ``NodeOps.drop_zygotes``)."""
+        drop = getattr(self.ops, "drop_zygotes", None)
+        if drop is None:
+            return
+        for node, e in drop(self.ops.reachable(self.all_nodes)).items():
+            self.event("cleanup_pending", f"could not remove the zygote on {node}: {e.message} (run `clusterctl "
+                                          "stop` when it is reachable again)", node=node)
+
     def _cleanup(self, attempt: int | None, nodes: Sequence[str]) -> None:
         errors = self.ops.stop(attempt, nodes) if nodes else {}
         self._unclean.update(errors)      # tried again when the job ends
@@ -578,6 +598,7 @@ class Supervisor:
         except InvalidTransition:
             raise Preempted() from None
         self.event("end", f"job {state.value}: {reason}")
+        self._drop_zygotes()     # after the end is recorded: a crash here leaves only warm leftovers (`stop`)
         return state
 
     def _uncordoned(self, nodes: Sequence[str]) -> list[str]:

@@ -155,7 +155,7 @@ def loads(text: str, file: str) -> Any:
         raise InputError(file, line, _why(e, text, line)) from None
     except yaml.YAMLError as e:
         raise InputError(file, None, f"malformed YAML: {e}") from None
-    except ValueError as e:       # PyYAML's own scanner, e.g. "\U7fffffff": chr() arg not in range
+    except (ValueError, OverflowError) as e:   # PyYAML's scanner on escapes out of range ("\U7fffffff")
         raise InputError(file, None, f"malformed YAML: {e}") from None
     except RecursionError:
         raise InputError(file, None, "malformed YAML: nested too deeply") from None

@@ -75,6 +75,23 @@ SELECT_CONTAINER = (f'cid=$("$0" ps -a --no-trunc --filter "label={LABEL_JOB_ID}
                     '[ -n "$cid" ] || { echo "clusterctl: no container $2 of job $1" >&2; exit 1; }')
 
 
+# Warm recovery (docs/design.md): a zygote container per job and node, beside the attempt's container, labelled
+# LABEL_WARM (not LABEL_JOB_ID: a relaunch's cleanup by job id leaves it alone; stop(None) removes it). Its
+# directory holds zygote.py, its socket and the job's module dir per attempt; mounted at the same path into the
+# zygote's and every warm attempt's container. /tmp: a unix socket path must stay under 108 bytes.
+LABEL_WARM = "clusterctl.warm"
+WARM_ROOT = "/tmp/clusterctl-warm"
+
+
+def warm_dir(job_id: str, node: str) -> str:
+    return f"{WARM_ROOT}/{job_id}_{node}"
+
+
+def zygote_client(wdir: str, kind: str) -> list[str]:
+    """The torch-free client that has the zygote in ``wdir`` fork a ``kind`` (torchrun | rank | ping)."""
+    return ["python3", "-S", f"{wdir}/zygote.py", "client", f"{wdir}/z.sock", kind]
+
+
 def jobs_root_for(jobs_root: str, node: str) -> str:
     """``jobs_root`` of one node: its ``{node}`` placeholder (if any) replaced by the inventory name."""
     return jobs_root.replace("{node}", node)

@@ -5,8 +5,9 @@ import json
 import re
 from typing import Any
 
-from clusterctl.runtimes import (CONTAINER_APPLY, CONTAINER_START, DEFAULT_JOBS_ROOT, LABEL_JOB_ID, PID_ALIVE,
-                                 SELECT_CONTAINER, Instance, NodeRef, RunRequest)
+from clusterctl.runtimes import (CONTAINER_APPLY, CONTAINER_START, DEFAULT_JOBS_ROOT, LABEL_JOB_ID, LABEL_NODE,
+                                 LABEL_WARM, PID_ALIVE, SELECT_CONTAINER, WARM_ROOT, Instance, NodeRef, RunRequest,
+                                 zygote_client)
 
 CDI_ALL_GPUS = "--device=nvidia.com/gpu=all"
 _EXITED_RE = re.compile(r"^Exited \((-?[0-9]+)\)")
@@ -17,6 +18,15 @@ _STATE_ALIASES = {"stopped": "exited", "configured": "created", "initialized": "
 # Exit 3: the container is listed as running, its init process is gone, and it is still "running" $3 s later
 # (conmon, which records the exit, was killed with it). Exit 0 otherwise, also when it cannot tell (no such
 # container of this job, inspect failed, no pid): the listing is then believed.
+# $0 the runtime  $1 the job id  $2 the node  $3 the warm dir ("" : every one of the job): remove the job's zygote
+# container(s) (selected by label) and the warm dir(s). Ids are hex printed by -q.
+ZYGOTE_REMOVE = ('ids=$("$0" ps -aq --filter="label=' + LABEL_WARM + '=$1" ${2:+--filter="label=' + LABEL_NODE
+                 + '=$2"}) || exit 1; [ -z "$ids" ] || "$0" rm RMFLAGS $ids >/dev/null || exit 1; '
+                 'if [ -n "$3" ]; then rm -rf -- "$3"; else rm -rf -- "' + WARM_ROOT + '/$1"_*; fi')
+# $1 the warm dir, then the runtime's run argv: a fresh dir holding zygote.py (stdin), then start the zygote.
+ZYGOTE_START = ('d=$1; shift; rm -rf -- "$d" && mkdir -p -m 755 "' + WARM_ROOT + '" && mkdir -m 700 "$d" && '
+                'cat >"$d/zygote.py" && exec "$@"')
+
 INIT_GONE = (PID_ALIVE + '; ' + SELECT_CONTAINER.replace("exit 1", "exit 0") + '; '
              'p=$("$0" inspect --format "{{.State.Pid}}" "$cid" 2>/dev/null) || exit 0; '
              '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; alive "$p" && exit 0; sleep "$3"; '
@@ -54,7 +64,13 @@ class ContainerRuntime:
         argv = ["sh", "-c", CONTAINER_START, "clusterctl-start",
                 self.program, "run", "-d", f"--name={req.name}"]
         argv += [f"--label={k}={v}" for k, v in req.labels.items()]
-        argv += ["--network=host", f"--ipc={req.ipc}", *self.init_args(), "--restart=no"]
+        argv += self._run_options(req)
+        argv.append(req.image)
+        argv += ["sh", "-c", CONTAINER_APPLY, "clusterctl-env", *req.command]
+        return argv
+
+    def _run_options(self, req: RunRequest) -> list[str]:
+        argv = ["--network=host", f"--ipc={req.ipc}", *self.init_args(), "--restart=no"]
         argv += [f"--ulimit={k}={v}" for k, v in req.ulimits]
         if req.shm_size is not None and req.ipc != "host":
             argv.append(f"--shm-size={req.shm_size}")
@@ -66,9 +82,31 @@ class ContainerRuntime:
         if req.workdir:
             argv.append(f"--workdir={req.workdir}")
         argv += list(req.extra_args)
-        argv.append(req.image)
-        argv += ["sh", "-c", CONTAINER_APPLY, "clusterctl-env", *req.command]
         return argv
+
+    # ------------------------------------------------------------------ warm recovery
+    def zygote_name(self, job_id: str, node: str) -> str:
+        return f"clusterctl-zygote-{job_id}_{node}"
+
+    def zygote_start_argv(self, req: RunRequest, wdir: str) -> list[str]:
+        """Start the node's zygote container (stdin: zygote.py's source): the job's image, mounts, GPUs and
+        workdir, as the attempt's container has them, plus ``wdir``; its process imports torch and serves
+        ``wdir/z.sock`` (clusterctl/zygote.py). Remove an old one first (``zygote_remove_argv``)."""
+        argv = ["sh", "-c", ZYGOTE_START, "clusterctl-zygote", wdir, self.program, "run", "-d",
+                f"--name={self.zygote_name(req.job_id, req.node)}", f"--label={LABEL_WARM}={req.job_id}",
+                f"--label={LABEL_NODE}={req.node}"]
+        argv += self._run_options(req)
+        argv += [f"--volume={wdir}:{wdir}", req.image, "python3", f"{wdir}/zygote.py", "serve", f"{wdir}/z.sock"]
+        return argv
+
+    def zygote_remove_argv(self, job_id: str, node: str | None = None, wdir: str = "") -> list[str]:
+        """Remove the job's zygote container on this node (``node``; None: all of the job's) and its dir."""
+        return ["sh", "-c", ZYGOTE_REMOVE.replace("RMFLAGS", " ".join(self.rm_flags())), self.program, job_id,
+                node or "", wdir]
+
+    def zygote_ping_argv(self, wdir: str) -> list[str]:
+        """Exit 0 when the zygote in ``wdir`` answers (host's python3, torch-free client)."""
+        return zygote_client(wdir, "ping")
 
     # ------------------------------------------------------------------ control
     def _by_label(self, node: NodeRef, command: str, *args: str) -> list[str]:

@@ -20,7 +20,8 @@ JOB_PATTERN = r"torchrun|train\.py|catatonit|conmon"   # the job's processes in 
 
 def job_yaml(path: Path, shared: Path, *, name: str, steps: int = 150, every: int = 10, step_time: float = 0.1,
              extra_args: list[str] | None = None, restarts: dict | None = None, supervisor: dict | None = None,
-             nodes: str = "2:3", nproc: int = 1, mounts: list[str] | None = None, script: Path = TRAIN) -> Path:
+             nodes: str = "2:3", nproc: int = 1, mounts: list[str] | None = None, script: Path = TRAIN,
+             recovery: str | None = None) -> Path:
     spec = {
         "name": name, "nodes": nodes, "nproc_per_node": nproc, "script": str(script),
         "args": ["--steps", str(steps), "--checkpoint-every", str(every), "--step-time", str(step_time),
@@ -33,6 +34,8 @@ def job_yaml(path: Path, shared: Path, *, name: str, steps: int = 150, every: in
     }
     if mounts:
         spec["mounts"] = list(mounts)
+    if recovery:
+        spec["recovery"] = recovery
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 

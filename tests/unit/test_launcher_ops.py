@@ -121,7 +121,7 @@ def test_node_error_kinds():
 def test_a_first_attempt_starts_with_one_command_per_node_a_relaunch_removes_leftovers_first(tmp_path):
     """A new job id has nothing on any node to remove; a relaunch first removes what the last attempt left."""
     nodes = {n: Node(h) for n, h in HOSTS.items()}
-    ops = _ops(tmp_path, nodes)
+    ops = _ops(tmp_path, nodes, JOB + "recovery: cold\n")
     try:
         remove = runtimes.get("podman").remove_job_argv("j-1")
         assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
@@ -136,7 +136,7 @@ def test_the_start_commands_are_bounded_by_the_jobs_start_timeout(tmp_path):
     """A saturated host (64 testbed nodes on 2 cores) or a slow real node needs more than a fixed 30 s for the
     leftovers' removal of a relaunch: every start command gets the job's ``supervisor.start_timeout_s``."""
     nodes = {n: Node(h) for n, h in HOSTS.items()}
-    ops = _ops(tmp_path, nodes, JOB + "supervisor: {start_timeout_s: 240}\n")
+    ops = _ops(tmp_path, nodes, JOB + "supervisor: {start_timeout_s: 240}\nrecovery: cold\n")
     try:
         assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
         assert ops.start(2, list(HOSTS), "n1", ("", 0)) == {}
@@ -168,3 +168,71 @@ def test_stacks_report_is_private_and_never_written_through_a_symlink(tmp_path, 
         st = os.lstat(tmp_path / f"stacks-{n}.json")
         assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
     assert victim.read_text() == "keep me"
+
+
+class Zygotes(Node):
+    """A node whose zygote answers the ping (``up``) or not."""
+
+    def __init__(self, host, up):
+        super().__init__(host)
+        self.up = up
+
+    def run(self, argv, *, timeout, stdin=None) -> CommandResult:
+        if argv[-1] == "ping":
+            self.runs.append(list(argv))
+            err = "" if self.up else "clusterctl-zygote: cannot reach /tmp/x/z.sock: [Errno 2] No such file or directory\n"
+            return CommandResult(tuple(argv), 0 if self.up else 125, "", err, 0.01)
+        return super().run(argv, timeout=timeout, stdin=stdin)
+
+
+def test_warm_recovery_forks_survivors_from_their_zygote_and_a_node_without_one_runs_cold(tmp_path):
+    """First attempt: cold, then each node's zygote is (re)started. A relaunch pings each node's zygote: one that
+    answers gets the warm start (torchrun through the zygote's client, the warm dir mounted); one that does not
+    gets the cold start and a fresh zygote. ``recovery`` says which and why."""
+    nodes = {"n1": Zygotes(HOSTS["n1"], True), "n2": Zygotes(HOSTS["n2"], True), "n3": Zygotes(HOSTS["n3"], False)}
+    ops = _ops(tmp_path, nodes)
+    rt = runtimes.get("podman")
+    try:
+        assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
+        p1 = ops.plan
+        for name, n in nodes.items():
+            node = p1.node(name)
+            assert n.runs == [list(node.runtime_argv),
+                              rt.zygote_remove_argv("j-1", name, runtimes.warm_dir("j-1", name)),
+                              list(node.zygote_argv)]
+            assert ops.recovery[name] == ("cold", "the job's first attempt")
+            n.runs.clear()
+        assert ops.start(2, list(HOSTS), "n2", ("", 0)) == {}
+        p2 = ops.plan
+        for name in ("n1", "n2"):
+            node = p2.node(name)
+            assert nodes[name].runs == [rt.remove_job_argv("j-1"), rt.zygote_ping_argv(node.warm_dir),
+                                        list(node.warm_argv)]
+            assert ops.recovery[name][0] == "warm"
+            argv = list(node.warm_argv)
+            client = runtimes.zygote_client(node.warm_dir, "torchrun")
+            start = argv.index(client[0], argv.index("clusterctl-env"))
+            assert argv[start:start + len(client)] == client      # the agent is forked by the zygote,
+            assert argv[argv.index("--no-python") + 1:][:6] == runtimes.zygote_client(node.warm_dir, "rank")  # ranks too
+            assert f"--volume={node.warm_dir}:{node.warm_dir}" in argv
+        node = p2.node("n3")
+        assert nodes["n3"].runs == [rt.remove_job_argv("j-1"), rt.zygote_ping_argv(node.warm_dir),
+                                    list(node.runtime_argv),
+                                    rt.zygote_remove_argv("j-1", "n3", node.warm_dir), list(node.zygote_argv)]
+        assert ops.recovery["n3"] == ("cold", "no zygote on the node (a new node, or its zygote had not started yet)")
+    finally:
+        ops.close()
+
+
+def test_stopping_the_job_removes_its_zygotes_a_relaunch_keeps_them(tmp_path):
+    nodes = {n: Node(h) for n, h in HOSTS.items()}
+    ops = _ops(tmp_path, nodes)
+    rt = runtimes.get("podman")
+    try:
+        assert ops.stop(3, list(HOSTS)) == {}
+        assert all(n.runs == [rt.remove_job_argv("j-1")] for n in nodes.values())
+        assert ops.stop(None, list(HOSTS)) == {}
+        assert all(n.runs[-1] == rt.zygote_remove_argv("j-1", name, runtimes.warm_dir("j-1", name))
+                   for name, n in nodes.items())
+    finally:
+        ops.close()

@@ -1,0 +1,357 @@
+"""A warm "zygote": a long-lived process that has imported torch once, and forks torchrun agents and ranks from it.
+
+Shipped to the nodes like ``checkpoint.py`` (stdlib only at import; torch is imported by ``serve`` alone).
+
+``serve(sock)``: imports ``PRELOAD`` (no thread, no OpenMP pool is started: nothing runs a tensor op), then listens
+on the unix socket ``sock``. Single-threaded: one ``select`` loop over the listening socket and the clients'
+connections, and ``waitpid(WNOHANG)`` for its children, so a ``fork`` never copies a lock held by another thread.
+
+``client(sock, kind, argv)``: torch-free and fast (run it with ``python -S``). Sends ``kind`` (``torchrun`` or
+``rank``), argv, the environment and the working directory, and passes its stdin/stdout/stderr (``SCM_RIGHTS``);
+the zygote forks, the child takes those fds, the environment and the directory, and runs
+``torch.distributed.run.main(argv)`` (the real torchrun agent) or the rank (``runpy``: ``argv[0]`` a script,
+or ``-m MODULE``). The client forwards TERM/INT/HUP/USR1/USR2 to the child (as ``K <signal>`` lines: the child may
+live in another PID namespace, the zygote's container), and exits with the
+child's exit code, or dies of the same signal. When the client goes away (killed), the zygote kills the child's
+whole session (SIGKILL): nothing forked outlives the process that asked for it.
+
+Protocol, one connection per child: client -> ``<len:4><json>`` with the three fds; zygote -> ``P <pid>\\n``, later
+``X <code>\\n`` (exit code) or ``S <signal>\\n``; on a failure before the fork ``E <message>\\n``. Kind ``ping``
+answers ``X 0`` at once (is the zygote up and warm?). A ``torchrun`` request first kills and reaps every child of
+another attempt (``CLUSTERCTL_ATTEMPT``): no two generations run on one node.
+Command line: ``python zygote.py serve SOCK`` / ``python -S zygote.py client SOCK KIND ARGV...``.
+"""
+from __future__ import annotations
+
+import array
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.distributed.elastic.agent.server.local_elastic_agent",
+           "torch.nn.parallel", "torch.optim", "torch._dynamo")
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+READY = "clusterctl-zygote ready"
+
+
+# ------------------------------------------------------------------------------------------------ client
+def _send(conn: socket.socket, payload: dict, fds: list[int]) -> None:
+    data = json.dumps(payload).encode()
+    conn.sendmsg([struct.pack("!I", len(data)) + data],
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+
+
+def client(sock: str, kind: str, argv: list[str], connect_timeout_s: float = 5.0) -> int:
+    """Run ``argv`` as ``kind`` in a child of the zygote at ``sock``; returns its exit code (or re-raises its
+    signal on this process). Exit 125 when the zygote cannot be reached (the caller then runs cold)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(connect_timeout_s)
+    try:
+        conn.connect(sock)
+        _send(conn, {"kind": kind, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}, [0, 1, 2])
+        conn.settimeout(None)
+        f = conn.makefile("r")
+        first = f.readline()
+    except OSError as e:
+        print(f"clusterctl-zygote: cannot reach {sock}: {e}", file=sys.stderr)
+        return 125
+    if kind == "ping" and first.startswith("X "):
+        return int(first[2:])
+    if not first.startswith("P "):
+        print(f"clusterctl-zygote: {first[2:].strip() or 'the zygote closed the connection'}", file=sys.stderr)
+        return 125
+    pid = int(first[2:])
+
+    def forward(signum, _frame):       # through the zygote: the child may be in another PID namespace
+        try:
+            conn.sendall(f"K {signum}\n".encode())
+        except OSError:
+            pass
+
+    for s in FORWARDED:
+        signal.signal(s, forward)
+    while True:
+        try:
+            line = f.readline()
+            break
+        except InterruptedError:    # pragma: no cover - PEP 475 retries; kept for old Pythons
+            continue
+    if line.startswith("X "):
+        return int(line[2:])
+    if line.startswith("S "):
+        sig = int(line[2:])
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        return 128 + sig
+    print("clusterctl-zygote: lost the zygote before the child ended", file=sys.stderr)
+    return 125
+
+
+# ------------------------------------------------------------------------------------------------ server
+def _recv(conn: socket.socket) -> tuple[dict, list[int]]:
+    fds = array.array("i")
+    msg, anc, _flags, _addr = conn.recvmsg(1 << 20, socket.CMSG_SPACE(3 * fds.itemsize))
+    for level, typ, data in anc:
+        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    (n,) = struct.unpack("!I", msg[:4])
+    body = msg[4:]
+    while len(body) < n:
+        more = conn.recv(n - len(body))
+        if not more:
+            raise OSError("short request")
+        body += more
+    return json.loads(body), list(fds)
+
+
+def _run_child(req: dict) -> int:
+    """In the forked child: become what the client asked for. Returns the exit code."""
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.chdir(req["cwd"])
+    argv = list(req["argv"])
+    if os.environ.get("PYTHONUNBUFFERED"):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.reconfigure(write_through=True)
+            except (AttributeError, ValueError):
+                pass
+    for entry in reversed([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        if entry not in sys.path:           # sys.path was made when the zygote started: the job's entries go first
+            sys.path.insert(0, entry)
+    torch = sys.modules.get("torch")
+    if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        # read by the OpenMP runtime when the zygote imported torch, not now: torchrun sets it to 1 per rank
+        # when nproc_per_node > 1 (without this, every forked rank ran one thread per core: 2x the step time)
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+    try:
+        if req["kind"] == "torchrun":
+            sys.argv = ["torchrun", *argv]
+            from torch.distributed.run import main
+            main(argv)
+        else:
+            import runpy
+            if argv and argv[0] == "-m":
+                sys.argv = [argv[1], *argv[2:]]
+                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = argv
+                sys.path[0:0] = [os.path.dirname(os.path.abspath(argv[0]))]
+                runpy.run_path(argv[0], run_name="__main__")
+        return 0
+    except SystemExit as e:
+        code = e.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        print(code, file=sys.stderr)
+        return 1
+    except BaseException:  # noqa: BLE001 - what python itself would print, then exit 1
+        import traceback
+        traceback.print_exc()
+        return 1
+
+
+def _fork(req: dict, fds: list[int], listener: socket.socket, conns: list[socket.socket]) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    marker = ""
+    try:
+        if req["kind"] == "rank" and "RANK" in req["env"]:
+            # how `clusterctl stacks` finds a forked rank (its /proc environ is the zygote's): ATTEMPT RANK
+            marker = os.path.join(os.path.dirname(listener.getsockname()), "ranks", str(os.getpid()))
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            with open(marker, "w") as f:
+                f.write(f"{req['env'].get('CLUSTERCTL_ATTEMPT', '')} {req['env']['RANK']}\n")
+        os.setsid()                          # its own session: the zygote kills the whole of it
+        signal.set_wakeup_fd(-1)
+        for s in FORWARDED + (signal.SIGCHLD,):
+            signal.signal(s, signal.SIG_DFL)
+        listener.close()
+        for c in conns:
+            c.close()
+        for target, fd in zip((0, 1, 2), fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        code = _run_child(req)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        if marker:
+            try:
+                os.unlink(marker)
+            except OSError:
+                pass
+        os._exit(code if 0 <= code < 256 else 1)
+
+
+def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
+    import importlib
+    for name in preload:
+        importlib.import_module(name)
+    try:
+        os.unlink(sock)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o077)
+    try:
+        listener.bind(sock)
+    finally:
+        os.umask(old)
+    listener.listen(64)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    wake_r, wake_w = os.pipe()                      # SIGCHLD wakes the select loop (no polling while idle)
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    children: dict[socket.socket, int] = {}         # connection -> child pid
+    attempt_of: dict[int, str] = {}                 # child pid -> CLUSTERCTL_ATTEMPT of its request
+    agents: set[int] = set()                        # the children that are torchrun agents
+    print(READY, flush=True)
+
+    def kill_attempts(keep: str | None = None, only: str | None = None) -> None:
+        """SIGKILL the sessions of the children of other attempts than ``keep`` (or of attempt ``only``), and
+        reap them: a new attempt's agent starts only once the old generation is gone."""
+        for conn, pid in list(children.items()):
+            a = attempt_of.get(pid)
+            if (keep is not None and a == keep) or (only is not None and a != only):
+                continue
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            status = _reap(pid)
+            finish(conn, pid, status)
+
+    def finish(conn: socket.socket, pid: int, status: int | None) -> None:
+        children.pop(conn, None)
+        attempt_of.pop(pid, None)
+        agents.discard(pid)
+        if status is not None:
+            msg = f"S {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"X {os.WEXITSTATUS(status)}"
+            try:
+                conn.sendall(f"{msg}\n".encode())
+            except OSError:
+                pass
+        conn.close()
+
+    try:
+        while True:
+            ready, _, _ = select.select([listener, wake_r, *children], [], [], 5.0)
+            for c in ready:
+                if c == wake_r:
+                    try:
+                        os.read(wake_r, 512)
+                    except BlockingIOError:
+                        pass
+                elif c is listener:
+                    conn, _ = listener.accept()
+                    fds: list[int] = []
+                    try:
+                        req, fds = _recv(conn)
+                        if req["kind"] == "ping":
+                            conn.sendall(b"X 0\n")
+                            conn.close()
+                            continue
+                        attempt = str(req["env"].get("CLUSTERCTL_ATTEMPT", ""))
+                        if req["kind"] == "torchrun":
+                            kill_attempts(keep=attempt)    # no two generations on one node
+                        pid = _fork(req, fds, listener, list(children))
+                        conn.sendall(f"P {pid}\n".encode())
+                        children[conn] = pid
+                        attempt_of[pid] = attempt
+                        if req["kind"] == "torchrun":
+                            agents.add(pid)
+                    except Exception as e:  # noqa: BLE001 - that request fails, the zygote stays
+                        try:
+                            conn.sendall(f"E {e}\n".encode())
+                        except OSError:
+                            pass
+                        conn.close()
+                    finally:
+                        for fd in fds:          # the child has its copies
+                            os.close(fd)
+                elif c in children:
+                    pid = children[c]
+                    try:
+                        data = c.recv(256)
+                    except OSError:
+                        data = b""
+                    if data:                         # "K <signal>" lines: the client forwards a signal
+                        for line in data.decode(errors="replace").splitlines():
+                            if line.startswith("K ") and line[2:].strip().isdigit():
+                                try:
+                                    os.kill(pid, int(line[2:]))
+                                except ProcessLookupError:
+                                    pass
+                        continue
+                    # the client went away: its child goes too
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    was_agent = pid in agents
+                    attempt = attempt_of.get(pid)
+                    finish(c, pid, _reap(pid))
+                    if was_agent:               # an agent killed from outside: its ranks (their clients are its
+                        kill_attempts(only=attempt)   # children, in its session, gone with it) go too
+            conn_of = {pid: conn for conn, pid in children.items()}
+            while True:        # reap every child, and orphans too (docker: the zygote is the container's PID 1)
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if not pid:
+                    break
+                if pid in conn_of:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)   # what the child left in its session
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                    finish(conn_of.pop(pid), pid, status)
+    finally:
+        for pid in children.values():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.unlink(sock)
+        except OSError:
+            pass
+
+
+def _reap(pid: int, block: bool = True) -> int | None:
+    try:
+        got, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+    except ChildProcessError:
+        return 0
+    return status if got else None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "serve":    # serve SOCK [MODULE,MODULE...] (default PRELOAD; "" none)
+        serve(argv[1], tuple(m for m in argv[2].split(",") if m) if len(argv) > 2 else PRELOAD)
+        return 0
+    if len(argv) >= 3 and argv[0] == "client":
+        return client(argv[1], argv[2], argv[3:])
+    print("usage: zygote.py serve SOCK | client SOCK torchrun|rank ARGV...", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,130 @@
+"""Warm recovery on a 3-node podman testbed (the quickstart job, `nodes: "2:3"`, 1 rank per node, `recovery`
+left at its default, warm): a fault -> the survivors' relaunch is forked from their zygotes (`relaunch` events
+with class `warm`), training resumes from the newest checkpoint, every step is trained, each attempt trains
+consecutive steps, nothing of the job (zygotes included) is left; a survivor whose zygote is gone is relaunched
+cold (the event says why) and the job still finishes.
+"""
+from __future__ import annotations
+
+import string
+import time
+
+import pytest
+
+from tests.integration import recovery_harness as rh
+from tests.testbed import Testbed as _Testbed, profile  # aliased so pytest does not try to collect it
+from tests.testbed.system import claim_octet
+
+
+@pytest.fixture(scope="module")
+def wtb(tmp_path_factory, testbed_slot):
+    letter = string.ascii_lowercase[testbed_slot]
+    tb = _Testbed(3, tmp_path_factory.mktemp("warm-tb"), [profile(gpus=0)] * 3, prefix=f"tbw{letter}",
+                  subnet_octet=claim_octet(range(230 + testbed_slot, 240)))
+    try:
+        tb.up()
+    except Exception as e:  # noqa: BLE001 - a failure with the reason, never a skip
+        pytest.fail(f"testbed could not be built: {type(e).__name__}: {e}", pytrace=False)
+    yield tb
+    tb.down()
+
+
+@pytest.fixture
+def job(wtb, tmp_path, request):
+    runs: list[rh.Run] = []
+
+    def make(**kw) -> rh.Run:
+        name = "warm" + "".join(c for c in request.node.name.replace("test_", "") if c.isalnum())[-24:]
+        run = rh.new_run(wtb, tmp_path, name, **kw)
+        runs.append(run)
+        return run
+
+    yield make
+    for h in wtb.hosts:
+        if wtb.partitioned(h.name):
+            wtb.heal(h.name)
+    for run in runs:
+        rh.stop_unless_done(run)
+        for line in run.log[-6:]:
+            print(line)
+
+
+def relaunches(run: rh.Run, attempt: int) -> dict[str, str]:
+    """node -> warm | cold of ``attempt``'s relaunch events."""
+    return {e["node"]: e["class"] for e in run.events() if e["kind"] == "relaunch" and e["attempt"] == attempt}
+
+
+def first_step_after(run: rh.Run, attempt: int) -> float | None:
+    recs = [r for r in run.steps_log() if r["attempt"] == attempt and "time" in r]
+    return recs[0]["time"] if recs else None
+
+
+def no_zygote_left(run: rh.Run) -> None:
+    for h in run.tb.hosts:
+        assert not run.tb.container_names(h, run.runtime, "label=clusterctl.warm"), h.name
+
+
+def wait_zygotes(run: rh.Run, timeout: float = 60) -> None:
+    """The first attempt's zygotes have imported torch (their socket is there)."""
+    import glob
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if len(glob.glob(f"/tmp/clusterctl-warm/{run.job_row().job_id}_*/z.sock")) == len(run.tb.hosts):
+            return
+        time.sleep(0.5)
+    raise AssertionError("the zygotes did not come up")
+
+
+def finish(run: rh.Run) -> dict:
+    st = run.wait_end(480)
+    assert st["state"] == "SUCCEEDED", f"{st['state']}: {st['reason']}\n{run.events_text()}"
+    rh.check_steps(run)
+    rh.check_clean(run)
+    no_zygote_left(run)
+    return st
+
+
+def test_worker_node_killed_survivors_relaunch_warm(job, wtb):
+    run = job(steps=80)
+    run.launch()
+    run.wait_step(25)
+    wait_zygotes(run)
+    victim = rh.other_host(run)
+    survivors = [n for n in run.current_attempt().nodes if n != victim]
+    t = time.time()
+    assert wtb.kill(victim, pattern=rh.JOB_PATTERN)
+    st = finish(run)
+    assert relaunches(run, 2) == {n: "warm" for n in survivors}, run.events_text()
+    assert any(r["recovery"] == "warm" for r in run.status()["relaunches"])
+    first = first_step_after(run, 2)
+    print(f"worker kill -> first step of attempt 2: {first - t:.2f}s" if first else "no step time recorded")
+    assert st["attempt"] == 2
+
+
+def test_rendezvous_host_killed_survivors_relaunch_warm(job, wtb):
+    run = job(steps=80)
+    run.launch()
+    run.wait_step(25)
+    wait_zygotes(run)
+    victim = rh.rdzv_host(run)
+    survivors = [n for n in run.current_attempt().nodes if n != victim]
+    assert wtb.kill(victim, pattern=rh.JOB_PATTERN)
+    st = finish(run)
+    assert relaunches(run, 2) == {n: "warm" for n in survivors}, run.events_text()
+    assert st["rendezvous_host"] != victim
+
+
+def test_a_survivor_without_its_zygote_relaunches_cold_and_the_job_finishes(job, wtb):
+    run = job(steps=80)
+    run.launch()
+    run.wait_step(25)
+    wait_zygotes(run)
+    victim = rh.other_host(run)
+    cold = rh.rdzv_host(run)
+    assert wtb.kill(cold, pattern=r"zygote\.py serve")      # attempt 1 is cold: only the zygote matches
+    assert wtb.kill(victim, pattern=rh.JOB_PATTERN)
+    finish(run)
+    got = relaunches(run, 2)
+    assert got[cold] == "cold" and all(v == "warm" for n, v in got.items() if n != cold), run.events_text()
+    why = next(e["message"] for e in run.events() if e["kind"] == "relaunch" and e["node"] == cold)
+    assert "zygote" in why, why
