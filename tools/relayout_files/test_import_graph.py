@@ -1,0 +1,154 @@
+"""The module-level import graph of clusterctl is acyclic (docs/design.md), and the packages point one way, down
+the job's way: cli -> jobs (use cases) -> views -> supervise -> oncall -> checks/launch -> store/transport ->
+config/model -> errors. config/ and model/ do no I/O: they reach no transport, store, process or network module.
+Written by tools/relayout.py (issue 25)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "clusterctl"
+
+# a module may import modules of its own rank or lower, never higher. config and model share a rank:
+# config.spec reads durations with model.budget.window_seconds, model.record holds a config.spec.JobSpec.
+RANKS = {
+    "clusterctl.errors": 0, "clusterctl.checkpoint": 0, "clusterctl.sampler": 0,
+    "clusterctl.config": 1, "clusterctl.model": 1,
+    "clusterctl.store": 2, "clusterctl.transport": 2,
+    "clusterctl.checks": 3, "clusterctl.launch": 3,
+    "clusterctl.oncall": 4,
+    "clusterctl.supervise": 5,
+    "clusterctl.views": 6,
+    "clusterctl.jobs": 7, "clusterctl.fabric": 7,
+    "clusterctl.cli": 8,
+}
+PURE = ("clusterctl.config", "clusterctl.model")
+IO = ("clusterctl.transport", "clusterctl.store", "clusterctl.launch", "clusterctl.supervise", "clusterctl.oncall",
+      "clusterctl.views", "clusterctl.checks", "clusterctl.jobs", "clusterctl.cli", "clusterctl.fabric")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = p.relative_to(PKG.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or \
+        (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports(body: list[ast.stmt], nested: bool):
+    """The import statements of ``body``: top level only, or (``nested``) also those inside functions, classes
+    and branches. Never those under ``if TYPE_CHECKING:`` (they do not run)."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node):
+            yield from _imports(node.orelse, nested)
+        elif nested:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list):
+                    yield from _imports([n for n in inner if isinstance(n, (ast.stmt, ast.excepthandler))], nested)
+
+
+def _graph(nested: bool = False) -> dict[str, set[str]]:
+    """Imports run when a module is imported (top level; not ``if TYPE_CHECKING:``, not inside functions); with
+    ``nested``, also the imports inside functions (run on first call)."""
+    mods = _modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, path in mods.items():
+        for node in _imports(ast.parse(path.read_text()).body, nested):
+            if isinstance(node, ast.Import):
+                targets = [resolve(a.name) for a in node.names]
+            elif node.module and node.level == 0:
+                targets = [resolve(f"{node.module}.{a.name}") or resolve(node.module) for a in node.names]
+            else:
+                raise AssertionError(f"{m}: a relative import (tools/relayout.py makes them absolute)")
+            graph[m] |= {t for t in targets if t and t.startswith("clusterctl") and t != m}
+    return graph
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for n in graph[todo.pop()]:
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
+
+
+def _rank(module: str) -> int | None:
+    name = module
+    while name:
+        if name in RANKS:
+            return RANKS[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _under(module: str, packages) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def test_no_module_imports_itself_back():
+    graph = _graph()
+    cycles = sorted(m for m in graph if m in _reaches(graph, m) and m != "clusterctl")
+    assert cycles == []
+
+
+def test_no_cycle_even_through_imports_inside_functions():
+    """A lazy import is still a dependency: ``transport.base`` once imported ``transport.ssh``/``local`` inside
+    ``connect()`` while both import ``base``. ``connect`` now lives in ``transport/__init__.py``; no cycle of any
+    kind is allowed."""
+    graph = _graph(nested=True)
+    cycles = sorted(m for m in graph if m in _reaches(graph, m) and m != "clusterctl")
+    assert cycles == []
+    assert not {"clusterctl.transport.ssh", "clusterctl.transport.local"} & graph["clusterctl.transport.base"]
+
+
+def test_every_module_has_a_rank():
+    """A new package or top-level module takes its place in RANKS (and in pyproject's package list)."""
+    assert sorted(m for m in _modules() if m != "clusterctl" and _rank(m) is None) == []
+
+
+def test_nothing_points_back_up():
+    """Counting the imports inside functions too: a lazy import is a dependency all the same."""
+    graph = _graph(nested=True)
+    up = sorted(f"{m} -> {t}" for m, ts in graph.items() if m != "clusterctl" for t in ts
+                if t != "clusterctl" and _rank(t) > _rank(m))
+    assert up == []
+
+
+def test_config_and_model_do_no_io():
+    graph = _graph(nested=True)
+    for m in graph:
+        if _under(m, PURE):
+            assert not {t for t in _reaches(graph, m) if _under(t, IO)}, m
+
+
+def test_layers_point_one_way():
+    graph = _graph()
+    sup, ops = "clusterctl.supervise.supervisor", "clusterctl.supervise.cluster_ops"
+    assert ops not in _reaches(graph, sup)
+    # watch.py is given its commands and connections: it knows nothing of ClusterOps, the plan or the pool
+    watch_deps = _reaches(graph, "clusterctl.supervise.watch")
+    assert not {ops, "clusterctl.launch.plan", "clusterctl.transport.pool"} & watch_deps
+    assert "clusterctl.jobs" not in _reaches(graph, "clusterctl.supervise.controller")
+    assert "clusterctl.cli" not in _reaches(graph, "clusterctl.jobs")
+    assert not {m for m in _reaches(graph, "clusterctl.launch.plan") if m.startswith("clusterctl.checks")}
+    for pure in ("clusterctl.launch.plan", "clusterctl.config.spec", sup, "clusterctl.model.causes",
+                 "clusterctl.checks.model", "clusterctl.checks.registry", "clusterctl.config.hostport",
+                 "clusterctl.supervise.observe"):
+        assert not {m for m in _reaches(graph, pure) if m.startswith("clusterctl.transport")}, pure
