@@ -52,3 +52,26 @@ def test_both_entry_points_fail_alike(tmp_path):
     assert new.returncode == old.returncode != 0
     assert new.stderr.strip() == old.stderr.strip() != ""
     assert "Traceback" not in new.stderr
+
+
+def test_testbed_cleanup_finds_a_supervisor_started_either_way(tmp_path):
+    """tests/testbed/system.supervisors_using reads the job id after `clusterctl.supervise --state-dir DIR`
+    as after `_supervise`."""
+    import json
+
+    from clusterctl.store.state import Store
+    from tests.testbed import system
+
+    store = Store(tmp_path / "state.db")
+    job_id = store.create_job("j", json.dumps({"hosts": [{"name": "node1", "address": "10.203.0.11"}]}), None, None)
+    store.close()
+    procs = [_sleeper("clusterctl.supervise", "--state-dir", str(tmp_path), job_id),
+             _sleeper("--state-dir", str(tmp_path), "_supervise", job_id, "--adopt")]
+    try:
+        found = system.supervisors_using("10.203.0.")
+        assert {p.pid for p in procs} <= set(found)
+        assert not set(system.supervisors_using("10.204.0.")) & {p.pid for p in procs}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
