@@ -7,6 +7,7 @@ The job's script fails at once without importing torch (``jobs/fail.py``), so ea
 and the supervisor spends its time in the backoff (60 s: a stop must not wait for it) or starting the next one."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -162,3 +163,38 @@ def test_a_state_dir_filled_by_a_chatty_job_never_kills_the_supervisor_silently(
             assert "supervisor failed" in (j.reason or ""), j.reason
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_supervisor_killed_right_after_success_never_lets_resume_rerun_the_job(make_testbed, tmp_path):
+    """The supervisor is SIGKILLed the moment its attempt is recorded `succeeded` (before, the containers were
+    removed first and the job's end written after: a kill in between left an active job whose `resume` relaunched
+    a finished run). `status` and `resume` must call it SUCCEEDED and start nothing."""
+    import signal
+
+    tb = make_testbed(2, [profile(gpus=0)] * 2)
+    name = "tbok"
+    state = tmp_path / "state"
+    try:
+        inv = write_inventory(tb, tmp_path / "inventory.yaml", "podman")
+        job = write_job(tmp_path / "job.yaml", tb, name, "podman", extra={
+            "nodes": 2, "nproc_per_node": 1, "script": str(FAIL.parent / "ok.py"), "args": [],
+            "recovery": "cold"})
+        r = clusterctl(state, "launch", str(job), "-i", str(inv), "--detach", "--skip-preflight", timeout=180)
+        assert r.returncode == 0, r.stderr
+        with rh.open_store(state) as store:
+            job_id = store.find_job(name).job_id
+            pid = _wait(lambda: store.get_job(job_id).supervisor_pid, 60, "the supervisor's claim")
+            _wait(lambda: any(a.result == "succeeded" for a in store.attempts(job_id)), 180,
+                  "the attempt to be recorded succeeded", 0.01)
+        os.kill(pid, signal.SIGKILL)
+        r = clusterctl(state, "resume", name, "--detach", "-o", "json", timeout=180)
+        assert r.returncode == 0, r.stderr
+        with rh.open_store(state) as store:
+            j = store.get_job(job_id)
+            assert j.state.value == "SUCCEEDED", (j.state, j.reason)
+            assert [a.attempt for a in store.attempts(job_id)] == [1]        # nothing relaunched
+        assert json.loads(r.stdout)["outcome"] == "succeeded", r.stdout
+    finally:
+        if state.exists() and _job(state, name) is not None:
+            clusterctl(state, "stop", name, "--grace", "0", timeout=120)
+        cleanup_hosts(tb)
