@@ -475,10 +475,10 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
     for v, lost in zip(views, unsupervised):
         if lost:
             err.print(status.unsupervised_line(v, now), markup=False)
-    cols = [Column("job"), Column("name", min=4, max=24), Column("state"), Column("attempt", right=True, short="att"),
+    cols = [Column("job"), Column("name", optional=True), Column("state"), Column("attempt", right=True, short="att"),
             Column("nodes", min=5, max=40), Column("started", short="start"), Column("ended"),
             Column("elapsed", right=True, short="took"),
-            Column("reason", min=16, max=60)]     # the full job id (other commands take it); a one-line reason
+            Column("reason", min=16, max=60)]     # the full job id (holds the name: left out when narrow)
     table = [[r["job_id"], r["name"], r["state"], str(r["attempt"]),
               ",".join(r["nodes"]) or "-", history.clock(r["started_at"], now), history.clock(r["ended_at"], now),
               history.duration(r["elapsed_s"]),

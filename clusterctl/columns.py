@@ -18,6 +18,7 @@ class Column:
     max: int | None = None        # cap even when there is room
     right: bool = False
     short: str | None = None      # header used when the table is too wide (e.g. "att" for "attempt")
+    optional: bool = False        # left out before the table is stacked (its value is shown elsewhere in the row)
 
 
 def cut(text: str, width: int) -> str:
@@ -26,6 +27,22 @@ def cut(text: str, width: int) -> str:
 
 def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int,
         shrink_order: Sequence[tuple[int, int]] = (), spill: int | None = None) -> list[str]:
+    """``_fit_spill``; when that still does not fit, the ``optional`` columns are left out; when even that does
+    not fit, every row becomes a block (``stack``)."""
+    lines = _fit_spill(columns, rows, width, shrink_order, spill)
+    keep = [i for i, c in enumerate(columns) if not c.optional]
+    if len(keep) < len(columns) and any(len(line) > width for line in lines):
+        narrow = [columns[i] for i in keep]
+        order = [(keep.index(i), w) for i, w in shrink_order if i in keep]
+        lines = _fit_spill(narrow, [[r[i] for i in keep] for r in rows], width, order,
+                           keep.index(spill) if spill in keep else None)
+    if any(len(line) > width for line in lines):
+        return stack(columns, rows, width)
+    return lines
+
+
+def _fit_spill(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int,
+               shrink_order: Sequence[tuple[int, int]] = (), spill: int | None = None) -> list[str]:
     """Like ``_fit``; when even the narrowest table is wider than ``width``, column ``spill`` (a long free text,
     e.g. a reason) leaves the table and goes, cut to one line, under each row."""
     rows = [[" ".join(str(v).split()) for v in r] for r in rows]
@@ -39,18 +56,13 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int,
                                                                                                columns[i].header)))
                       for i in keep]
             table = _fit(narrow, [[r[i] for i in keep] for r in rows], width, order)
-            if any(len(line) > width for line in table):
-                return stack(columns, rows, width)
             out = [table[0]]
             for line, r in zip(table[1:], rows):
                 out.append(line)
                 if r[spill]:
                     out.append("  " + cut(r[spill], max(10, width - 2)))
             return out
-    lines = _fit(columns, rows, width, shrink_order)
-    if any(len(line) > width for line in lines):
-        return stack(columns, rows, width)
-    return lines
+    return _fit(columns, rows, width, shrink_order)
 
 
 def stack(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) -> list[str]:

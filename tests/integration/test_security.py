@@ -730,7 +730,7 @@ BAD_INPUTS = [
     ("nodes larger than inventory", INV_OK, "name: ok\nscript: /t.py\nnodes: 5\n", "job", r"needs at least 5"),
     ("empty job", INV_OK, "", "job", r"empty"),
     ("job is a list", INV_OK, "- a\n", "job", r"mapping"),
-    ("binary job", INV_OK, "\udcff", "job", r"cannot read|NUL|malformed"),
+    ("binary job", INV_OK, "\udcff", "job", r"cannot read|NUL|malformed|not UTF-8"),
 ]
 
 
