@@ -80,7 +80,7 @@ def config(c: Cluster, hosts, gpus: int, slurmd_timeout: int = 6) -> str:
         "SlurmctldDebug=info", "SlurmdDebug=info",
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "SchedulerType=sched/backfill",
-        "MpiDefault=none", "ReturnToService=2", "JobRequeue=1",
+        "MpiDefault=none", "ReturnToService=2", "JobRequeue=1", f"TaskProlog={c.dir / 'task_prolog.sh'}",
         # a dead node is noticed within seconds (the tests kill hosts); the ping runs every timeout/3
         f"SlurmdTimeout={slurmd_timeout}", "SlurmctldTimeout=10", "MessageTimeout=5", "InactiveLimit=0",
         "KillWait=2", "MinJobAge=300", "Waittime=0", "TreeWidth=64",
@@ -101,6 +101,19 @@ def gres_conf(gpus: int) -> str:
     return ""
 
 
+def task_prolog(hosts) -> str:
+    """Slurm's TaskProlog prints ``export K=V`` lines that set a task's environment: each host's steps get what its
+    sshd sets for SSH sessions (``Host.env``: its own stub bin dir on PATH, its podman/docker config)."""
+    import shlex
+
+    lines = ["#!/bin/sh", 'case "$SLURMD_NODENAME" in']
+    for h in hosts:
+        exports = " ".join(shlex.quote(f"export {k}={v}") for k, v in h.env.items())
+        lines.append(f"  {h.name}) printf '%s\\n' {exports} ;;")
+    lines += ["esac", ""]
+    return "\n".join(lines)
+
+
 def write(c: Cluster, hosts, gpus: int) -> None:
     for d in (c.dir / "state", c.dir / "spool", c.run):
         d.mkdir(parents=True, exist_ok=True)
@@ -108,6 +121,8 @@ def write(c: Cluster, hosts, gpus: int) -> None:
         (c.dir / "spool" / h.name).mkdir(parents=True, exist_ok=True)
     c.conf.write_text(config(c, hosts, gpus))
     (c.dir / "gres.conf").write_text(gres_conf(gpus))
+    (c.dir / "task_prolog.sh").write_text(task_prolog(hosts))
+    (c.dir / "task_prolog.sh").chmod(0o755)
     key = c.dir / "munge.key"
     if not key.exists():
         key.write_bytes(os.urandom(1024))

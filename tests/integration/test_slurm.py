@@ -1,0 +1,122 @@
+"""Slurm on the testbed (``Testbed(..., slurm=True)``: real munged, slurmctld and a slurmd per host; never a mock of
+srun/scontrol): ``-i slurm`` over the ``srun`` transport with every sshd stopped, as a user runs it inside
+``salloc``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import string
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.test_launch import JOB_TIMEOUT, clusterctl, status_json, write_job
+from tests import testbed as testbeds
+from tests.testbed import profile
+from tests.testbed.system import claim_octet
+
+
+@pytest.fixture(scope="module")
+def slurm_tb(tmp_path_factory, testbed_slot):
+    letter = string.ascii_lowercase[testbed_slot]
+    octet = claim_octet(range(220, 240))
+    if octet is None:
+        pytest.fail("no free 10.x.0.0/24 subnet among 220..239 for the slurm testbed", pytrace=False)
+    tb = testbeds.Testbed(3, tmp_path_factory.mktemp("slurm-tb"), [profile(gpus=0)] * 3, prefix=f"tbs{letter}",
+                 subnet_octet=octet, slurm=True)
+    start = time.monotonic()
+    try:
+        tb.up()
+    except Exception as e:  # noqa: BLE001 - a failure with the reason, never a skip
+        pytest.fail(f"slurm testbed could not be built: {type(e).__name__}: {e}", pytrace=False)
+    tb.up_s = time.monotonic() - start
+    yield tb
+    tb.down()
+
+
+def slurm_env(tb, **extra) -> dict:
+    return {**tb.slurm.env, **extra}
+
+
+def salloc(tb, nodes: int, *args: str) -> str:
+    """A held allocation (``salloc --no-shell``): its job id."""
+    r = subprocess.run(["salloc", "--no-shell", f"--nodes={nodes}", "--time=30", *args], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, **tb.slurm.env), stdin=subprocess.DEVNULL)
+    m = re.search(r"Granted job allocation (\d+)", r.stderr)
+    assert m, r.stderr
+    return m.group(1)
+
+
+def scancel(tb, jobid: str) -> None:
+    subprocess.run(["scancel", jobid], capture_output=True, timeout=30, env=dict(os.environ, **tb.slurm.env))
+
+
+def job_env(tb, jobid: str) -> dict:
+    """What a process inside the allocation sees (salloc/sbatch set these)."""
+    r = tb.scontrol("-o", "show", "job", jobid)
+    nodelist = re.search(r" NodeList=(\S+)", r.stdout).group(1)
+    return slurm_env(tb, SLURM_JOB_ID=jobid, SLURM_JOB_NODELIST=nodelist)
+
+
+def overlay(path: Path, **vars_) -> Path:
+    path.write_text(yaml.safe_dump({"all": {"vars": {"clusterctl_runtime": "bare", "clusterctl_gpus": 0,
+                                                     "clusterctl_interface": "eth0", **vars_}}}))
+    return path
+
+
+def test_slurm_testbed_steps_live_in_the_nodes_namespace(slurm_tb):
+    tb = slurm_tb
+    assert tb.up_s < 60
+    jid = salloc(tb, 3)
+    try:
+        for h in tb.hosts:
+            r = subprocess.run(["srun", f"--jobid={jid}", "--overlap", "--nodes=1", "--ntasks=1", "-w", h.name,
+                                "sh", "-c", 'hostname; readlink /proc/self/ns/net; '
+                                'echo "$PATH"'],
+                               capture_output=True, text=True, timeout=60, env=dict(os.environ, **tb.slurm.env))
+            assert r.returncode == 0, r.stderr
+            lines = r.stdout.split()
+            assert lines[0] == h.name
+            ns_inode = os.stat(f"/run/netns/{h.ns}").st_ino
+            assert lines[1] == f"net:[{ns_inode}]", (lines, ns_inode)
+            assert lines[2].split(":")[0] == str(h.bin_dir)        # the host's own PATH (TaskProlog)
+    finally:
+        scancel(tb, jid)
+
+
+def test_preflight_and_launch_from_slurm_allocation_over_srun_without_ssh(slurm_tb, tmp_path):
+    tb = slurm_tb
+    for h in tb.hosts:
+        tb.stop_sshd(h)
+    jid = salloc(tb, 3)
+    try:
+        env = job_env(tb, jid)
+        ov = overlay(tmp_path / "overlay.yaml")
+        state = tmp_path / "state"
+        r = clusterctl(state, "inventory", "-i", f"slurm:{ov}", "--output", "json", env=env)
+        assert r.returncode == 0, r.stderr
+        inv = json.loads(r.stdout)
+        assert [(h["name"], h["address"], h["connection"]) for h in inv["hosts"]] == \
+            [(h.name, h.address, "srun") for h in tb.hosts]
+
+        job = write_job(tmp_path / "job.yaml", tb, "slurmdemo", "bare")
+        r = clusterctl(state, "preflight", "-i", f"slurm:{ov}", str(job), "--output", "json", env=env, timeout=300)
+        assert r.returncode == 0, f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
+
+        r = clusterctl(state, "launch", str(job), "-i", f"slurm:{ov}", env=env, timeout=JOB_TIMEOUT)
+        assert r.returncode == 0, f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
+        assert "done: step 30" in r.stdout
+        dumps = [json.loads((Path(tb.shared) / "slurmdemo" / f"env-rank{k}.json").read_text()) for k in range(6)]
+        assert sorted({d["hostname"] for d in dumps}) == ["node1", "node2", "node3"]
+        assert {d["env"]["MASTER_ADDR"] for d in dumps} == {tb.hosts[0].address}
+        assert status_json(state, "slurmdemo")["state"] == "SUCCEEDED"
+        assert all(tb.sshd_pid(h) is None for h in tb.hosts)            # no SSH was there to use
+    finally:
+        scancel(tb, jid)
+        for h in tb.hosts:
+            tb.start_sshd(h)
