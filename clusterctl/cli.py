@@ -786,5 +786,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     sys.exit(code)
 
 
+from clusterctl import cli_slurm  # noqa: E402 - registers `sbatch` (and the script's `sbatch-run`) on this module's app
+
+cli_slurm.register(sys.modules[__name__])
+
+
 if __name__ == "__main__":
     main()
