@@ -94,11 +94,17 @@ def register(cli) -> None:
                 return 0
             hosts = jobs.load_context(job, inventory).hosts        # the hosts of this (new) allocation
             rec = record_mod.load(ws.store, j)
-            record_mod.save(ws.store, job_id, rec.replace(hosts=tuple(hosts)))
+            names = {h.name for h in hosts}
+            gone = tuple(h.name for h in rec.hosts if h.name not in names)
+            # the old hosts stay in the record for one step: resume cleans up (or records that it could not)
+            # the last attempt on them, then drops them (--exclude) and relaunches on this allocation's hosts
+            record_mod.save(ws.store, job_id, rec.replace(hosts=tuple(hosts) + tuple(
+                h for h in rec.hosts if h.name in gone)))
             ws.store.add_event(job_id, sbatch.EVENT, f"{where}: requeued run, resuming on "
-                                                     f"{', '.join(h.name for h in hosts)}")
-            return ctx.invoke(cli.resume_cmd, job=job_id, exclude=(), checkpoint=None, detach=False, output="text",
-                              accept_new=False)
+                                                     f"{', '.join(h.name for h in hosts)}"
+                                                     + (f" (leaving {', '.join(gone)})" if gone else ""))
+            return ctx.invoke(cli.resume_cmd, job=job_id, exclude=gone, checkpoint=None, detach=False,
+                              output="text", accept_new=False)
         request = jobs.LaunchRequest(job, inventory, cli.connect_options(ctx, False), environ=os.environ)
         launched = jobs.launch(ws, request)
         if isinstance(launched, jobs.PreflightFailed):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.test_launch import JOB_TIMEOUT, clusterctl, status_json, write_job
+from tests.integration.test_launch import JOB_TIMEOUT, clusterctl, status_json, wait_for, write_job
 from tests import testbed as testbeds
 from tests.testbed import profile
 from tests.testbed.system import claim_octet
@@ -27,7 +27,7 @@ def slurm_tb(tmp_path_factory, testbed_slot):
     octet = claim_octet(range(220, 240))
     if octet is None:
         pytest.fail("no free 10.x.0.0/24 subnet among 220..239 for the slurm testbed", pytrace=False)
-    tb = testbeds.Testbed(3, tmp_path_factory.mktemp("slurm-tb"), [profile(gpus=0)] * 3, prefix=f"tbs{letter}",
+    tb = testbeds.Testbed(5, tmp_path_factory.mktemp("slurm-tb"), [profile(gpus=0)] * 5, prefix=f"tbs{letter}",
                  subnet_octet=octet, slurm=True)
     start = time.monotonic()
     try:
@@ -102,7 +102,7 @@ def test_preflight_and_launch_from_slurm_allocation_over_srun_without_ssh(slurm_
         assert r.returncode == 0, r.stderr
         inv = json.loads(r.stdout)
         assert [(h["name"], h["address"], h["connection"]) for h in inv["hosts"]] == \
-            [(h.name, h.address, "srun") for h in tb.hosts]
+            [(h.name, h.address, "srun") for h in tb.hosts[:3]]
 
         job = write_job(tmp_path / "job.yaml", tb, "slurmdemo", "bare")
         r = clusterctl(state, "preflight", "-i", f"slurm:{ov}", str(job), "--output", "json", env=env, timeout=300)
@@ -120,3 +120,49 @@ def test_preflight_and_launch_from_slurm_allocation_over_srun_without_ssh(slurm_
         scancel(tb, jid)
         for h in tb.hosts:
             tb.start_sshd(h)
+
+
+def test_sbatch_submit_requeues_after_the_supervisor_node_dies_and_resumes_one_job(slurm_tb, tmp_path):
+    """The batch host (the supervisor's node) is killed whole (slurmd included): Slurm marks it DOWN and requeues
+    the job; the next run of the script resumes the same clusterctl job from its newest checkpoint, to the end.
+    node1 (slurmctld's host) is left out of the job (`-- --exclude=node1`), so 3 of 4 nodes run it and one is spare."""
+    tb = slurm_tb
+    ov = overlay(tmp_path / "overlay.yaml")
+    job = write_job(tmp_path / "job.yaml", tb, "slurmreq", "bare", steps=80, step_time=0.25)
+    state = Path(tb.shared) / "state-slurmreq"
+    env = slurm_env(tb)
+    r = clusterctl(state, "sbatch", str(job), "--overlay", str(ov), "--dry-run", env=env)
+    assert r.returncode == 0 and "#SBATCH --requeue" in r.stdout and "#SBATCH --signal=B:USR1@" in r.stdout, r
+    r = clusterctl(state, "sbatch", str(job), "--overlay", str(ov), "--submit", "--output", "json", "--",
+                   "--exclude=node1", "--time=20", env=env)
+    assert r.returncode == 0, r.stderr
+    sjid = json.loads(r.stdout)["slurm_job_id"]
+    ckpt = Path(tb.shared) / "slurmreq" / "ckpt"
+    try:
+        wait_for(lambda: list(ckpt.glob("step-*")), JOB_TIMEOUT, "a first checkpoint", interval=1)
+        info = tb.scontrol("-o", "show", "job", sjid).stdout
+        batch_host = re.search(r" BatchHost=(\S+)", info).group(1)
+        assert batch_host != "node1"
+        tb.kill(batch_host)                         # the node dies: its slurmd, the batch script, the supervisor
+
+        def finished():
+            out = tb.scontrol("-o", "show", "job", sjid).stdout
+            return re.search(r"JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT)", out) and out
+        out = wait_for(finished, JOB_TIMEOUT * 2, "the requeued Slurm job to end", interval=2)
+        assert "JobState=COMPLETED" in out and re.search(r" Restarts=[1-9]", out), out
+        v = status_json(state, "slurmreq")
+        assert v["state"] == "SUCCEEDED", v
+        assert v["checkpoint"]["step"] == 80, v
+        r = clusterctl(state, "status", "--output", "json")
+        assert r.returncode == 0
+        r = clusterctl(state, "events", "slurmreq", "--output", "json")
+        assert r.returncode == 0, r.stderr
+        text = r.stdout
+        assert "SLURM_RESTART_COUNT=0" in text and "SLURM_RESTART_COUNT=1" in text, text[-3000:]
+        assert len(list((state / "slurm").glob("[0-9]*"))) == 1          # one Slurm job -> one clusterctl job
+        log = (state / "slurm" / f"slurmreq-{sjid}.out").read_text(errors="replace")
+        assert re.search(r"\] resumed from \S+ at step [1-9]", log), log[-3000:]   # from a checkpoint, not scratch
+    finally:
+        subprocess.run(["scancel", sjid], capture_output=True, timeout=30, env=dict(os.environ, **tb.slurm.env))
+        for h in tb.hosts:
+            tb.start_slurmd(h)
