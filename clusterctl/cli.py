@@ -685,9 +685,10 @@ def _host_names(hosts) -> list:
 @app.command("cordon")
 @click.argument("hosts", nargs=-1, required=True)
 @click.option("--reason", required=True, help="Why (shown by `nodes`, in plans and in launch errors).")
+@click.option("--slurm-drain", is_flag=True, help="Also drain them in Slurm (scontrol update ... State=DRAIN).")
 @output_option
 @click.pass_context
-def cordon_cmd(ctx, hosts, reason, output) -> int:
+def cordon_cmd(ctx, hosts, reason, output, slurm_drain) -> int:
     """Keep HOSTs out of every launch, resume and relaunch (running attempts are not touched)."""
     from clusterctl import controller
     from clusterctl.errors import UserError
@@ -696,6 +697,13 @@ def cordon_cmd(ctx, hosts, reason, output) -> int:
         raise UserError("--reason must be one non-empty line")
     _, store = controller.open_store(ctx.obj.state_dir)
     done = [store.cordon(h, reason.strip(), by="user") for h in _host_names(hosts)]
+    if slurm_drain:
+        from clusterctl import slurm
+
+        for c in done:
+            ok, message = slurm.drain(c.host, c.reason)
+            if not ok:
+                raise UserError(f"{c.host} cordoned, but Slurm refused to drain it: {message}")
     if output == "json":
         print_json([{"host": c.host, "state": "cordoned", "reason": c.reason, "since": c.since, "by": c.by}
                     for c in done])
