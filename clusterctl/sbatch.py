@@ -42,6 +42,7 @@ class BatchScript:
             f"#SBATCH --nodes={self.nodes}",
             "#SBATCH --ntasks-per-node=1",
             "#SBATCH --requeue",
+            "#SBATCH --no-kill",       # a failed worker node leaves the allocation up: the supervisor relaunches
             f"#SBATCH --signal=B:USR1@{int(self.signal_s)}",
             "#SBATCH --open-mode=append",
             f"#SBATCH --output={q(str(Path(self.state_dir) / 'slurm' / '%x-%j.out'))}",

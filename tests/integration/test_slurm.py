@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.test_launch import JOB_TIMEOUT, clusterctl, status_json, wait_for, write_job
+from tests.integration.test_launch import (JOB_TIMEOUT, clusterctl, status_json, wait_for, wait_terminal,
+                                           write_job)
 from tests import testbed as testbeds
 from tests.testbed import profile
 from tests.testbed.system import claim_octet
@@ -120,6 +121,40 @@ def test_preflight_and_launch_from_slurm_allocation_over_srun_without_ssh(slurm_
         scancel(tb, jid)
         for h in tb.hosts:
             tb.start_sshd(h)
+
+
+def test_worker_node_killed_relaunches_inside_the_allocation_and_drains_it(slurm_tb, tmp_path):
+    """4 allocated nodes, a 3-node job: node3 dies whole (its slurmd too) -> the supervisor relaunches on node1,
+    node2, node4 from the checkpoint, inside the same allocation, and (slurm_drain, cordon_after: 1) drains node3."""
+    tb = slurm_tb
+    jid = salloc(tb, 4, "--no-kill")        # a failed node does not end the allocation (Slurm's default does)
+    try:
+        env = job_env(tb, jid)
+        ov = overlay(tmp_path / "overlay.yaml")
+        state = tmp_path / "state"
+        job = write_job(tmp_path / "job.yaml", tb, "slurmdrain", "bare", steps=60, step_time=0.25,
+                        extra={"supervisor": {"probe_interval_s": 1, "cordon_after": 1, "slurm_drain": True},
+                               "restarts": {"max_restarts": 0, "max_failures": 0, "max_node_failures": 3}})
+        r = clusterctl(state, "launch", str(job), "-i", f"slurm:{ov}", "--detach", env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        ckpt = Path(tb.shared) / "slurmdrain" / "ckpt"
+        wait_for(lambda: list(ckpt.glob("step-*")), JOB_TIMEOUT, "a first checkpoint", interval=1)
+        tb.kill("node3")
+        v = wait_terminal(state, "slurmdrain", JOB_TIMEOUT * 2)
+        assert v["state"] == "SUCCEEDED", v
+        assert v["checkpoint"]["step"] == 60, v
+        r = clusterctl(state, "events", "slurmdrain", "--output", "json", env=env)
+        events = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+        kinds = [e["kind"] for e in events]
+        assert "slurm_drain" in kinds and "cordon" in kinds, kinds
+        starts = [e["message"] for e in events if e["kind"] == "start"]
+        assert "node3" not in starts[-1] and "resuming from" in starts[-1], starts
+        node = tb.scontrol("-o", "show", "node", "node3").stdout
+        assert "DRAIN" in re.search(r" State=(\S+)", node).group(1), node
+        assert "Reason=clusterctl:" in node, node
+    finally:
+        scancel(tb, jid)
+        tb.start_slurmd("node3")
 
 
 def test_sbatch_submit_requeues_after_the_supervisor_node_dies_and_resumes_one_job(slurm_tb, tmp_path):
