@@ -748,10 +748,11 @@ def _host_names(hosts) -> list:
 @app.command("cordon")
 @click.argument("hosts", nargs=-1, required=True, shell_complete=complete_hosts)
 @click.option("--reason", required=True, help="Why (shown by `nodes`, in plans and in launch errors).")
+@click.option("--slurm-drain", is_flag=True, help="Also drain them in Slurm (scontrol update ... State=DRAIN).")
 @inventory_option
 @output_option
 @click.pass_context
-def cordon_cmd(ctx, hosts, reason, inventory, output) -> int:
+def cordon_cmd(ctx, hosts, reason, inventory, output, slurm_drain) -> int:
     """Keep HOSTs out of every launch, resume and relaunch (running attempts are not touched)."""
     from clusterctl import controller
     from clusterctl import inventory as inv_mod
@@ -772,6 +773,13 @@ def cordon_cmd(ctx, hosts, reason, inventory, output) -> int:
             if h in before:
                 err.print(f"{h} was already cordoned ({before[h].reason}): the new reason replaces it",
                           markup=False)
+    if slurm_drain:
+        from clusterctl import slurm
+
+        for c in done:
+            ok, message = slurm.drain(c.host, c.reason)
+            if not ok:
+                raise UserError(f"{c.host} cordoned, but Slurm refused to drain it: {message}")
     if output == "json":
         print_json([{"host": c.host, "state": "cordoned", "reason": c.reason, "since": c.since, "by": c.by}
                     for c in done])
@@ -946,6 +954,11 @@ def main(argv: Optional[List[str]] = None) -> None:
                   markup=False)
         code = 1
     sys.exit(code)
+
+
+from clusterctl import cli_slurm  # noqa: E402 - registers `sbatch` (and the script's `sbatch-run`) on this module's app
+
+cli_slurm.register(sys.modules[__name__])
 
 
 if __name__ == "__main__":

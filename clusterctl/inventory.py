@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 from clusterctl.errors import InputError, UserError
 from clusterctl.yamlfile import load_yaml_with_lines, line_of
 
-CONNECTIONS = ("ssh", "local")
+CONNECTIONS = ("ssh", "local", "srun")
 RUNTIMES = ("docker", "podman", "bare")
 
 # var name -> (python type(s), description). Unknown ansible_*/clusterctl_* keys are errors.
@@ -26,11 +26,13 @@ KNOWN_VARS: dict[str, tuple[tuple[type, ...], str]] = {
     "ansible_user": ((str,), "SSH user (default ~/.ssh/config or the local user)"),
     "ansible_ssh_private_key_file": ((str,), "private key file"),
     "ansible_connection": ((str,), "accepted for compatibility: 'ssh' or 'local'"),
-    "clusterctl_connection": ((str,), "ssh (default) | local"),
+    "clusterctl_connection": ((str,), "ssh (default) | local | srun (Slurm job steps, no SSH)"),
     "clusterctl_runtime": ((str,), "docker (default) | podman | bare"),
     "clusterctl_gpus": ((int,), "expected GPU count; 0 = CPU host"),
     "clusterctl_interface": ((str,), "NIC for NCCL/Gloo traffic (default: the NIC carrying the address)"),
     "clusterctl_known_hosts": ((str,), "extra known_hosts file for this host"),
+    "clusterctl_slurm_job_id": ((str, int), "srun connection: the allocation to run steps in (default: "
+                                             "$SLURM_JOB_ID)"),
     "clusterctl_proxy_jump": ((str,), "bastion(s): [user@]host[:port][,[user@]host[:port]...] (host: a name, "
                                       "an IPv4 address or [IPv6])"),
 }
@@ -181,6 +183,10 @@ def load(path: str | None) -> Inventory:
     resolved = resolve_path(path)
     if resolved is None:
         return default_inventory()
+    from clusterctl import slurm
+
+    if slurm.is_slurm_source(resolved):       # -i slurm[:OVERLAY]: the allocation this process runs in
+        return slurm.load_inventory(resolved)
     return parse(resolved)
 
 
@@ -347,6 +353,8 @@ class _Parser:
             self.err(vars_, k, f"must be a GPU count 0..{MAX_GPUS_PER_HOST}, got {v}", dotted=k)
         if k in ("clusterctl_connection", "ansible_connection") and v not in CONNECTIONS:
             self.err(vars_, k, f"must be one of {', '.join(CONNECTIONS)}, got {v!r}", dotted=k)
+        if k == "clusterctl_slurm_job_id" and not str(v).isdigit():
+            self.err(vars_, k, f"must be a Slurm job id (digits), got {v!r}", dotted=k)
         if k == "clusterctl_runtime" and v not in RUNTIMES:
             self.err(vars_, k, f"must be one of {', '.join(RUNTIMES)}, got {v!r}", dotted=k)
         if k in ("ansible_host", "ansible_user", "clusterctl_interface", "clusterctl_proxy_jump"):

@@ -622,6 +622,33 @@ class ClusterOps:
         if not r.ok:
             raise CommandFailed(r.stderr.strip()[-300:] or f"zygote: exit code {r.exit_code}")
 
+    def under_slurm(self) -> bool:
+        return any(h.connection == "srun" for h in self.hosts.values()) or bool(os.environ.get("SLURM_JOB_ID"))
+
+    def slurm_drained(self, nodes: Sequence[str]) -> set[str]:
+        """Under Slurm: those of ``nodes`` that Slurm reports drained, down or not responding (relaunches skip
+        them); an unanswered ``scontrol`` skips none."""
+        if not self.under_slurm():
+            return set()
+        from clusterctl import slurm
+        from clusterctl.errors import UserError
+
+        try:
+            return slurm.drained(slurm.node_records(list(nodes))) & set(nodes)
+        except UserError:
+            return set()
+
+    def slurm_drain(self, node: str, reason: str) -> tuple[bool, str]:
+        from clusterctl import slurm
+        from clusterctl.errors import UserError
+
+        if not self.under_slurm():
+            return False, "the job does not run under Slurm"
+        try:
+            return slurm.drain(node, reason)
+        except UserError as e:
+            return False, str(e)
+
     def reachable(self, nodes: Sequence[str]) -> list[str]:
         """The nodes that run a command now. A node that failed its last probe is asked over a fresh connection:
         the kept one may be dead (its server dropped the session) or stalled in TCP's retransmission backoff

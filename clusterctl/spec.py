@@ -225,6 +225,7 @@ class SupervisorSettings(_Model):
     start_timeout_s: float = Field(60, gt=0)  # bound of each per-node command of a start (leftovers' removal, start)
     collective_timeout_s: int = Field(120, ge=1)  # -> CLUSTERCTL_COLLECTIVE_TIMEOUT_S (process-group timeout)
     cordon_after: int = Field(3, ge=0)       # node_lost/hang failures of one host in 24 h before it is cordoned; 0: never
+    slurm_drain: bool = False                # under Slurm: a cordon also drains the node (scontrol ... State=DRAIN)
 
 
 NOTIFY_EVENTS = ("started", "recovering", "failed", "succeeded", "stopped")

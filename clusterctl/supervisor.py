@@ -209,6 +209,7 @@ class Policy:
     window_s: float | None = 86400.0     # budgets count failures within this window; None: since the last progress
     progress_after_s: float = 600.0      # an attempt with output for this long made progress (resets the backoff)
     cordon_after: int = 3                # node_lost/hang failures of one host within 24 h before it is cordoned (0: never)
+    slurm_drain: bool = False            # a cordon also drains the node in Slurm (ops.slurm_drain)
 
 
 class Supervisor:
@@ -604,7 +605,12 @@ class Supervisor:
     def _uncordoned(self, nodes: Sequence[str]) -> list[str]:
         """``nodes`` without the cordoned ones (`clusterctl cordon`, or cordoned here after repeated failures)."""
         cordoned = self.store.cordons()
-        return [n for n in nodes if n not in cordoned]
+        out = [n for n in nodes if n not in cordoned]
+        drained = getattr(self.ops, "slurm_drained", None)     # under Slurm: drained/down nodes are skipped too
+        if drained is not None and out:
+            gone = drained(out)
+            out = [n for n in out if n not in gone]
+        return out
 
     def _maybe_cordon(self, node: str, verdict: Verdict) -> None:
         """Cordon ``node`` after ``cordon_after`` node_lost/hang failures within 24 h (every job counts)."""
@@ -617,4 +623,8 @@ class Supervisor:
             self.store.cordon(node, reason, by=f"supervisor (job {self.job_id})")
             self.event("cordon", f"{node} cordoned: {reason}; launches skip it until `clusterctl uncordon {node}`",
                        node=node)
+            if self.policy.slurm_drain and (drain := getattr(self.ops, "slurm_drain", None)) is not None:
+                ok, message = drain(node, reason)
+                self.event("slurm_drain", f"{node} drained in Slurm (scontrol update NodeName={node} State=DRAIN)"
+                           if ok else f"{node}: Slurm drain refused: {message}", node=node)
 

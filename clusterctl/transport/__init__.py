@@ -1,4 +1,4 @@
-"""Transports: run argv lists on a host (SSH or local) with one interface.
+"""Transports: run argv lists on a host (SSH, local or srun) with one interface.
 
 ``connect(host, options)`` is the factory the rest of clusterctl receives (dependency injection: tests pass
 fakes). ``fan_out`` runs a function on many hosts with a bounded pool and deadlines.
@@ -22,6 +22,10 @@ def connect(host: "Host", options: ConnectOptions | None = None) -> Transport:
         from clusterctl.transport.local import LocalTransport
 
         return LocalTransport(host, options)
+    if host.connection == "srun":
+        from clusterctl.transport.srun import SrunTransport
+
+        return SrunTransport(host, options)
     from clusterctl.transport.ssh import SSHTransport
 
     return SSHTransport(host, options)

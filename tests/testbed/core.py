@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import containers, dockerd, stubs, system
+from . import containers, dockerd, slurm as slurmd, stubs, system
 
 REGISTRY = Path("/run/clusterctl-testbed")
 SSHD = "/usr/sbin/sshd"
@@ -74,7 +74,7 @@ class PortHandle:
 
 class Testbed:
     def __init__(self, n_hosts: int, base_dir, profiles=None, prefix: str = "tb", subnet_octet: int = 77,
-                 docker: bool = False):
+                 docker: bool = False, slurm: bool = False):
         if not 1 <= n_hosts <= 200:
             raise ValueError("n_hosts must be 1..200")
         if not (len(prefix) <= 9 and prefix.isalnum() and prefix.isascii() and prefix[-1].isalpha()):
@@ -87,6 +87,7 @@ class Testbed:
         self.subnet_octet = subnet_octet
         self.docker = docker
         self.base_dir = Path(base_dir).resolve()
+        self.slurm: slurmd.Cluster | None = None   # with slurm=True: a real Slurm (slurm.py)
         self.bridge = f"{prefix}br0"
         self.gateway = f"10.{subnet_octet}.0.1"
         self.user = f"cc{prefix}"
@@ -98,6 +99,8 @@ class Testbed:
         self.authorized_keys = Path("/run") / f"clusterctl-testbed-{prefix}" / "authorized_keys"
         self.known_hosts = self.base_dir / "known_hosts"
         self.runroot = Path("/run") / f"clusterctl-testbed-{prefix}"
+        if slurm:
+            self.slurm = slurmd.cluster(self.base_dir, self.runroot, prefix)
         self.hosts: list[Host] = []
         for i in range(1, n_hosts + 1):
             prof = stubs.profile(**(profiles[i - 1] if i <= len(profiles) else {}))
@@ -126,6 +129,8 @@ class Testbed:
         if missing or not os.path.exists(SSHD):
             raise RuntimeError(f"missing tools {missing + ([] if os.path.exists(SSHD) else [SSHD])}: "
                                "apt-get install openssh-server podman runc iproute2 util-linux")
+        if self.slurm is not None and not slurmd.available():
+            raise RuntimeError(f"a slurm testbed needs munged, slurmctld, slurmd and srun: {slurmd.INSTALL_HINT}")
         if self.docker and not (os.path.exists(dockerd.DOCKERD) and shutil.which("docker")):
             raise RuntimeError(f"a docker testbed needs {dockerd.DOCKERD} and the docker CLI: {dockerd.INSTALL_HINT}")
         if (real := [t for t in ("nvidia-smi", "nvidia-ctk", "nvidia-container-cli")
@@ -142,11 +147,14 @@ class Testbed:
             for h in self.hosts:              # the daemons start while the rest is built (they take seconds)
                 if h.daemon is not None:
                     dockerd.spawn(h.daemon, h.ns, h.name)
+            self._start_slurm()
             self._setup_images()
             for h in self.hosts:
                 self._spawn_sshd(h)
             self._wait_ssh(self.hosts, timeout=30)
             self._setup_docker_images()
+            if self.slurm is not None:
+                slurmd.wait_ready(self.slurm, [h.name for h in self.hosts], timeout=60)
         except BaseException:
             self.down()
             raise
@@ -161,6 +169,8 @@ class Testbed:
         if daemons:         # containers removed and daemons stopped, in parallel; kill_netns gets the rest
             with ThreadPoolExecutor(8) as pool:
                 list(pool.map(dockerd.stop, daemons))
+        if self.slurm is not None:      # munged lives outside the namespaces: kill_netns would not stop it
+            slurmd.stop(self.slurm, [h.name for h in self.hosts])
         for h in self.hosts:
             if (h.dir / "storage" / "libpod").exists() and (Path("/run/netns") / h.ns).exists():
                 # podman state first, while its processes still run, so no container mounts are left
@@ -232,7 +242,31 @@ class Testbed:
                "CONTAINERS_STORAGE_CONF": str(hdir / "storage.conf")}
         if self.docker:
             env.update(dockerd.daemon(hdir, self.runroot / "docker" / name).env)
+        if self.slurm is not None:
+            env.update(self.slurm.env)
         return env
+
+    def _start_slurm(self) -> None:
+        """munged, slurmctld in the first host's namespace, a slurmd per host in its own (slurm.py)."""
+        if self.slurm is None:
+            return
+        slurmd.write(self.slurm, self.hosts, int(self.hosts[0].profile["gpus"]))
+        slurmd.start_munged(self.slurm)
+        slurmd.start_ctld(self.slurm, self.hosts[0].ns, self.hosts[0].name)
+        for h in self.hosts:
+            slurmd.start_slurmd(self.slurm, h.ns, h.name)
+
+    def start_slurmd(self, host) -> None:
+        """Start the host's slurmd again (after ``kill``) and return the node to service."""
+        h = self.host(host)
+        if self.slurm is not None and slurmd.slurmd_pid(self.slurm, h.name) is None:
+            slurmd.start_slurmd(self.slurm, h.ns, h.name)
+            slurmd.resume(self.slurm, h.name)
+
+    def scontrol(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        if self.slurm is None:
+            raise RuntimeError(f"testbed {self.prefix} has no Slurm (Testbed(..., slurm=True))")
+        return slurmd.scontrol(self.slurm, *args, timeout=timeout)
 
     def _setup_docker_images(self) -> None:
         daemons = {h.name: h.daemon for h in self.hosts if h.daemon is not None}
@@ -312,7 +346,7 @@ class Testbed:
     @staticmethod
     def is_daemon(cmdline: str) -> bool:
         """A container engine's own daemon (dockerd, its containerd): part of the host, not of any job."""
-        return cmdline.startswith((dockerd.DOCKERD + " ", "containerd --config"))
+        return cmdline.startswith((dockerd.DOCKERD + " ", "containerd --config")) or slurmd.is_daemon(cmdline)
 
     def _setup_images(self) -> None:
         wanted = [h for h in self.hosts if h.profile["image"]]
@@ -364,7 +398,7 @@ class Testbed:
     def _state(self) -> dict:
         return {"n_hosts": len(self.hosts), "base_dir": str(self.base_dir), "prefix": self.prefix,
                 "subnet_octet": self.subnet_octet, "profiles": [h.profile for h in self.hosts],
-                "docker": self.docker}
+                "docker": self.docker, "slurm": self.slurm is not None}
 
     def _save_state(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -376,7 +410,7 @@ class Testbed:
     @classmethod
     def from_state(cls, state: dict) -> "Testbed":
         tb = cls(state["n_hosts"], state["base_dir"], state["profiles"], state["prefix"], state["subnet_octet"],
-                 docker=bool(state.get("docker")))
+                 docker=bool(state.get("docker")), slurm=bool(state.get("slurm")))
         tb._up = all((Path("/run/netns") / h.ns).exists() for h in tb.hosts)
         return tb
 
