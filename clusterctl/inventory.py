@@ -137,6 +137,9 @@ class Inventory:
     source: str                       # file path or "<embedded default>"
     hosts: tuple[Host, ...]
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # group -> host names
+    # the hosts are a scheduler's allocation (-i slurm): every one is the job's, those beyond nodes' MAX its spares
+    # (from a file, only a job's `hosts:` does that: an inventory of 100 hosts is not a job's 3 and 97 spares)
+    allocation: bool = False
 
     def get(self, name: str) -> Host:
         for h in self.hosts:

@@ -105,7 +105,7 @@ def load_context(job_path: str, inventory_path: str | None, cordons: Mapping[str
             raise bad("nproc_per_node", f"\"gpu\" but {h.name} has no GPUs (clusterctl_gpus)")
         if isinstance(spec.nproc_per_node, int) and h.gpus and spec.nproc_per_node > h.gpus:
             raise bad("nproc_per_node", f"{spec.nproc_per_node} > {h.gpus} GPUs on {h.name}")
-    chosen = hosts[: spec.max_nodes] if spec.hosts is None else hosts
+    chosen = hosts if spec.hosts is not None or inv.allocation else hosts[: spec.max_nodes]
     rdzv = spec.rendezvous.host
     if rdzv is not None and rdzv not in [h.name for h in chosen[: spec.max_nodes]]:
         why = (" (it is cordoned)" if rdzv in dict(excluded) else " (it is a spare: beyond nodes' MAX)"

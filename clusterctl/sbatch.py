@@ -1,7 +1,9 @@
 """``clusterctl sbatch JOB.yaml [-- SBATCH ARGS]``: the batch script that runs the supervisor inside the allocation.
 
 The script (``render``: pure, what ``--dry-run`` prints is what is submitted) asks for the job's node count,
-``--requeue``, and ``--signal=B:USR1@<s>`` so the batch shell hears of the time limit before it hits: the trap
+``--requeue`` (and not ``--no-kill``: with it, Slurm 22.05 removes even the batch host from the job when that node
+fails and kills the batch step, leaving an allocation with nothing running in it until its time limit; without it,
+any node failure requeues the whole Slurm job, and the next run resumes), and ``--signal=B:USR1@<s>`` so the batch shell hears of the time limit before it hits: the trap
 requeues the Slurm job, and the next run resumes. Every run of the script executes ``clusterctl sbatch-run`` (``run``
 here): the first run of a Slurm job launches the clusterctl job from ``-i slurm`` and writes
 ``<state>/slurm/<SLURM_JOB_ID>`` (the clusterctl job id); a later run of the same Slurm job (requeued after its
@@ -42,7 +44,6 @@ class BatchScript:
             f"#SBATCH --nodes={self.nodes}",
             "#SBATCH --ntasks-per-node=1",
             "#SBATCH --requeue",
-            "#SBATCH --no-kill",       # a failed worker node leaves the allocation up: the supervisor relaunches
             f"#SBATCH --signal=B:USR1@{int(self.signal_s)}",
             "#SBATCH --open-mode=append",
             f"#SBATCH --output={q(str(Path(self.state_dir) / 'slurm' / '%x-%j.out'))}",

@@ -36,8 +36,9 @@ def run_cmd(argv: Sequence[str], timeout: float = SCONTROL_TIMEOUT_S) -> "subpro
         raise UserError(f"cannot run {argv[0]}: {e.strerror} (is this a Slurm client machine?)") from None
 
 
-def is_slurm_source(path: str | None) -> bool:
-    return path is not None and (path == SLURM_SOURCE or path.startswith(SLURM_SOURCE + ":"))
+def is_slurm_source(path: "str | os.PathLike[str] | None") -> bool:
+    """``slurm`` or ``slurm:OVERLAY`` (a str as -i gives it; a Path is always a file)."""
+    return isinstance(path, str) and (path == SLURM_SOURCE or path.startswith(SLURM_SOURCE + ":"))
 
 
 # --------------------------------------------------------------------------------------------- pure parsers
@@ -201,4 +202,5 @@ def load_inventory(source: str = SLURM_SOURCE, env: Mapping[str, str] | None = N
     # allocation order, not the overlay's: the first allocated node is the rendezvous host
     order = {n: i for i, n in enumerate(names)}
     return inv_mod.Inventory(source=f"slurm job {env.get('SLURM_JOB_ID', '?')}" + (f" + {overlay}" if overlay else ""),
-                             hosts=tuple(sorted(inv.hosts, key=lambda h: order[h.name])), groups=inv.groups)
+                             hosts=tuple(sorted(inv.hosts, key=lambda h: order[h.name])), groups=inv.groups,
+                              allocation=True)

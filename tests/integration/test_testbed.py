@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.integration.test_launch import wait_for
 from tests.testbed import IMAGE, profile
 
 
@@ -139,6 +140,8 @@ def test_kill_by_pattern_and_occupy_port(testbed):
         assert "Address already in use" in r.stderr
         assert reachable(h.address)
     ssh(testbed, h, "nohup sleep 1234 >/dev/null 2>&1 &")
+    # the ssh session returns once the background job is forked; nohup execs sleep a moment later
+    wait_for(lambda: any(cmd.startswith("sleep 1234") for _, cmd in testbed.processes(h)), 10, "sleep to start")
     killed = testbed.kill(h, pattern=r"^sleep 1234")
     assert len(killed) == 1
     assert testbed.sshd_pid(h) is not None  # only the matching process died

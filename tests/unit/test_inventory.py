@@ -107,6 +107,12 @@ def test_default_when_nothing_given(tmp_path, monkeypatch):
     assert inventory.load(None).hosts[0].name == "fromenv"
 
 
+def test_load_takes_a_path_object(tmp_path):
+    """A pathlib.Path is a file, never the ``slurm`` source (a Path has no startswith: it raised)."""
+    (tmp_path / "slurm").write_text("all:\n  hosts:\n    fromfile:\n")
+    assert inventory.load(tmp_path / "slurm").hosts[0].name == "fromfile"
+
+
 def test_shipped_examples_parse():
     root = Path(__file__).parent.parent.parent / "inventories"
     files = sorted(root.glob("*.yaml"))

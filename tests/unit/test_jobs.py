@@ -81,6 +81,22 @@ def launch(ws, world, spawn, **kw):
     return jobs.launch(ws, request(ws, **kw), connect=world.connect, spawn=spawn)
 
 
+def test_an_allocation_makes_every_host_the_jobs_and_those_beyond_max_spares(env, monkeypatch):
+    """-i slurm: the allocation is the job's (its extra nodes are the spares a relaunch uses); an inventory file's
+    hosts beyond nodes' MAX are not the job's unless the job names them (``hosts:``)."""
+    import dataclasses
+
+    from clusterctl import inventory
+
+    ws, _, _ = env
+    job, inv = str(ws.root / "job.yaml"), str(ws.root / "inventory.yaml")
+    assert [h.name for h in jobs.load_context(job, inv).hosts] == ["n1", "n2"]
+    real = inventory.load
+    monkeypatch.setattr(inventory, "load", lambda path: dataclasses.replace(real(path), allocation=True))
+    ctx = jobs.load_context(job, inv)
+    assert [h.name for h in ctx.hosts] == ["n1", "n2", "n3"] and ctx.spec.max_nodes == 2
+
+
 # ------------------------------------------------------------------------------------------- launch
 def test_launch_checks_records_and_spawns_once(env):
     ws, world, spawn = env
