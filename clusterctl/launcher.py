@@ -386,7 +386,7 @@ class ClusterOps:
         # each command's bound is the job's (a slow node, a saturated host gets what the job allows); a node's
         # whole start: its connection, then those commands
         timeout = self.spec.supervisor.start_timeout_s
-        commands = 4 if attempt > 1 else 2   # leftovers, zygote ping, start; a zygote (re)start
+        commands = 6 if attempt > 1 else 2   # leftovers, zygote ping, start (again cold); a zygote (re)start
 
         self.recovery = {}
 
@@ -402,6 +402,13 @@ class ClusterOps:
                 argv = node.warm_argv
                 prelude = f"{runtimes.LIB_DIR_VAR}={node.warm_dir}/lib-{attempt}\n{CHECKPOINT_INSTALLER}"
             r = self._run(host.name, argv, timeout=timeout, stdin=node.env_script(self.secrets, prelude))
+            if not r.ok and mode == "warm":     # its zygote answered, then the warm start failed: cold, once
+                failed = (r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}").splitlines()[-1]
+                self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
+                          timeout=timeout)
+                mode, why = "cold", f"its warm start failed ({failed[-200:]}): started cold"
+                r = self._run(host.name, node.runtime_argv, timeout=timeout,
+                              stdin=node.env_script(self.secrets, CHECKPOINT_INSTALLER))
             if not r.ok:
                 raise CommandFailed((r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}")[-500:])
             self.store.set_node(self.job_id, attempt, host.name, address=host.address,

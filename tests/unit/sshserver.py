@@ -130,7 +130,12 @@ class _Interface(paramiko.ServerInterface):
             return False
 
         def run() -> None:
-            time.sleep(0.05)     # let paramiko answer the exec request before the channel closes
+            # the channel may close only after paramiko has sent the exec request's answer, or the client reads
+            # "Channel closed." (a fixed 0.05 s sleep lost that race on a loaded machine): clusterctl's client
+            # half-closes (shutdown_write) once it has that answer; another client gets 2 s
+            end = time.monotonic() + 2
+            while not channel.eof_received and time.monotonic() < end:
+                time.sleep(0.005)
             out, code = s.handler(command.decode())
             for i in range(0, len(out), 32768):
                 channel.sendall(out[i:i + 32768])
@@ -184,4 +189,7 @@ def _pair_later(t: paramiko.Transport, chanid: int, sock: socket.socket) -> None
         pass
     finally:
         sock.close()
-        chan.close()
+        try:
+            chan.close()
+        except (EOFError, OSError):     # the client's transport went first
+            pass

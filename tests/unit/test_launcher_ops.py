@@ -224,6 +224,39 @@ def test_warm_recovery_forks_survivors_from_their_zygote_and_a_node_without_one_
         ops.close()
 
 
+class WarmStartFails(Zygotes):
+    """The zygote answers its ping, then the warm start (the attempt container with the zygote's client) fails."""
+
+    def run(self, argv, *, timeout, stdin=None) -> CommandResult:
+        if stdin is not None and "--no-python" in argv:        # only the warm start runs ranks through a client
+            self.runs.append(list(argv))
+            return CommandResult(tuple(argv), 125, "", "Error: statfs /tmp/clusterctl-warm/x: no such file\n", 0.01)
+        return super().run(argv, timeout=timeout, stdin=stdin)
+
+
+def test_a_warm_start_that_fails_after_the_ping_is_retried_cold_once(tmp_path):
+    """A zygote that answers but whose warm start fails: what the failed start left is removed, the node starts
+    cold (and gets a fresh zygote), and ``recovery`` says why; the node is not left out of the attempt."""
+    nodes = {"n1": Zygotes(HOSTS["n1"], True), "n2": WarmStartFails(HOSTS["n2"], True),
+             "n3": Zygotes(HOSTS["n3"], True)}
+    ops = _ops(tmp_path, nodes)
+    rt = runtimes.get("podman")
+    try:
+        assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
+        for n in nodes.values():
+            n.runs.clear()
+        assert ops.start(2, list(HOSTS), "n1", ("", 0)) == {}
+        node = ops.plan.node("n2")
+        assert nodes["n2"].runs == [rt.remove_job_argv("j-1"), rt.zygote_ping_argv(node.warm_dir),
+                                    list(node.warm_argv), rt.remove_job_argv("j-1"), list(node.runtime_argv),
+                                    rt.zygote_remove_argv("j-1", "n2", node.warm_dir), list(node.zygote_argv)]
+        assert ops.recovery["n2"] == ("cold", "its warm start failed (Error: statfs /tmp/clusterctl-warm/x: no such "
+                                              "file): started cold")
+        assert ops.recovery["n1"][0] == ops.recovery["n3"][0] == "warm"
+    finally:
+        ops.close()
+
+
 def test_stopping_the_job_removes_its_zygotes_a_relaunch_keeps_them(tmp_path):
     nodes = {n: Node(h) for n, h in HOSTS.items()}
     ops = _ops(tmp_path, nodes)
