@@ -41,6 +41,19 @@ from tests.testbed import Testbed, profile  # noqa: E402
 SECTION = "## slurm: srun vs SSH"
 METHODS = ("ssh", "srun")
 STEP = re.compile(r"\] step \d+/")
+NOTES = """\
+Reading (the run of 2026-12-03; a rerun replaces the table, not this paragraph):
+
+- An srun command costs about the same each time (a new `srun` client, a step created by slurmctld, a fork by
+  the node's slurmd): ~0.07-0.1 s at 4 nodes here, against ~0.01 s for a command on a kept SSH connection. The
+  first command to a node is a little cheaper over srun than SSH's handshake.
+- The supervisor's steady cost is mostly its watches (one long-lived stream per node, a line a second: one step
+  per node over srun), which answer a probe round without a command; a command per node per round runs only
+  when a watch is silent or a process ended, so the per-command difference shows up at a relaunch, not per second.
+- A launch sends a handful of commands per node (the quick preflight's probe, the start, the watch, the log
+  follower): over srun it reached rank 0's first step ~2 s later here; both are dominated by the ranks' own start (torch import on
+  2 shared cores).
+"""
 
 
 def salloc(tb, nodes: int) -> str:
@@ -202,6 +215,7 @@ def main(argv=None) -> int:
         *(f"- {what}: srun {mb:.3f}s vs SSH {ma:.3f}s ({mb / ma:.2f}x)" for what, ma, mb in lines),
         *(["", "Failures: " + "; ".join(failures)] if failures else []),
         "",
+        NOTES,
     ])
     common.publish(SECTION, section, write=not args.no_write)
     return 1 if failures else 0
