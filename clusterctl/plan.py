@@ -234,11 +234,11 @@ def warm_unavailable(spec: JobSpec, runtime: str) -> str:
     """Why a node of this job has no warm path ("" when it has one)."""
     if spec.recovery != "warm":
         return "recovery: cold in the job"
-    if runtime == "bare":
-        return "bare runtime: no warm path yet"
-    if list(spec.torchrun) != ["torchrun"]:
-        return "a custom torchrun command (the zygote runs torch.distributed.run itself)"
-    return ""
+    if list(spec.torchrun) == ["torchrun"]:
+        return ""
+    if runtime == "bare" and len(spec.torchrun) == 1 and spec.torchrun[0].rsplit("/", 1)[-1] == "torchrun":
+        return ""       # torchrun by its path: its interpreter runs the zygote (on the host)
+    return "a custom torchrun command (the zygote runs torch.distributed.run itself)"
 
 
 def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, rdzv_host: Host | None = None,

@@ -157,7 +157,21 @@ def _run_child(req: dict) -> int:
         return 1
 
 
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this child when the zygote dies (Linux ``PR_SET_PDEATHSIG``): a killed zygote leaves no agent or
+    rank running on (in a container its removal ends them all; on a bare host nothing else would)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)   # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):       # not Linux: the zygote's kill of the session is all there is
+        return
+    if os.getppid() != parent:              # it died between the fork and the prctl
+        os._exit(137)
+
+
 def _fork(req: dict, fds: list[int], listener: socket.socket, conns: list[socket.socket]) -> int:
+    zygote = os.getpid()
     pid = os.fork()
     if pid:
         return pid
@@ -171,6 +185,7 @@ def _fork(req: dict, fds: list[int], listener: socket.socket, conns: list[socket
             with open(marker, "w") as f:
                 f.write(f"{req['env'].get('CLUSTERCTL_ATTEMPT', '')} {req['env']['RANK']}\n")
         os.setsid()                          # its own session: the zygote kills the whole of it
+        _die_with_parent(zygote)
         signal.set_wakeup_fd(-1)
         for s in FORWARDED + (signal.SIGCHLD,):
             signal.signal(s, signal.SIG_DFL)

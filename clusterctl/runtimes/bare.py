@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from clusterctl.causes import ERROR_FILE_LINE
 from clusterctl.runtimes import (APPLY_ENV_AND_EXEC, DEFAULT_JOBS_ROOT, ENV_SCRIPT_VAR, LABEL_ATTEMPT, LABEL_JOB_ID,
-                                 LIB_DIR_VAR, Instance, NodeRef, RunRequest)
+                                 LIB_DIR_VAR, WARM_ROOT, Instance, NodeRef, RunRequest, zygote_client)
 
 
 def _expand_home(var: str) -> str:
@@ -147,6 +147,40 @@ done
 exit 0
 """
 
+# Warm recovery (docs/design.md): the node's zygote is a process on the host, detached like the runner, started by
+# the interpreter of the job's torchrun (its #! line: where torch is installed). It is started without the job's
+# environment, so KILL_JOB (by CLUSTERCTL_JOB_ID) leaves it for the next relaunch; a forked agent or rank keeps the
+# zygote's command line, which is how ZYGOTE_REMOVE finds them all.
+# $1 the warm dir  $2 the job's torchrun; stdin: zygote.py. Returns once the zygote is started (it then imports
+# torch for seconds before it serves $1/z.sock).
+ZYGOTE_START = f"""d=$1 t=$2
+tp=$(command -v "$t") || {{ echo "clusterctl: $t not found on PATH: no zygote" >&2; exit 127; }}
+py=$(sed -n '1s/^#![[:space:]]*//p' "$tp")
+case $py in */python*|*" python"*) ;; *) echo "clusterctl: $tp is not a Python script (#!$py): no zygote" >&2; exit 125;; esac
+rm -rf -- "$d" && mkdir -p -m 1777 {WARM_ROOT} && (umask 077 && mkdir -- "$d") && cat >"$d/zygote.py" || exit 125
+cd / || exit 125
+# $py unquoted: a #! line is the interpreter and at most one argument ("/usr/bin/env python3")
+setsid nohup $py "$d/zygote.py" serve "$d/z.sock" </dev/null >>"$d/zygote.log" 2>&1 &
+"""
+
+# $1 the job id  $2 the warm dir ("": every one of the job): SIGKILL the zygote(s) and every process forked from them
+# (a forked agent or rank keeps its zygote's command line), then remove the dir(s)
+ZYGOTE_REMOVE = f"""jid=$1 w=$2
+for c in /proc/[0-9]*/cmdline; do
+  v=$(exec 2>/dev/null; tr '\\0' ' ' <"$c") || continue
+  case $v in
+    *"/zygote.py serve "*) ;;
+    *) continue ;;
+  esac
+  if [ -n "$w" ]; then case $v in *" $w/zygote.py serve "*) ;; *) continue ;; esac
+  else case $v in *" {WARM_ROOT}/${{jid}}_"*"/zygote.py serve "*) ;; *) continue ;; esac
+  fi
+  p=${{c#/proc/}}; kill -s KILL -- "${{p%/cmdline}}" 2>/dev/null
+done
+if [ -n "$w" ]; then rm -rf -- "$w"; else rm -rf -- "{WARM_ROOT}/$jid"_*; fi
+exit 0
+"""
+
 # $1 LOG  $2... tail options
 LOGS = f'f=$1; shift; {_expand_home("f")}; exec tail "$@" -- "$f"'
 
@@ -195,6 +229,21 @@ class BareRuntime:
 
     def parse_list(self, stdout: str) -> list[Instance]:
         return parse_list(stdout)
+
+    # ------------------------------------------------------------------ warm recovery
+    def zygote_start_argv(self, req: RunRequest, wdir: str) -> list[str]:
+        """Start the node's zygote on the host (stdin: zygote.py's source), by the interpreter of the job's
+        torchrun (``req.command[0]``). Remove an old one first (``zygote_remove_argv``)."""
+        return ["sh", "-c", ZYGOTE_START, "clusterctl-zygote", wdir, req.command[0]]
+
+    def zygote_remove_argv(self, job_id: str, node: str | None = None, wdir: str = "") -> list[str]:
+        """Kill the job's zygote on this node (``wdir``; "": every one of the job) and what it forked; remove
+        its dir."""
+        return ["sh", "-c", ZYGOTE_REMOVE, "clusterctl-zygote-rm", job_id, wdir]
+
+    def zygote_ping_argv(self, wdir: str) -> list[str]:
+        """Exit 0 when the zygote in ``wdir`` answers (the host's python3, torch-free client)."""
+        return zygote_client(wdir, "ping")
 
 
 def parse_list(stdout: str) -> list[Instance]:

@@ -25,7 +25,7 @@ ZYGOTE_REMOVE = ('i=0; while :; do ids=$("$0" ps -aq --filter="label=' + LABEL_W
                  'i=$((i + 1)); [ "$i" -ge 20 ] && { "$0" rm RMFLAGS $ids >/dev/null; exit 1; }; sleep 0.5; done; '
                  'if [ -n "$3" ]; then rm -rf -- "$3"; else rm -rf -- "' + WARM_ROOT + '/$1"_*; fi')
 # $1 the warm dir, then the runtime's run argv: a fresh dir holding zygote.py (stdin), then start the zygote.
-ZYGOTE_START = ('d=$1; shift; rm -rf -- "$d" && mkdir -p -m 755 "' + WARM_ROOT + '" && mkdir -m 700 "$d" && '
+ZYGOTE_START = ('d=$1; shift; rm -rf -- "$d" && mkdir -p -m 1777 "' + WARM_ROOT + '" && mkdir -m 700 "$d" && '
                 'cat >"$d/zygote.py" && exec "$@"')
 
 INIT_GONE = (PID_ALIVE + '; ' + SELECT_CONTAINER.replace("exit 1", "exit 0") + '; '

@@ -21,7 +21,7 @@ JOB_PATTERN = r"torchrun|train\.py|catatonit|conmon"   # the job's processes in 
 def job_yaml(path: Path, shared: Path, *, name: str, steps: int = 150, every: int = 10, step_time: float = 0.1,
              extra_args: list[str] | None = None, restarts: dict | None = None, supervisor: dict | None = None,
              nodes: str = "2:3", nproc: int = 1, mounts: list[str] | None = None, script: Path = TRAIN,
-             recovery: str | None = None) -> Path:
+             recovery: str | None = None, torchrun: str | None = None) -> Path:
     spec = {
         "name": name, "nodes": nodes, "nproc_per_node": nproc, "script": str(script),
         "args": ["--steps", str(steps), "--checkpoint-every", str(every), "--step-time", str(step_time),
@@ -36,6 +36,8 @@ def job_yaml(path: Path, shared: Path, *, name: str, steps: int = 150, every: in
         spec["mounts"] = list(mounts)
     if recovery:
         spec["recovery"] = recovery
+    if torchrun:
+        spec["torchrun"] = torchrun
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
@@ -187,9 +189,24 @@ def new_run(tb, tmp: Path, name: str, runtime: str = "podman", **job_kw) -> Run:
     shared = Path(tb.shared) / name
     shared.mkdir(parents=True, exist_ok=True)
     inv = tb.inventory(tmp / "inventory.yaml", runtime=runtime)
+    if runtime == "bare":       # the hosts' PATH (sshd SetEnv) has no venv: torchrun by its path
+        job_kw.setdefault("torchrun", str(Path(sys.prefix) / "bin" / "torchrun"))
     job = job_yaml(tmp / "job.yaml", shared, name=name, mounts=tb.job_mounts(runtime), **job_kw)
     steps = job_kw.get("steps", 150)
     return Run(tb, tmp / "state", inv, job, name, steps, shared / "steps.jsonl", runtime=runtime)
+
+
+def wait_zygotes(run: Run, timeout: float = 90) -> None:
+    """Every node's zygote (warm recovery) has imported torch: its socket is in the node's warm dir (the testbed's
+    hosts share this machine's /tmp)."""
+    import glob
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if len(glob.glob(f"/tmp/clusterctl-warm/{run.job_row().job_id}_*/z.sock")) == len(run.tb.hosts):
+            return
+        time.sleep(0.5)
+    raise AssertionError("the zygotes did not come up\n" + run.events_text())
 
 
 def check_steps(run: Run, resumed_steps: list[int] | None = None) -> dict:
@@ -220,8 +237,10 @@ def check_clean(run: Run, timeout: float = 30) -> None:
     while time.monotonic() < end:
         left = {}
         for h in run.tb.hosts:
-            names = [n for n in run.tb.container_names(h, run.runtime, "label=clusterctl.job_id") if run.name in n]
-            procs = [c for _, c in run.tb.processes(h) if str(TRAIN) in c and run.name in c]
+            names = [] if run.runtime == "bare" else \
+                [n for n in run.tb.container_names(h, run.runtime, "label=clusterctl.job_id") if run.name in n]
+            # a rank, or a zygote and what it forked (their command line names the warm dir, the job id in it)
+            procs = [c for _, c in run.tb.processes(h) if (str(TRAIN) in c or "/zygote.py " in c) and run.name in c]
             if names or procs:
                 left[h.name] = (names, procs)
         if not left:

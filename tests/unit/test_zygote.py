@@ -116,3 +116,32 @@ def test_stacks_finds_a_rank_forked_by_the_zygote(tmp_path):
         z.terminate()
         z.wait(10)
         shutil.rmtree(wdir, ignore_errors=True)
+
+
+def test_a_killed_zygote_takes_its_children_along(tmp_path):
+    """PR_SET_PDEATHSIG: a forked agent or rank dies with its zygote (on a bare host nothing else would end it)."""
+    path = str(tmp_path / "z.sock")
+    proc = subprocess.Popen([sys.executable, ZYGOTE, "serve", path, ""], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == zygote.READY
+    script, pidfile = tmp_path / "r.py", tmp_path / "pid"
+    script.write_text(f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+                      "print('up', flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen(client(path, "rank", str(script)), stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "up\n"
+        child = int(pidfile.read_text())
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 5
+
+        def gone() -> bool:
+            try:
+                return Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+            except OSError:
+                return True
+        while not gone() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone()
+    finally:
+        p.kill()
+        p.wait(10)
