@@ -314,38 +314,57 @@ def side_section(results: list[dict], args) -> str:
 WARM = "## warm recovery"
 
 
-def warm_section(results: list[dict], args) -> str:
-    """``## warm recovery``: warm and cold side by side (one row per run, interleaved) with the phases."""
+def warm_section(results: list[dict], args, heading: str = WARM) -> str:
+    """``## warm recovery`` (or its ``### heading``): warm and cold side by side (one row per run, interleaved)
+    with the phases, per runtime, and plain torchrun's rows when it ran."""
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     sec = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-    lines = [WARM, "",
+
+    def split(method: str) -> tuple[str, str]:        # "clusterctl [RUNTIME] RECOVERY" -> (runtime, recovery)
+        parts = method.split()
+        return (parts[1] if len(parts) == 3 else "podman"), parts[-1]
+
+    lines = [heading, "",
              f"Measured {when} on {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end. "
-             f"3-host podman testbed, quickstart script, `nodes: \"2:3\"`, {args.nproc} rank(s) per node, "
+             f"3-host testbed ({args.runtimes}), quickstart script, `nodes: \"2:3\"`, {args.nproc} rank(s) per node, "
              f"{STEPS} steps, `--step-time {STEP_TIME} --checkpoint-every {EVERY}`, fault at step >= {FAULT_AT}; "
-             f"each fault run with `recovery: warm` and `recovery: cold`, interleaved, {args.reps} run(s) each. "
-             f"Rerun: `python bench/recovery.py --recovery {args.recovery} --methods clusterctl --faults "
-             f"{args.faults} --reps {args.reps} --nproc {args.nproc}` (own testbed, prefix `{args.prefix}`, "
-             f"10.{args.subnet}.0.0/24).", "",
+             f"each fault run with `recovery: warm` and `recovery: cold` on each runtime, interleaved, {args.reps} "
+             f"run(s) each. Rerun: `python bench/recovery.py --recovery {args.recovery} --methods {args.methods} "
+             f"--faults {args.faults} --reps {args.reps} --nproc {args.nproc} --runtimes {args.runtimes}` (own "
+             f"testbed, prefix `{args.prefix}`, 10.{args.subnet}.0.0/24).", "",
              "Phases, seconds after the fault: verdict (the supervisor's verdict event), stopped (the old "
              "attempt's containers removed, checkpoint found: the next attempt's start event), started (the "
              "survivors' new containers running: the last relaunch event), first step (the new attempt's first "
              "recorded step = MTTR). Between started and first step: rendezvous, the ranks (forked warm, or "
              "importing torch cold), process group, checkpoint load.", "",
-             "| fault | recovery | MTTR s | verdict s | stopped s | started s | steps lost | step s before / after "
-             "| survivors |",
-             "|---|---|---:|---:|---:|---:|---:|---|---|"]
+             "| fault | runtime | recovery | MTTR s | verdict s | stopped s | started s | steps lost "
+             "| step s before / after | survivors |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|---|"]
     for r in results:
+        if r["method"] == "torchrun":
+            lines.append(f"| {r['fault']} | plain torchrun | - | {sec(r['mttr'])} | - | - | - | "
+                         f"{r['lost'] if r['lost'] is not None else '-'} | - | {r['outcome']} |")
+            continue
         if not r["method"].startswith("clusterctl"):
             continue
-        lines.append(f"| {r['fault']} | {r['method'].rsplit(' ', 1)[-1]} | {sec(r['mttr'])} | {sec(r['detect'])} | "
+        rt, rec = split(r["method"])
+        lines.append(f"| {r['fault']} | {rt} | {rec} | {sec(r['mttr'])} | {sec(r['detect'])} | "
                      f"{sec(r['stopped'])} | {sec(r['started'])} | {r['lost']} | "
                      f"{r.get('step_s_before') or '-'} / {r.get('step_s_after') or '-'} | {r['modes'] or '-'} |")
-    by = {}
+    by: dict[tuple[str, str, str], list[float]] = {}
     for r in results:
         if r.get("mttr") is not None and r["method"].startswith("clusterctl"):
-            by.setdefault((r["fault"], r["method"].rsplit(" ", 1)[-1]), []).append(r["mttr"])
-    lines += ["", "Median MTTR: " + "; ".join(f"{f} {m} {statistics.median(v):.1f} s" for (f, m), v in by.items())
-              + ".", ""]
+            by.setdefault((r["fault"], *split(r["method"])), []).append(r["mttr"])
+    lines += ["", "Median MTTR: " + "; ".join(f"{f} {rt} {m} {statistics.median(v):.1f} s"
+                                              for (f, rt, m), v in by.items()) + "."]
+    ratios = []
+    for (f, rt, m), v in by.items():
+        cold = by.get((f, rt, "cold"))
+        if m == "warm" and cold:
+            ratios.append(f"{f} {rt} {statistics.median(v) / statistics.median(cold):.2f}x")
+    if ratios:
+        lines += ["", "Warm / cold MTTR (goal <= 0.4x at 2 ranks per node): " + "; ".join(ratios) + "."]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -399,6 +418,9 @@ def main(argv=None) -> int:
                     help="warm,cold: each clusterctl run once per recovery mode, interleaved (the job's "
                          "`recovery:` key); the ## warm recovery section is written from them")
     ap.add_argument("--nproc", type=int, default=2, help="ranks per node of the clusterctl runs")
+    ap.add_argument("--subsection", default="",
+                    help="with --recovery: write the table into this ### sub-section of ## warm recovery (the "
+                         "section's other text is kept) instead of replacing the section")
     ap.add_argument("--runtimes", default="podman",
                     help="clusterctl's runtimes, comma-separated (podman, docker): with docker, the side-by-side "
                          "sub-table is written too (the main table keeps podman's runs and torchrun's)")
@@ -430,11 +452,14 @@ def main(argv=None) -> int:
                             results.append(r)
     finally:
         tb.down()
-    if modes != [""]:             # warm beside cold: the ## warm recovery section only
-        text = warm_section(results, args)
+    if modes != [""]:             # warm beside cold: the ## warm recovery section (or its ### sub-section) only
+        text = warm_section(results, args, f"### {args.subsection}" if args.subsection else WARM)
         print(text)
         if not args.no_write:
-            replace_section(WARM, text, DOC)
+            if args.subsection:
+                write_subsection(WARM, f"### {args.subsection}", text, DOC)
+            else:
+                replace_section(WARM, text, DOC)
         return 0
     if rts != ["podman"]:         # docker beside podman: the side-by-side sub-table
         text = side_section([r for r in results if r["method"].startswith("clusterctl")], args)
