@@ -92,12 +92,32 @@ def fault(tb, kind: str, rdzv: str, other: str) -> str:
     return victim
 
 
+PHASES_NAME = "phases.jsonl"      # the quickstart's --phases file, relative to the job's dir on shared storage
+PHASES = ("started", "torch", "process_group", "checkpoint", "first_step")
+
+
+def rank_phases(path: Path, attempt, t0: float) -> dict | None:
+    """The new attempt's ranks (quickstart ``--phases``): per phase, seconds after the fault when the last rank
+    reached it, and the CPU seconds all its ranks had spent by their first step."""
+    if attempt is None or not path.is_file():
+        return None
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    recs = [r for r in recs if str(r.get("attempt")) == str(attempt)]
+    out = {}
+    for ph in PHASES:
+        ts = [r["time"] for r in recs if r["phase"] == ph]
+        out[ph] = round(max(ts) - t0, 1) if ts else None
+    out["cpu"] = round(sum(r["cpu"] for r in recs if r["phase"] == "first_step"), 1)
+    return out
+
+
 def run_clusterctl(tb, base: Path, kind: str, rep: int = 1, runtime: str = "podman", recovery: str = "",
                    nproc: int = 2) -> dict:
     tag = ("" if runtime == "podman" else runtime[0]) + (recovery[:1] if recovery else "")
-    run = rh.new_run(tb, base / f"cc{tag}-{kind}-{rep}", f"bench{tag}{kind.replace('_', '')}{rep}", runtime=runtime,
+    name = f"bench{tag}{kind.replace('_', '')}{rep}"
+    run = rh.new_run(tb, base / f"cc{tag}-{kind}-{rep}", name, runtime=runtime,
                      steps=STEPS, every=EVERY, step_time=STEP_TIME, nproc=nproc,    # 2: as the plain torchrun arm
-                     recovery=recovery or None)
+                     recovery=recovery or None, extra_args=["--phases", str(Path(tb.shared) / name / PHASES_NAME)])
     victim = None
     try:
         run.launch()
@@ -119,6 +139,7 @@ def run_clusterctl(tb, base: Path, kind: str, rep: int = 1, runtime: str = "podm
         def step_s(rs):   # median wall time per step of one attempt (rank 0's records, consecutive steps)
             d = [b["time"] - a["time"] for a, b in zip(rs, rs[1:]) if b["step"] == a["step"] + 1]
             return round(statistics.median(d), 4) if d else None
+        phases = rank_phases(run.record.parent / PHASES_NAME, (start2 or {}).get("attempt"), t0)
         method = "clusterctl" if runtime == "podman" else f"clusterctl {runtime}"
         if recovery:
             method += f" {recovery}"
@@ -132,7 +153,7 @@ def run_clusterctl(tb, base: Path, kind: str, rep: int = 1, runtime: str = "podm
                 "steps_after": len(steps),
                 "step_s_before": step_s([r for r in recs if r["attempt"] == before]),
                 "step_s_after": step_s([r for r in steps if r["attempt"] != before][1:]),
-                "mttr": round(first["time"] - t0, 1) if first else None,
+                "mttr": round(first["time"] - t0, 1) if first else None, "phases": phases,
                 "detect": round(verdict["time"] - t0, 1) if verdict else None,
                 "relaunch": round(start2["time"] - t0, 1) if start2 else None,
                 "lost": lost_steps(recs), "klass": verdict["class"] if verdict else None,
@@ -355,6 +376,19 @@ def warm_section(results: list[dict], args, heading: str = WARM) -> str:
     for r in results:
         if r.get("mttr") is not None and r["method"].startswith("clusterctl"):
             by.setdefault((r["fault"], *split(r["method"])), []).append(r["mttr"])
+    with_phases = [r for r in results if r.get("phases")]
+    if with_phases:
+        lines += ["", "The new attempt's ranks (quickstart `--phases`), seconds after the fault when the last rank "
+                      "reached each phase: started (process start; a warm rank: its fork), torch (imported), "
+                      "process group (joined: the rendezvous is done), checkpoint (loaded), first step; and the "
+                      "CPU seconds of all its ranks by their first step.", "",
+                  "| fault | runtime | recovery | started | torch | process group | checkpoint | first step "
+                  "| rank CPU s |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+        for r in with_phases:
+            rt, rec = split(r["method"])
+            p = r["phases"]
+            lines.append(f"| {r['fault']} | {rt} | {rec} | " + " | ".join(sec(p[k]) for k in PHASES)
+                         + f" | {sec(p['cpu'])} |")
     lines += ["", "Median MTTR: " + "; ".join(f"{f} {rt} {m} {statistics.median(v):.1f} s"
                                               for (f, rt, m), v in by.items()) + "."]
     ratios = []

@@ -85,6 +85,9 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank (default 2)")
     p.add_argument("--step-time", type=float, default=0.0, help="extra seconds to sleep per step (default 0)")
     p.add_argument("--record", default=None, help="rank 0 appends one JSON line per trained step to FILE")
+    p.add_argument("--phases", default=None, metavar="FILE",
+                   help="each rank appends when it started, had torch, joined the process group, loaded the "
+                        "checkpoint and made its first step (wall time, CPU seconds) to FILE, one JSON line each")
     p.add_argument("--ledger", default=None, metavar="PREFIX",
                    help="each rank appends the sample ids of every step to PREFIX-a<attempt>-r<rank>.jsonl")
     p.add_argument("--kill-rank-at", type=int, default=0, metavar="STEP",
@@ -94,6 +97,31 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=10, help="progress line every N steps (default 10)")
     p.add_argument("--lr", type=float, default=3e-3)
     return p.parse_args(argv)
+
+
+def process_start_time() -> float:
+    """Wall time this process started (a rank forked by a warm zygote: its fork), from /proc (10 ms ticks)."""
+    try:
+        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        btime = next(int(ln.split()[1]) for ln in open("/proc/stat") if ln.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return float("nan")
+
+
+class Phases:
+    """``--phases FILE``: one JSON line per phase of this rank's start (rank, attempt, phase, wall time, CPU
+    seconds of this process so far); phases: started, torch, process_group, checkpoint, first_step."""
+
+    def __init__(self, path: str | None):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if path else None
+        self.rank = os.environ.get("RANK", "0")
+        self.attempt = os.environ.get("CLUSTERCTL_ATTEMPT", "")
+
+    def mark(self, phase: str, at: float | None = None) -> None:
+        if self.fd is not None:
+            append_line(self.fd, {"phase": phase, "rank": int(self.rank), "attempt": self.attempt,
+                                  "time": time.time() if at is None else at, "cpu": time.process_time()})
 
 
 def dump_env(prefix: str) -> None:
@@ -208,8 +236,12 @@ def main(argv=None) -> int:
     if args.fail_always:
         raise SystemExit("fail-always: exiting with status 1")
 
+    phases = Phases(args.phases)
+    phases.mark("started", process_start_time())
     _imports()
+    phases.mark("torch")                                    # torch imported (module level, and _imports)
     device = init_distributed()
+    phases.mark("process_group")
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = os.environ.get("CLUSTERCTL_ATTEMPT", "")
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
@@ -242,6 +274,7 @@ def main(argv=None) -> int:
                   f"epoch, world size {info['world_size']} -> {world}, {rng}", flush=True)
     elif rank == 0:
         print("starting from scratch", flush=True)
+    phases.mark("checkpoint")
 
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     settle(ddp, device)
@@ -271,6 +304,10 @@ def main(argv=None) -> int:
                 loss_val = float(avg.item()) / world
                 if args.step_time > 0:
                     time.sleep(args.step_time)
+                if phases.fd is not None:
+                    phases.mark("first_step")
+                    os.close(phases.fd)
+                    phases.fd = None
                 if record_fd is not None:
                     append_line(record_fd, {"step": step, "attempt": attempt, "restart": restart, "world_size": world,
                                             "epoch": epoch, "loss": loss_val, "time": time.time()})
