@@ -38,6 +38,12 @@ from clusterctl.watch import Mux, Watch, Watches
 ZYGOTE_SOURCE = (Path(__file__).parent / "zygote.py").read_bytes()   # written into each node's warm dir
 WARM_PING_S = 5.0       # a survivor's zygote must answer within this, else its relaunch is cold
 
+
+def _what_failed(r: CommandResult) -> str:
+    """A failed command's own words: its stderr, else its stdout, else its exit code."""
+    return r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}"
+
+
 # `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
 _PKG = Path(checkpoint_mod.__file__).parent
 CHECKPOINT_INSTALLER = checkpoint_installer((_PKG / "checkpoint.py").read_text(),
@@ -403,14 +409,14 @@ class ClusterOps:
                 prelude = f"{runtimes.LIB_DIR_VAR}={node.warm_dir}/lib-{attempt}\n{CHECKPOINT_INSTALLER}"
             r = self._run(host.name, argv, timeout=timeout, stdin=node.env_script(self.secrets, prelude))
             if not r.ok and mode == "warm":     # its zygote answered, then the warm start failed: cold, once
-                failed = (r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}").splitlines()[-1]
+                failed = _what_failed(r).splitlines()[-1]
                 self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
                           timeout=timeout)
                 mode, why = "cold", f"its warm start failed ({failed[-200:]}): started cold"
                 r = self._run(host.name, node.runtime_argv, timeout=timeout,
                               stdin=node.env_script(self.secrets, CHECKPOINT_INSTALLER))
             if not r.ok:
-                raise CommandFailed((r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}")[-500:])
+                raise CommandFailed(_what_failed(r)[-500:])
             self.store.set_node(self.job_id, attempt, host.name, address=host.address,
                                 container=node.container_name, state="running")
             if mode == "cold" and node.zygote_argv:   # warm for the next relaunch (after this start: it goes first)
@@ -439,7 +445,7 @@ class ClusterOps:
             return "cold", f"its zygote did not answer within {WARM_PING_S:g}s ({e})"
         if r.ok:
             return "warm", "its zygote answered: torchrun and the ranks are forked from it"
-        text = (r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}").splitlines()[-1][-200:]
+        text = _what_failed(r).splitlines()[-1][-200:]
         if "No such file" in text:
             return "cold", "no zygote on the node (a new node, or its zygote had not started yet)"
         return "cold", f"its zygote did not answer ({text})"
