@@ -168,10 +168,6 @@ setsid nohup $py "$d/zygote.py" serve "$d/z.sock" </dev/null >>"$d/zygote.log" 2
 ZYGOTE_REMOVE = f"""jid=$1 w=$2
 for c in /proc/[0-9]*/cmdline; do
   v=$(exec 2>/dev/null; tr '\\0' ' ' <"$c") || continue
-  case $v in
-    *"/zygote.py serve "*) ;;
-    *) continue ;;
-  esac
   if [ -n "$w" ]; then case $v in *" $w/zygote.py serve "*) ;; *) continue ;; esac
   else case $v in *" {WARM_ROOT}/${{jid}}_"*"/zygote.py serve "*) ;; *) continue ;; esac
   fi
