@@ -3,8 +3,8 @@
 The script (``render``: pure, what ``--dry-run`` prints is what is submitted) asks for the job's node count,
 ``--requeue`` (and not ``--no-kill``: with it, Slurm 22.05 removes even the batch host from the job when that node
 fails and kills the batch step, leaving an allocation with nothing running in it until its time limit; without it,
-any node failure requeues the whole Slurm job, and the next run resumes), and ``--signal=B:USR1@<s>`` so the batch shell hears of the time limit before it hits: the trap
-requeues the Slurm job, and the next run resumes. Every run of the script executes ``clusterctl sbatch-run`` (``run``
+any node failure requeues the whole Slurm job, and the next run resumes), and ``--signal=B:USR1@<s>`` so the batch
+shell hears of the time limit before it hits: the trap requeues the Slurm job, and the next run resumes. Every run of the script executes ``clusterctl sbatch-run`` (``run``
 here): the first run of a Slurm job launches the clusterctl job from ``-i slurm`` and writes
 ``<state>/slurm/<SLURM_JOB_ID>`` (the clusterctl job id); a later run of the same Slurm job (requeued after its
 supervisor's node died, a node failure, or the time-limit trap) finds that file and resumes the same job record

@@ -203,4 +203,4 @@ def load_inventory(source: str = SLURM_SOURCE, env: Mapping[str, str] | None = N
     order = {n: i for i, n in enumerate(names)}
     return inv_mod.Inventory(source=f"slurm job {env.get('SLURM_JOB_ID', '?')}" + (f" + {overlay}" if overlay else ""),
                              hosts=tuple(sorted(inv.hosts, key=lambda h: order[h.name])), groups=inv.groups,
-                              allocation=True)
+                             allocation=True)
