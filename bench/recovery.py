@@ -92,7 +92,7 @@ def fault(tb, kind: str, rdzv: str, other: str) -> str:
     return victim
 
 
-PHASES_NAME = "phases.jsonl"      # the quickstart's --phases file, relative to the job's dir on shared storage
+PHASES_NAME = "phases.jsonl"      # the quickstart's --phases file, in the job's dir on shared storage
 PHASES = ("started", "torch", "process_group", "checkpoint", "first_step")
 
 
@@ -115,9 +115,10 @@ def run_clusterctl(tb, base: Path, kind: str, rep: int = 1, runtime: str = "podm
                    nproc: int = 2) -> dict:
     tag = ("" if runtime == "podman" else runtime[0]) + (recovery[:1] if recovery else "")
     name = f"bench{tag}{kind.replace('_', '')}{rep}"
+    phases_file = Path(tb.shared) / name / PHASES_NAME        # beside the job's --record file
     run = rh.new_run(tb, base / f"cc{tag}-{kind}-{rep}", name, runtime=runtime,
                      steps=STEPS, every=EVERY, step_time=STEP_TIME, nproc=nproc,    # 2: as the plain torchrun arm
-                     recovery=recovery or None, extra_args=["--phases", str(Path(tb.shared) / name / PHASES_NAME)])
+                     recovery=recovery or None, extra_args=["--phases", str(phases_file)])
     victim = None
     try:
         run.launch()
@@ -139,7 +140,7 @@ def run_clusterctl(tb, base: Path, kind: str, rep: int = 1, runtime: str = "podm
         def step_s(rs):   # median wall time per step of one attempt (rank 0's records, consecutive steps)
             d = [b["time"] - a["time"] for a, b in zip(rs, rs[1:]) if b["step"] == a["step"] + 1]
             return round(statistics.median(d), 4) if d else None
-        phases = rank_phases(run.record.parent / PHASES_NAME, (start2 or {}).get("attempt"), t0)
+        phases = rank_phases(phases_file, (start2 or {}).get("attempt"), t0)
         method = "clusterctl" if runtime == "podman" else f"clusterctl {runtime}"
         if recovery:
             method += f" {recovery}"

@@ -115,13 +115,20 @@ class Phases:
 
     def __init__(self, path: str | None):
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if path else None
-        self.rank = os.environ.get("RANK", "0")
+        self.rank = int(os.environ.get("RANK", "0"))
         self.attempt = os.environ.get("CLUSTERCTL_ATTEMPT", "")
 
     def mark(self, phase: str, at: float | None = None) -> None:
         if self.fd is not None:
-            append_line(self.fd, {"phase": phase, "rank": int(self.rank), "attempt": self.attempt,
+            append_line(self.fd, {"phase": phase, "rank": self.rank, "attempt": self.attempt,
                                   "time": time.time() if at is None else at, "cpu": time.process_time()})
+
+    def last(self, phase: str) -> None:
+        """The final phase: marked once, then the file is closed (later calls do nothing)."""
+        if self.fd is not None:
+            self.mark(phase)
+            os.close(self.fd)
+            self.fd = None
 
 
 def dump_env(prefix: str) -> None:
@@ -304,10 +311,7 @@ def main(argv=None) -> int:
                 loss_val = float(avg.item()) / world
                 if args.step_time > 0:
                     time.sleep(args.step_time)
-                if phases.fd is not None:
-                    phases.mark("first_step")
-                    os.close(phases.fd)
-                    phases.fd = None
+                phases.last("first_step")
                 if record_fd is not None:
                     append_line(record_fd, {"step": step, "attempt": attempt, "restart": restart, "world_size": world,
                                             "epoch": epoch, "loss": loss_val, "time": time.time()})

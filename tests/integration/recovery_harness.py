@@ -201,9 +201,11 @@ def wait_zygotes(run: Run, timeout: float = 90) -> None:
     hosts share this machine's /tmp)."""
     import glob
 
+    from clusterctl.runtimes import WARM_ROOT
+
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if len(glob.glob(f"/tmp/clusterctl-warm/{run.job_row().job_id}_*/z.sock")) == len(run.tb.hosts):
+        if len(glob.glob(f"{WARM_ROOT}/{run.job_row().job_id}_*/z.sock")) == len(run.tb.hosts):
             return
         time.sleep(0.5)
     raise AssertionError("the zygotes did not come up\n" + run.events_text())
