@@ -26,10 +26,9 @@ import time
 from pathlib import Path
 
 import common  # noqa: E402  (puts the repository root on sys.path)
-from common import exit_on_signals  # noqa: E402
-
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from common import exit_on_signals  # noqa: E402
 
 from clusterctl import checkpoint  # noqa: E402
 

@@ -34,12 +34,14 @@ from pathlib import Path
 
 import common  # noqa: E402  (puts the repository root on sys.path)
 from common import DOC, exit_on_signals  # noqa: E402
+from docsection import write_subsection  # noqa: E402
 
 from tests.integration import recovery_harness as rh  # noqa: E402
-from tests.testbed import Testbed, profile  # noqa: E402
-from tests.testbed import system  # noqa: E402
-
-from docsection import write_subsection  # noqa: E402
+from tests.testbed import (  # noqa: E402
+    Testbed,
+    profile,
+    system,  # noqa: E402
+)
 
 SECTION, SUB = "## recovery", "### false verdicts under load"
 SESSION = re.compile(r"^sshd: \S+@")          # an sshd session process (not the listener)

@@ -34,7 +34,7 @@ from pathlib import Path
 import common  # noqa: E402  (puts the repository root on sys.path)
 from common import ROOT, cpu_s, exit_on_signals, machine, parallel, ssh_argv  # noqa: E402
 
-from clusterctl import inventory  # noqa: E402
+from clusterctl.config import inventory  # noqa: E402
 from clusterctl.transport import ConnectOptions, connect, fan_out  # noqa: E402
 from tests.testbed import Testbed, profile  # noqa: E402
 

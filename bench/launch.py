@@ -44,7 +44,6 @@ from common import ROOT, exit_on_signals  # noqa: E402
 
 from tests.testbed import IMAGE, Testbed, profile  # noqa: E402
 
-
 SECTION = "## launch"
 TRAIN = ROOT / "examples" / "quickstart" / "train.py"
 VENV_BIN = Path(sys.prefix) / "bin"

@@ -34,12 +34,11 @@ from pathlib import Path
 import common  # noqa: E402  (puts the repository root on sys.path)
 from common import cpu_s, exit_on_signals, parallel, ssh_argv  # noqa: E402
 
-from clusterctl import inventory  # noqa: E402
 from clusterctl.checks import PreflightJob, PreflightOptions, run_preflight  # noqa: E402
 from clusterctl.checks.probe import build_probe_script  # noqa: E402
+from clusterctl.config import inventory  # noqa: E402
 from clusterctl.transport import ConnectOptions, connect, fan_out  # noqa: E402
 from tests.testbed import Testbed, profile  # noqa: E402
-
 
 SECTION = "## preflight"
 GOAL_CPU_MS = 5.0

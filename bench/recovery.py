@@ -51,13 +51,12 @@ from pathlib import Path
 
 import common  # noqa: E402  (puts the repository root on sys.path)
 from common import DOC, ROOT, exit_on_signals  # noqa: E402
+from docsection import read_subsection, write_subsection  # noqa: E402
+from docsection import write_section as replace_section  # noqa: E402
 
 from tests.integration import fault_series as fs  # noqa: E402
 from tests.integration import recovery_harness as rh  # noqa: E402
 from tests.testbed import Testbed, profile  # noqa: E402
-
-from docsection import read_subsection, write_subsection  # noqa: E402
-from docsection import write_section as replace_section  # noqa: E402
 
 SECTION = "## recovery"
 SERIES = "### series: N faults in one run"

@@ -35,7 +35,6 @@ from pathlib import Path
 
 import common  # noqa: E402  (puts the repository root on sys.path)
 from common import exit_on_signals  # noqa: E402
-
 from scalesim import NodeServer, SimState, SimTransport  # noqa: E402
 
 JOB = """
@@ -99,11 +98,11 @@ def check_log(path: Path) -> dict:
 
 
 def simulate_one(n: int, log_rate: float, window: float) -> dict:
-    from clusterctl.inventory import Host
-    from clusterctl.launcher import ClusterOps, LogSink
-    from clusterctl.spec import loads_job
-    from clusterctl.state import JobState, Store
-    from clusterctl.supervisor import Policy, Supervisor
+    from clusterctl.config.inventory import Host
+    from clusterctl.config.spec import loads_job
+    from clusterctl.store.state import JobState, Store
+    from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
+    from clusterctl.supervise.supervisor import Policy, Supervisor
 
     tmp = Path(tempfile.mkdtemp(prefix="cc-scale-"))
     server = NodeServer(tmp / "nodes.sock", n, log_rate)      # forked before any thread of this process

@@ -33,7 +33,8 @@ from pathlib import Path
 import common  # noqa: E402  (puts the repository root on sys.path)
 from common import ROOT, exit_on_signals, machine  # noqa: E402
 
-from clusterctl import inventory, runtimes  # noqa: E402
+from clusterctl.config import inventory  # noqa: E402
+from clusterctl.launch import runtimes
 from clusterctl.transport import ConnectOptions, connect, fan_out  # noqa: E402
 from tests.integration.test_launch import write_job  # noqa: E402
 from tests.testbed import Testbed, profile  # noqa: E402

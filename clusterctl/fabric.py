@@ -26,7 +26,7 @@ from clusterctl.transport.ssh import check_host_key, known_hosts_files, known_ke
 if TYPE_CHECKING:
     import fabric as fabric_pkg
 
-    from clusterctl.inventory import Host, Inventory
+    from clusterctl.config.inventory import Host, Inventory
 
 
 class RefusedHostKey(HostKeyError, paramiko.SSHException):
@@ -63,7 +63,7 @@ def connection(host: "Host", *, known_hosts: str | None = None, ssh_config: str 
                ) -> "fabric_pkg.Connection":
     """A fabric ``Connection`` to one inventory host with clusterctl's host-key policy (and its ProxyJump)."""
     fabric = _fabric()
-    from clusterctl.inventory import Host
+    from clusterctl.config.inventory import Host
 
     target = resolve_target(host, ssh_config)
     files, record = known_hosts_files(host, target, known_hosts)
@@ -95,12 +95,14 @@ def group(inventory: "str | Inventory | None" = None, *, limit: str | None = Non
     """A fabric ``ThreadingGroup`` over the inventory's hosts (``limit``: names, groups, comma lists, globs, as
     ``clusterctl exec --limit``), or over the nodes of ``job``'s current attempt."""
     fabric = _fabric()
-    from clusterctl import hostpattern
-    from clusterctl import inventory as inventory_mod
+    from clusterctl.config import hostpattern
+    from clusterctl.config import inventory as inventory_mod
+    from clusterctl.slurm.allocation import load_hosts
 
     if job is not None:
-        from clusterctl import jobnodes, paths
-        from clusterctl.state import Store
+        from clusterctl.oncall import jobnodes
+        from clusterctl.store import paths
+        from clusterctl.store.state import Store
 
         store = Store(paths.db_path(paths.state_dir(state_dir)))
         jn = jobnodes.load(store, job)
@@ -111,7 +113,7 @@ def group(inventory: "str | Inventory | None" = None, *, limit: str | None = Non
                                         groups={"all": tuple(h.name for h in hosts)}), limit)}
             hosts = [h for h in hosts if h.name in wanted]
     else:
-        inv = inventory if isinstance(inventory, inventory_mod.Inventory) else inventory_mod.load(inventory)
+        inv = inventory if isinstance(inventory, inventory_mod.Inventory) else load_hosts(inventory)
         hosts = hostpattern.select(inv, limit)
     local = [h.name for h in hosts if h.connection != "ssh"]
     if local:

@@ -18,20 +18,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, Union
 
-from clusterctl import controller, nodehealth
-from clusterctl import inventory as inventory_mod
-from clusterctl import record as record_mod
-from clusterctl import yamlfile
+from clusterctl.config import inventory as inventory_mod
+from clusterctl.config import yamlfile
+from clusterctl.config.inventory import Host, Inventory
+from clusterctl.config.spec import JobSpec, load_job, webhook_problem
+from clusterctl.config.yamlfile import line_of
 from clusterctl.errors import AuthError, ClusterctlError, HostKeyError, InputError, UserError, raise_all
-from clusterctl.inventory import Host, Inventory
-from clusterctl.plan import LaunchPlan, build_plan
-from clusterctl.record import JobRecord
-from clusterctl.spec import JobSpec, load_job, webhook_problem
-from clusterctl.state import JobState, Store
-from clusterctl.supervisor import NodeError
+from clusterctl.launch.plan import LaunchPlan, build_plan
+from clusterctl.model import record as record_mod
+from clusterctl.model.record import JobRecord
+from clusterctl.slurm import allocation
+from clusterctl.store.state import JobState, Store
+from clusterctl.supervise import controller
+from clusterctl.supervise.supervisor import NodeError
 from clusterctl.transport import ConnectOptions, Transport
 from clusterctl.transport import connect as default_connect
-from clusterctl.yamlfile import line_of
+from clusterctl.views import nodes as nodehealth
 
 Connect = Callable[[Host, ConnectOptions], Transport]
 Spawn = Callable[..., int]                 # controller.spawn_supervisor(root, job_id, *, accept_new, adopt=False)
@@ -84,11 +86,11 @@ def load_context(job_path: str, inventory_path: str | None, cordons: Mapping[str
     """The job and the hosts it will use, checked against each other (errors at the job file's line).
     ``cordons``: host -> cordon (``Store.cordons()``); those hosts are left out (``excluded``). ``overrides``:
     `launch --name/--nodes/--env` (``with_overrides``). The job file is read once."""
-    from clusterctl.spec import parse_job
+    from clusterctl.config.spec import parse_job
 
     data = with_overrides(yamlfile.load_yaml_with_lines(job_path), overrides or {})
     spec = parse_job(data, job_path)
-    inv = inventory_mod.load(inventory_path)
+    inv = allocation.load_hosts(inventory_path)
 
     def bad(key: str, message: str) -> InputError:
         return InputError(job_path, line_of(data, key), message, key=key)
@@ -265,7 +267,7 @@ def launch(ws: Workspace, request: LaunchRequest, *, connect: Connect = default_
     check_environment(request.job_path, spec, request.environ)
     active = ws.store.active_job(spec.name)
     if active is not None:     # before the preflight, whose port check would trip over the running job
-        from clusterctl.state import JobActive
+        from clusterctl.store.state import JobActive
 
         raise JobActive(active)
     check_key_files(ctx.hosts)
@@ -310,7 +312,7 @@ class Ended:
 def attach(ws: Workspace, job_id: str, echo: Callable[[str], None], *, from_start: bool = True) -> Ended:
     """Print the job's output and events as they come (``from_start``: from its first line) until it ends.
     Ctrl-C (``KeyboardInterrupt``) is the caller's: the job runs on."""
-    from clusterctl import status as status_mod
+    from clusterctl.views import status as status_mod
 
     state = controller.follow(ws.root, ws.store, job_id, echo, from_start=from_start)
     job = ws.store.get_job(job_id)
@@ -321,7 +323,7 @@ def attach(ws: Workspace, job_id: str, echo: Callable[[str], None], *, from_star
 def status(ws: Workspace, job_ref: str, options: ConnectOptions, *, connect: Connect = default_connect) -> dict:
     """``status JOB``: the job's view; an active job that no supervisor watches is first reconciled with what its
     nodes say (bounded by the connect timeout + 5 s)."""
-    from clusterctl import status as status_mod
+    from clusterctl.views import status as status_mod
 
     j = ws.store.get_job(job_ref)
     found = None
@@ -398,7 +400,7 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
     """Bring a job back. Idempotent: with a live supervisor it only reports it. An active job whose nodes all
     still run is re-attached; one whose attempt finished well while nobody watched becomes SUCCEEDED; otherwise
     the cause is recorded, the last attempt cleaned up, and the job relaunched from its latest valid checkpoint."""
-    from clusterctl.reconcile import reconcile
+    from clusterctl.supervise.reconcile import reconcile
 
     store, root, options = ws.store, ws.root, request.options
     exclude, checkpoint = tuple(request.exclude), request.checkpoint

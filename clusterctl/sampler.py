@@ -34,7 +34,7 @@ __all__ = ["ResumableDistributedSampler", "epoch_order", "rest_of_epoch", "shard
 
 
 # --------------------------------------------------------------------------------------------
-# pure index arithmetic (no torch): tested property-based in tests/unit/test_sampler.py
+# pure index arithmetic (no torch): tested property-based in tests/unit/training/test_sampler.py
 # --------------------------------------------------------------------------------------------
 
 

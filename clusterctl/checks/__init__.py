@@ -8,8 +8,8 @@ Public API::
     render_table(report, console); progress_display(console) -> progress callback
 """
 from clusterctl.checks.job import DEFAULT_IMAGE, DEFAULT_RDZV_PORT, PreflightJob, PreflightOptions
-from clusterctl.checks.registry import ALL_CHECKS, CLUSTER_CHECKS, HOST_CHECKS, LAUNCH_CHECKS
 from clusterctl.checks.preflight import run_preflight
+from clusterctl.checks.registry import ALL_CHECKS, CLUSTER_CHECKS, HOST_CHECKS, LAUNCH_CHECKS
 from clusterctl.checks.report import progress_display, render_table
 from clusterctl.checks.results import CheckResult, ClusterCheck, HostReport, PreflightReport, exit_code
 

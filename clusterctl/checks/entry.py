@@ -18,7 +18,7 @@ from clusterctl.checks.model import Check, HostProbe, Probe, section
 from clusterctl.checks.results import CheckResult, failed, passed
 
 if TYPE_CHECKING:
-    from clusterctl.inventory import Host
+    from clusterctl.config.inventory import Host
 
 SECTION = "entry"
 

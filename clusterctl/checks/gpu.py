@@ -1,13 +1,21 @@
 """GPU checks: nvidia-smi CSV parser (pure), the image -> minimum driver table, gpu_driver/gpu_count/gpu_health."""
 from __future__ import annotations
 
-import shlex
-
 import re
+import shlex
 from typing import Any
 
-from clusterctl.checks.model import (Check, HostProbe, Probe, Section, first_line, has_gpus, section, tool_cmd,
-                                     tool_error)
+from clusterctl.checks.model import (
+    Check,
+    HostProbe,
+    Probe,
+    Section,
+    first_line,
+    has_gpus,
+    section,
+    tool_cmd,
+    tool_error,
+)
 from clusterctl.checks.results import CheckResult, failed, passed, skipped, warned
 
 NVIDIA_SMI_QUERY = ("index,name,driver_version,memory.total,ecc.errors.uncorrected.volatile.total,"

@@ -1,7 +1,7 @@
 """What preflight needs to know about a job, and the knobs of a preflight run (plain frozen dataclasses).
 
 ``PreflightJob.from_spec`` reads a job spec by attribute (duck typing), so this package does not import
-``clusterctl.spec``.
+``clusterctl.config.spec``.
 """
 from __future__ import annotations
 

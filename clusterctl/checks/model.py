@@ -18,7 +18,7 @@ from clusterctl.checks.job import PreflightJob, PreflightOptions
 
 if TYPE_CHECKING:
     from clusterctl.checks.results import CheckResult
-    from clusterctl.inventory import Host
+    from clusterctl.config.inventory import Host
 
 # Section markers: ``b NAME`` prints ``@@cc<NAME``, ``e NAME RC`` prints ``@@cc>NAME RC`` (shell functions, fixed text).
 MARKERS = "b() { printf '@@cc<%s\\n' \"$1\"; }\ne() { printf '\\n@@cc>%s %d\\n' \"$1\" \"$2\"; }\n"

@@ -1,15 +1,14 @@
 """Network checks: ``ss -Hltn`` and ``ip -o addr/link`` parsers (pure); ports and interface checks."""
 from __future__ import annotations
 
-import shlex
-
 import ipaddress
 import re
+import shlex
 from typing import Any
 
 from clusterctl.checks.model import Check, HostProbe, Probe, is_ip, section, tool_cmd, tool_error
 from clusterctl.checks.results import CheckResult, failed, passed, warned
-from clusterctl.hostport import endpoint
+from clusterctl.config.hostport import endpoint
 
 
 def parse_ss_listen(output: str, rc: int = 0) -> list[dict[str, Any]]:

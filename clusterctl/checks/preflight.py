@@ -21,11 +21,11 @@ from clusterctl.checks.probe import build_probe_script, nonce_path, split_sectio
 from clusterctl.checks.registry import ALL_CHECKS, CLUSTER_CHECKS, HOST_CHECKS
 from clusterctl.checks.results import CheckResult, ClusterCheck, HostReport, PreflightReport, skipped
 from clusterctl.checks.system import check_ssh, check_ssh_error
+from clusterctl.config.hostport import endpoint
 from clusterctl.errors import UserError
-from clusterctl.hostport import endpoint
 
 if TYPE_CHECKING:
-    from clusterctl.inventory import Host
+    from clusterctl.config.inventory import Host
     from clusterctl.transport.base import Transport
 
 __all__ = ["HostProbe", "Progress", "evaluate_host", "run_preflight"]

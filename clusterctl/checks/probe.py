@@ -14,7 +14,7 @@ from clusterctl.checks.job import PreflightJob, PreflightOptions
 from clusterctl.checks.model import MARKERS, Section, first_line, is_ip, split_sections, tool_error
 
 if TYPE_CHECKING:
-    from clusterctl.inventory import Host
+    from clusterctl.config.inventory import Host
 
 __all__ = ["NONCE_PREFIX", "Section", "build_probe_script", "first_line", "is_ip", "nonce_path", "parse_sections",
            "split_sections", "tool_error", "wanted_sections"]

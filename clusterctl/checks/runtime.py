@@ -7,12 +7,21 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from clusterctl.checks.job import DEFAULT_IMAGE, PreflightJob, PreflightOptions
-from clusterctl.checks.model import (Check, HostProbe, Probe, Section, first_line, has_gpus, section, tool_cmd,
-                                     tool_error)
+from clusterctl.checks.model import (
+    Check,
+    HostProbe,
+    Probe,
+    Section,
+    first_line,
+    has_gpus,
+    section,
+    tool_cmd,
+    tool_error,
+)
 from clusterctl.checks.results import CheckResult, failed, passed, skipped, warned
 
 if TYPE_CHECKING:
-    from clusterctl.inventory import Host
+    from clusterctl.config.inventory import Host
 
 IMAGE_FORMAT = "{{.Id}} {{json .RepoDigests}}"
 RUNTIME_INFO_ARGV = {

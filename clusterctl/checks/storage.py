@@ -14,7 +14,7 @@ from clusterctl.checks.results import CheckResult, failed, passed, skipped, warn
 from clusterctl.checks.runtime import in_container
 
 if TYPE_CHECKING:
-    from clusterctl.inventory import Host
+    from clusterctl.config.inventory import Host
 
 
 def parse_df(output: str, rc: int = 0) -> list[dict[str, Any]]:

@@ -2,16 +2,14 @@
 from __future__ import annotations
 
 import shlex
-
 from typing import TYPE_CHECKING, Any
 
 from clusterctl.checks.model import Check, HostProbe, Probe, parse_epoch, section, tool_cmd
 from clusterctl.checks.results import CheckResult, failed, passed, skipped, warned
-from clusterctl.errors import (AuthError, CommandTimeout, ConnectError, DeadlineExceeded, HostKeyError,
-                               TransportError)
+from clusterctl.errors import AuthError, CommandTimeout, ConnectError, DeadlineExceeded, HostKeyError, TransportError
 
 if TYPE_CHECKING:
-    from clusterctl.inventory import Host
+    from clusterctl.config.inventory import Host
 
 
 def parse_timedatectl(output: str, rc: int = 0) -> dict[str, Any]:

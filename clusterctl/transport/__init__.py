@@ -11,7 +11,7 @@ from clusterctl.transport.base import CommandResult, ConnectOptions, Transport
 from clusterctl.transport.fanout import HostResult, fan_out
 
 if TYPE_CHECKING:
-    from clusterctl.inventory import Host
+    from clusterctl.config.inventory import Host
 
 
 def connect(host: "Host", options: ConnectOptions | None = None) -> Transport:

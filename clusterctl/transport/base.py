@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import select
 import shlex
-from dataclasses import dataclass
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 if TYPE_CHECKING:
-    from clusterctl.inventory import Host
+    from clusterctl.config.inventory import Host
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from clusterctl.errors import CommandTimeout
 from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run, readable
 
 if TYPE_CHECKING:
-    from clusterctl.inventory import Host
+    from clusterctl.config.inventory import Host
 
 
 class LocalTransport:

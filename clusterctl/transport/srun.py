@@ -24,7 +24,7 @@ from clusterctl.errors import CommandTimeout, TransportError
 from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run, readable
 
 if TYPE_CHECKING:
-    from clusterctl.inventory import Host
+    from clusterctl.config.inventory import Host
 
 SRUN = "srun"
 # srun's own failures (the step never ran), as opposed to the command's non-zero exit: srun prints them as

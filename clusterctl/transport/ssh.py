@@ -38,7 +38,7 @@ from clusterctl.errors import AuthError, CommandTimeout, ConnectError, HostKeyEr
 from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run, quote, readable
 
 if TYPE_CHECKING:
-    from clusterctl.inventory import Host
+    from clusterctl.config.inventory import Host
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")   # OpenSSH's default
@@ -344,7 +344,7 @@ class SSHTransport:
         return sock
 
     def _via_jump(self, remaining: float):
-        from clusterctl.inventory import Host, parse_proxy_jump
+        from clusterctl.config.inventory import Host, parse_proxy_jump
 
         if self._depth > 3:
             raise ConnectError(self.host.name, "ProxyJump chain too long")

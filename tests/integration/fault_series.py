@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from clusterctl.status import events_view
+from clusterctl.views.status import events_view
 from tests.integration import recovery_harness as rh
 
 # the five faults of issue 16, in its order

@@ -158,8 +158,8 @@ def _alive(pid) -> bool:
 def open_store(state_dir: Path):
     """A state dir's DB, opened directly: no CLI process, so a look is fast even on a loaded box and the test acts
     on what it saw right away."""
-    from clusterctl import paths
-    from clusterctl.state import Store
+    from clusterctl.store import paths
+    from clusterctl.store.state import Store
 
     return Store(paths.db_path(state_dir))
 
@@ -201,7 +201,7 @@ def wait_zygotes(run: Run, timeout: float = 90) -> None:
     hosts share this machine's /tmp)."""
     import glob
 
-    from clusterctl.runtimes import WARM_ROOT
+    from clusterctl.launch.runtimes import WARM_ROOT
 
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterctl import inventory
+from clusterctl.config import inventory
 from clusterctl.transport import ConnectOptions, connect, fan_out
 from tests.testbed import profile
 

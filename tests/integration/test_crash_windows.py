@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration import recovery_harness as rh
-from tests.integration.test_launch import (assert_nothing_left, cleanup_hosts, clusterctl, write_inventory,
-                                           write_job)
+from tests.integration.test_launch import assert_nothing_left, cleanup_hosts, clusterctl, write_inventory, write_job
 from tests.testbed import profile
 
 FAIL = Path(__file__).parent / "jobs" / "fail.py"

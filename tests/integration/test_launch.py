@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterctl import paths
+from clusterctl.store import paths
 from tests.integration import recovery_harness as rh
 from tests.testbed import profile
 

@@ -28,9 +28,9 @@ from tests.integration import fault_series as fs
 from tests.integration import recovery_harness as rh
 
 JOBS = Path(__file__).parent / "jobs"
-from tests.testbed import Testbed as _Testbed, profile  # aliased so pytest does not try to collect it
+from tests.testbed import Testbed as _Testbed  # aliased so pytest does not try to collect it
+from tests.testbed import profile
 from tests.testbed.system import claim_octet
-
 
 
 @pytest.fixture(scope="module")

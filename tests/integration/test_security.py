@@ -30,10 +30,10 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from clusterctl import runtimes
-from clusterctl.inventory import Host
-from clusterctl.plan import build_plan
-from clusterctl.spec import loads_job
+from clusterctl.config.inventory import Host
+from clusterctl.config.spec import loads_job
+from clusterctl.launch import runtimes
+from clusterctl.launch.plan import build_plan
 from clusterctl.transport.base import quote
 from tests import testbed as testbed_pkg
 from tests.testbed import IMAGE, profile
@@ -143,7 +143,7 @@ def wait_supervisors_gone(state: Path, timeout: float = 90) -> None:
     end = time.monotonic() + timeout
     for f in state.glob("jobs/*/supervisor.pid"):
         pid = int(f.read_text())
-        while Path(f"/proc/{pid}").exists() and b"_supervise" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        while Path(f"/proc/{pid}").exists() and b"supervise" in Path(f"/proc/{pid}/cmdline").read_bytes():
             assert time.monotonic() < end, f"supervisor {pid} still running"
             time.sleep(0.2)
 
@@ -406,7 +406,7 @@ def test_plan_and_start_scripts_pass_values_verbatim(tmp_path_factory, local_bin
     shlex.join(argv)`, env script + checkpoint installer on stdin): every value arrives as one argv element / env
     value under its name (whatever the name), and nothing runs: every arg and env value also carries the payloads
     that would create the canary if any were executed."""
-    from clusterctl.launcher import CHECKPOINT_INSTALLER
+    from clusterctl.supervise.cluster_ops import CHECKPOINT_INSTALLER
 
     tmp = tmp_path_factory.mktemp("inj")
     canary = tmp / "CANARY"

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.test_launch import (JOB_TIMEOUT, clusterctl, status_json, wait_for, wait_terminal,
-                                           write_job)
 from tests import testbed as testbeds
+from tests.integration.test_launch import JOB_TIMEOUT, clusterctl, status_json, wait_for, wait_terminal, write_job
 from tests.testbed import profile
 from tests.testbed.system import claim_octet
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from clusterctl.inventory import Host
-from clusterctl.transport import ConnectOptions, fan_out
-from clusterctl.transport import ssh
+from clusterctl.config.inventory import Host
+from clusterctl.transport import ConnectOptions, fan_out, ssh
 from tests.testbed import profile
 
 N = 12

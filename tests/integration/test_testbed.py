@@ -155,7 +155,7 @@ def test_shared_dir_is_visible_on_every_host(testbed):
 
 
 def test_inventory_is_loadable_by_clusterctl(testbed, tmp_path):
-    from clusterctl.inventory import load
+    from clusterctl.config.inventory import load
 
     inv = load(testbed.inventory(tmp_path / "inv.yaml"))
     assert [h.address for h in inv.hosts] == [h.address for h in testbed.hosts]

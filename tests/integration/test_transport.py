@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl import inventory
+from clusterctl.config import inventory
+from clusterctl.config.inventory import Host
 from clusterctl.errors import CommandTimeout, ConnectError, DeadlineExceeded, HostKeyError
-from clusterctl.inventory import Host
 from clusterctl.transport import ConnectOptions, connect, fan_out
 from tests.testbed import profile
 

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from tests.integration import recovery_harness as rh
-from tests.testbed import Testbed as _Testbed, profile  # aliased so pytest does not try to collect it
+from tests.testbed import Testbed as _Testbed  # aliased so pytest does not try to collect it
+from tests.testbed import profile
 from tests.testbed.system import claim_octet
 
 

@@ -30,7 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import containers, dockerd, slurm as slurmd, stubs, system
+from . import containers, dockerd, stubs, system
+from . import slurm as slurmd
 
 REGISTRY = Path("/run/clusterctl-testbed")
 SSHD = "/usr/sbin/sshd"

@@ -132,10 +132,13 @@ def supervisors_using(subnet_prefix: str) -> list[int]:
             argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if "_supervise" not in argv or "--state-dir" not in argv:
+        # `python -m clusterctl.supervise --state-dir DIR JOB_ID`, or `clusterctl ... _supervise JOB_ID`
+        mark = next((m for m in ("clusterctl.supervise", "_supervise") if m in argv), None)
+        if mark is None or "--state-dir" not in argv:
             continue
         state_dir = argv[argv.index("--state-dir") + 1]
-        job_id = argv[argv.index("_supervise") + 1] if argv.index("_supervise") + 1 < len(argv) else ""
+        after = [a for a in argv[argv.index(mark) + 1:] if not a.startswith("-")]
+        job_id = (after[1] if mark == "clusterctl.supervise" and len(after) > 1 else after[0]) if after else ""
         texts = []
         try:
             db = sqlite3.connect(f"file:{state_dir}/state.db?mode=ro", uri=True, timeout=5)

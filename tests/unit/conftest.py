@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.sshserver import SSHServer
+from tests.fakes.sshserver import SSHServer
 
 
 @pytest.fixture

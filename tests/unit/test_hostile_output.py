@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from clusterctl import causes
+from clusterctl.model import causes
 
 BOUND_S = 2.0
 HOSTILE = 256 << 10
@@ -35,7 +35,7 @@ def judged_in(code: str) -> tuple[float, str]:
 
 def test_root_cause_of_a_256kb_hostile_tail_is_judged_within_seconds():
     # markers with a rank and no exit code: every lazy ``.*?`` of the old regex ran to the end from every marker
-    code = ("from clusterctl import causes\n"
+    code = ("from clusterctl.model import causes\n"
             "unit = 'Root Cause (first observed failure): rank : 1\\n'\n"
             f"text = (unit * ({HOSTILE} // len(unit) + 1))[:{HOSTILE}]\n"
             "text += 'Root Cause (first observed failure):\\n[0]:\\n  rank      : 3 (local_rank: 0)\\n'"
@@ -72,7 +72,7 @@ def test_root_cause_is_found_as_before():
 
 
 def test_oom_lines_of_a_hostile_kernel_log():
-    code = ("from clusterctl import causes\n"
+    code = ("from clusterctl.model import causes\n"
             f"text = 'oom-kill:' * ({HOSTILE} // 9) + '\\noom-kill:constraint=CONSTRAINT_NONE,pid=99,uid=0\\n'\n"
             "judge = lambda: (causes.oom_killed(text, 99), causes.oom_killed(text, 98))")
     seconds, result = judged_in(code)
@@ -91,7 +91,7 @@ def test_probe_sections_of_a_hostile_output():
 
 
 def test_py_spy_frame_line_of_a_hostile_length():
-    code = ("from clusterctl.stacks import parse_dump\n"
+    code = ("from clusterctl.oncall.stacks import parse_dump\n"
             "text = 'Thread 1 (idle): \"MainThread\"\\n    ' + 'a (' * 80000 + 'x\\n    step (train.py:12)\\n'\n"
             "judge = lambda: [(f.function, f.file, f.line) for f in parse_dump(text)[0].frames]")
     seconds, result = judged_in(code)

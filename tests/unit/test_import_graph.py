@@ -1,12 +1,30 @@
-"""The module-level import graph of clusterctl is acyclic (docs/design.md), and the layers point one way: the
-supervisor loop knows nothing of the launcher, the controller nothing of the use cases, and the pure modules
-nothing of transports."""
+"""The module-level import graph of clusterctl is acyclic (docs/design.md), and the packages point one way, down
+the job's way: cli -> jobs (use cases) -> views -> supervise -> oncall -> checks/launch -> store/transport ->
+config/model -> errors. config/ and model/ do no I/O: they reach no transport, store, process or network module.
+Written by tools/relayout.py (issue 25)."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "clusterctl"
+
+# a module may import modules of its own rank or lower, never higher. config and model share a rank:
+# config.spec reads durations with model.budget.window_seconds, model.record holds a config.spec.JobSpec.
+RANKS = {
+    "clusterctl.errors": 0, "clusterctl.checkpoint": 0, "clusterctl.sampler": 0,
+    "clusterctl.config": 1, "clusterctl.model": 1,
+    "clusterctl.store": 2, "clusterctl.transport": 2, "clusterctl.slurm": 2,
+    "clusterctl.checks": 3, "clusterctl.launch": 3,
+    "clusterctl.oncall": 4,
+    "clusterctl.supervise": 5,
+    "clusterctl.views": 6,
+    "clusterctl.jobs": 7, "clusterctl.fabric": 7,
+    "clusterctl.cli": 8, "clusterctl.__main__": 8,
+}
+PURE = ("clusterctl.config", "clusterctl.model")
+IO = ("clusterctl.transport", "clusterctl.store", "clusterctl.slurm", "clusterctl.launch", "clusterctl.supervise", "clusterctl.oncall",
+      "clusterctl.views", "clusterctl.checks", "clusterctl.jobs", "clusterctl.cli", "clusterctl.fabric")
 
 
 def _modules() -> dict[str, Path]:
@@ -56,7 +74,7 @@ def _graph(nested: bool = False) -> dict[str, set[str]]:
             elif node.module and node.level == 0:
                 targets = [resolve(f"{node.module}.{a.name}") or resolve(node.module) for a in node.names]
             else:
-                continue
+                raise AssertionError(f"{m}: a relative import (tools/relayout.py makes them absolute)")
             graph[m] |= {t for t in targets if t and t.startswith("clusterctl") and t != m}
     return graph
 
@@ -69,6 +87,19 @@ def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
                 seen.add(n)
                 todo.append(n)
     return seen
+
+
+def _rank(module: str) -> int | None:
+    name = module
+    while name:
+        if name in RANKS:
+            return RANKS[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _under(module: str, packages) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
 
 
 def test_no_module_imports_itself_back():
@@ -87,16 +118,37 @@ def test_no_cycle_even_through_imports_inside_functions():
     assert not {"clusterctl.transport.ssh", "clusterctl.transport.local"} & graph["clusterctl.transport.base"]
 
 
+def test_every_module_has_a_rank():
+    """A new package or top-level module takes its place in RANKS (and in pyproject's package list)."""
+    assert sorted(m for m in _modules() if m != "clusterctl" and _rank(m) is None) == []
+
+
+def test_nothing_points_back_up():
+    """Counting the imports inside functions too: a lazy import is a dependency all the same."""
+    graph = _graph(nested=True)
+    up = sorted(f"{m} -> {t}" for m, ts in graph.items() if m != "clusterctl" for t in ts
+                if t != "clusterctl" and _rank(t) > _rank(m))
+    assert up == []
+
+
+def test_config_and_model_do_no_io():
+    graph = _graph(nested=True)
+    for m in graph:
+        if _under(m, PURE):
+            assert not {t for t in _reaches(graph, m) if _under(t, IO)}, m
+
+
 def test_layers_point_one_way():
     graph = _graph()
-    assert "clusterctl.launcher" not in _reaches(graph, "clusterctl.supervisor")
-    # watch.py is given its commands and connections: it knows nothing of the launcher, the plan or the pool
-    watch_deps = _reaches(graph, "clusterctl.watch")
-    assert not {"clusterctl.launcher", "clusterctl.plan", "clusterctl.transport.pool"} & watch_deps
-    assert "clusterctl.jobs" not in _reaches(graph, "clusterctl.controller")
+    sup, ops = "clusterctl.supervise.supervisor", "clusterctl.supervise.cluster_ops"
+    assert ops not in _reaches(graph, sup)
+    # watch.py is given its commands and connections: it knows nothing of ClusterOps, the plan or the pool
+    watch_deps = _reaches(graph, "clusterctl.supervise.watch")
+    assert not {ops, "clusterctl.launch.plan", "clusterctl.transport.pool"} & watch_deps
+    assert "clusterctl.jobs" not in _reaches(graph, "clusterctl.supervise.controller")
     assert "clusterctl.cli" not in _reaches(graph, "clusterctl.jobs")
-    assert not {m for m in _reaches(graph, "clusterctl.plan") if m.startswith("clusterctl.checks")}
-    for pure in ("clusterctl.plan", "clusterctl.spec", "clusterctl.supervisor", "clusterctl.causes",
-                 "clusterctl.checks.model", "clusterctl.checks.registry", "clusterctl.hostport",
-                 "clusterctl.observe"):
+    assert not {m for m in _reaches(graph, "clusterctl.launch.plan") if m.startswith("clusterctl.checks")}
+    for pure in ("clusterctl.launch.plan", "clusterctl.config.spec", sup, "clusterctl.model.causes",
+                 "clusterctl.checks.model", "clusterctl.checks.registry", "clusterctl.config.hostport",
+                 "clusterctl.supervise.observe"):
         assert not {m for m in _reaches(graph, pure) if m.startswith("clusterctl.transport")}, pure

@@ -2,21 +2,17 @@
 checked before anything starts, what is recorded, what is started, and what each outcome says."""
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from test_checks_fakes import FakeHost, FakeTransport, sections_for  # noqa: E402
-
-from clusterctl import jobs, record  # noqa: E402
+from clusterctl import jobs  # noqa: E402
 from clusterctl.errors import ClusterctlError, ConnectError, HostKeyError, InputError, UserError  # noqa: E402
-from clusterctl.state import JobActive, JobState, Store  # noqa: E402
+from clusterctl.model import record
+from clusterctl.store.state import JobActive, JobState, Store  # noqa: E402
 from clusterctl.transport import ConnectOptions  # noqa: E402
+from tests.fakes.checks import FakeHost, FakeTransport, sections_for  # noqa: E402
 
 INVENTORY = """\
 all:
@@ -86,13 +82,13 @@ def test_an_allocation_makes_every_host_the_jobs_and_those_beyond_max_spares(env
     hosts beyond nodes' MAX are not the job's unless the job names them (``hosts:``)."""
     import dataclasses
 
-    from clusterctl import inventory
+    from clusterctl.config import inventory
 
     ws, _, _ = env
     job, inv = str(ws.root / "job.yaml"), str(ws.root / "inventory.yaml")
     assert [h.name for h in jobs.load_context(job, inv).hosts] == ["n1", "n2"]
     real = inventory.load
-    monkeypatch.setattr(inventory, "load", lambda path: dataclasses.replace(real(path), allocation=True))
+    monkeypatch.setattr(inventory, "load", lambda path, **kw: dataclasses.replace(real(path, **kw), allocation=True))
     ctx = jobs.load_context(job, inv)
     assert [h.name for h in ctx.hosts] == ["n1", "n2", "n3"] and ctx.spec.max_nodes == 2
 

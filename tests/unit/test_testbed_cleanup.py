@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from clusterctl.state import Store
+from clusterctl.store.state import Store
 from tests.testbed import system
 
 FAKE_SUPERVISOR = "import time; time.sleep(60)"

@@ -1,0 +1,1 @@
+"""What the user wrote: YAML with lines, the inventory, host patterns, the job spec, ids (pure)."""

@@ -1,0 +1,64 @@
+"""``--limit PATTERN``: which inventory hosts a command runs on (pure).
+
+A pattern is a comma-separated list of host names, group names, the inventory's own ranges (``gpu[01:04]``,
+``n[a:c]``, ``n[0:10:2]``: the same syntax as host names in the inventory) and the globs ``*`` and ``?`` (``gpu*``,
+``rack?``), matched against host *and* group names. Hosts come back in inventory order, each once. A shell-style
+class such as ``gpu[1-4]`` is refused with the range that means it (``gpu[1:4]``).
+"""
+from __future__ import annotations
+
+import fnmatch
+from typing import TYPE_CHECKING
+
+from clusterctl.errors import UserError
+
+if TYPE_CHECKING:
+    from clusterctl.config.inventory import Host, Inventory
+
+GLOB_CHARS = "*?"
+
+
+def split(pattern: str) -> list[str]:
+    return [p.strip() for p in pattern.split(",") if p.strip()]
+
+
+def select(inventory: "Inventory", pattern: str | None) -> list["Host"]:
+    """The hosts ``pattern`` names (every host when it is None or empty). A part that names nothing is an error
+    (exit 2) that lists what exists."""
+    if not pattern or not pattern.strip():
+        return list(inventory.hosts)
+    names = [h.name for h in inventory.hosts]
+    chosen: set[str] = set()
+    for part in split(pattern):
+        hits = _match(inventory, names, part)
+        if not hits:
+            groups = ", ".join(g for g in inventory.groups if g != "all") or "none"
+            raise UserError(f"--limit {part!r} matches no host or group of {inventory.source} "
+                            f"(hosts: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}; groups: {groups})")
+        chosen.update(hits)
+    return [h for h in inventory.hosts if h.name in chosen]
+
+
+def _match(inventory: "Inventory", names: list[str], part: str) -> set[str]:
+    from clusterctl.config.inventory import DASH_RANGE_RE, RANGE_RE, expand_range
+
+    if RANGE_RE.search(part):
+        try:
+            expanded = expand_range(part)
+        except ValueError as e:
+            raise UserError(f"--limit {part!r}: {e}") from None
+        return set().union(*(_match(inventory, names, p) for p in expanded))
+    if "[" in part:
+        m = DASH_RANGE_RE.search(part)
+        fix = part[: m.start()] + f"[{m.group(1)}:{m.group(2)}]" + part[m.end():] if m else None
+        raise UserError(f"--limit {part!r}: ranges are written as in the inventory, [FIRST:LAST]"
+                        + (f": {fix!r}" if fix else ""))
+    if any(c in part for c in GLOB_CHARS):
+        hits = {n for n in names if fnmatch.fnmatchcase(n, part)}
+        for g, members in inventory.groups.items():
+            if fnmatch.fnmatchcase(g, part):
+                hits.update(members)
+        return hits
+    if part in inventory.groups:
+        return set(inventory.groups[part])
+    return {part} if part in names else set()

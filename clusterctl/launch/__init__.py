@@ -1,0 +1,1 @@
+"""What starts on the nodes: the pure launch plan and the runtimes (docker, podman, bare)."""

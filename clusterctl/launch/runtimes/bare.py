@@ -1,0 +1,271 @@
+"""bare: torchrun on the host itself, detached from the SSH session (pure argv builders + status parser).
+
+Process model, per node and attempt, in ``NODE_DIR`` (``~/.clusterctl/nodes/<node>/jobs/<job_id>/<attempt>``; a leading ``~/``
+is expanded to ``$HOME`` on the node):
+
+* the start wrapper (``sh -c START``) reads the env script from stdin, creates ``NODE_DIR`` (mode 0700), ``cd``s to
+  the workdir, writes ``NODE_DIR/name``, and starts ``setsid nohup sh -c RUNNER`` in the background with stdin
+  ``/dev/null`` and stdout+stderr appended to ``NODE_DIR/node.log``; it waits (up to 5 s) for the pid file and
+  prints the pid. The SSH command returns at once; the runner survives the session (own session, no terminal,
+  SIGHUP ignored).
+* the runner writes its pid to ``NODE_DIR/pid`` (it is the session and process-group leader: pid == pgid == sid),
+  applies the env script, runs torchrun as its child, forwards SIGTERM/SIGINT to it, and when torchrun ends writes
+  its exit status to ``NODE_DIR/exit`` (128+N when killed by signal N; written whole: a temp file, then mv). torchrun's ``TORCHELASTIC_ERROR_FILE`` is
+  ``NODE_DIR/error.json``; after a failure the runner copies it into the log as one line (``ERROR_FILE_LINE``).
+* the runner is identified by more than its pid: before its pid file it writes ``NODE_DIR/ident``, the machine's
+  boot id and its own start time (``/proc/PID/stat`` field 22, in clock ticks since boot). A pid counts as the
+  runner only while that pid's boot id and start time are the same (``ALIVE``): after a runner died without
+  writing ``exit`` (clusterctl's own KILL, the OOM killer, a reboot) its pid may belong to any process, which is
+  then neither reported running nor signalled.
+* stop: nothing is signalled by pid once ``NODE_DIR/exit`` exists or the pid is not the runner's any more. TERM/INT go to the
+  runner, which forwards them to the torchrun agent (the agent stops its workers). KILL
+  goes to the whole process group *and* to every process of the user whose environment holds
+  ``CLUSTERCTL_JOB_ID=<job_id>`` and ``CLUSTERCTL_ATTEMPT=<attempt>``: torch starts its workers in their own
+  sessions, so a group kill alone would orphan them.
+"""
+from __future__ import annotations
+
+from clusterctl.launch.runtimes import (
+    APPLY_ENV_AND_EXEC,
+    DEFAULT_JOBS_ROOT,
+    ENV_SCRIPT_VAR,
+    LABEL_ATTEMPT,
+    LABEL_JOB_ID,
+    LIB_DIR_VAR,
+    WARM_ROOT,
+    Instance,
+    NodeRef,
+    RunRequest,
+    zygote_client,
+)
+from clusterctl.model.causes import ERROR_FILE_LINE
+
+
+def _expand_home(var: str) -> str:
+    """Shell text: a leading ``~/`` in ``$var`` becomes ``$HOME/`` (the node's, not the controller's)."""
+    return f'case ${var} in "~/"*) {var}=$HOME/${{{var}#"~/"}};; esac'
+
+
+def _kill_by_env(*needles: str, indent: str = "") -> str:
+    """Shell text: SIGKILL every process of the user whose environment holds every ``NAME=value`` of ``needles``
+    (double-quoted shell words: ``$jid`` expands). torch starts its workers in their own sessions, so a process
+    group kill alone would orphan them. ``indent``: of every line after the first."""
+    has = [f'tr \'\\0\' \'\\n\' <"$e" 2>/dev/null | grep -qxF "{n}"' for n in needles]
+    cond = f" &&\n{indent}     ".join(has)
+    return (f'for e in /proc/[0-9]*/environ; do\n'
+            f'{indent}  if {cond}; then\n'
+            f'{indent}    p=${{e#/proc/}}; kill -s KILL -- "${{p%/environ}}" 2>/dev/null\n'
+            f'{indent}  fi\n'
+            f'{indent}done')
+
+
+_EXPAND_D = _expand_home("d")
+
+# ident PID: this boot's id and the start time of process PID (field 22 of /proc/PID/stat; the fields after the
+# command name, which may hold spaces and parentheses, start at field 3): the runner's identity
+_IDENT = ("ident() { printf '%s %s\\n' \"$(cat /proc/sys/kernel/random/boot_id)\" "
+          "\"$(sed 's/.*) //' \"/proc/$1/stat\" 2>/dev/null | cut -d' ' -f20)\"; }")
+# alive DIR: the runner of DIR still runs: no exit file, and its pid is the same process (boot id + start time)
+ALIVE = _IDENT + """
+alive() {
+  [ ! -f "$1/exit" ] && p=$(cat -- "$1/pid" 2>/dev/null) && [ -n "$p" ] && [ -d "/proc/$p" ] || return 1
+  [ "$(cat -- "$1/ident" 2>/dev/null)" = "$(ident "$p")" ]
+}"""
+
+# $1 NODE_DIR  $2 NAME  $3 WORKDIR  $4 RUNNER  $5... torchrun argv
+START = f"""set -u
+d=$1 name=$2 wd=$3 runner=$4; shift 4
+{_EXPAND_D}
+{ENV_SCRIPT_VAR}=$(cat) || exit 125
+export {ENV_SCRIPT_VAR}
+(umask 077 && mkdir -p -- "$d") || exit 125
+cd -- "$wd" || exit 125
+rm -f -- "$d/pid" "$d/exit"
+printf '%s\\n' "$name" >"$d/name" || exit 125
+setsid nohup sh -c "$runner" clusterctl-runner "$d" "$@" </dev/null >>"$d/node.log" 2>&1 &
+i=0
+while [ ! -s "$d/pid" ] && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+[ -s "$d/pid" ] || {{ echo "clusterctl: the runner did not start (see $d/node.log)" >&2; exit 125; }}
+cat -- "$d/pid"
+"""
+
+# $1 NODE_DIR  $2... torchrun argv   (environment: CLUSTERCTL_ENV_SCRIPT)
+RUNNER = f"""d=$1; shift
+{_IDENT}
+ident $$ >"$d/ident.tmp" && mv -f -- "$d/ident.tmp" "$d/ident" || exit 125
+echo $$ >"$d/pid.tmp" && mv -f -- "$d/pid.tmp" "$d/pid" || exit 125
+c=
+trap '[ -z "$c" ] || kill -s TERM "$c" 2>/dev/null' TERM
+trap '[ -z "$c" ] || kill -s INT "$c" 2>/dev/null' INT
+{LIB_DIR_VAR}=$d/lib TORCHELASTIC_ERROR_FILE=$d/error.json sh -c '{APPLY_ENV_AND_EXEC}' clusterctl-env "$@" &
+c=$!
+while :; do
+  wait "$c"; rc=$?
+  [ "$rc" -gt 128 ] || break
+  kill -0 "$c" 2>/dev/null || break
+done
+rm -rf -- "$d/lib"
+[ "$rc" -eq 0 ] || [ ! -s "$d/error.json" ] || {{ printf '%s' "{ERROR_FILE_LINE}"; tr -d '\\n' <"$d/error.json"; echo; }}
+echo "clusterctl: torchrun exited with status $rc"
+echo "$rc" >"$d/exit.tmp" && mv -f -- "$d/exit.tmp" "$d/exit"
+exit "$rc"
+"""
+
+# $1 NODE_DIR  $2 SIGNAL  $3 JOB_ID  $4 ATTEMPT
+STOP = f"""d=$1 sig=$2 jid=$3 att=$4
+{_EXPAND_D}
+{ALIVE}
+pid=$(cat -- "$d/pid" 2>/dev/null) || {{ echo "clusterctl: no pid file in $d" >&2; exit 3; }}
+# the runner wrote its exit status, or its pid is another process's now (it died without writing it): not signalled
+ended=; alive "$d" || ended=1
+case $sig in
+  TERM|INT) [ -z "$ended" ] || exit 0; kill -s "$sig" -- "$pid" 2>/dev/null || exit 3 ;;
+  KILL)
+    [ -n "$ended" ] || kill -s KILL -- "-$pid" 2>/dev/null
+    {_kill_by_env("CLUSTERCTL_JOB_ID=$jid", "CLUSTERCTL_ATTEMPT=$att", indent="    ")} ;;
+  *) [ -z "$ended" ] || exit 0; kill -s "$sig" -- "-$pid" 2>/dev/null || exit 3 ;;
+esac
+exit 0
+"""
+
+# $1 JOB_DIR (jobs_root/job_id): one line per attempt: ATTEMPT STATE EXIT PID NAME (tab-separated)
+LIST = f"""d=$1
+{_EXPAND_D}
+{ALIVE}
+[ -d "$d" ] || exit 0
+for a in "$d"/*/; do
+  [ -d "$a" ] || continue
+  a=${{a%/}}; n=${{a##*/}}
+  name=$(cat -- "$a/name" 2>/dev/null); pid=$(cat -- "$a/pid" 2>/dev/null); ec=
+  if [ -f "$a/exit" ]; then st=exited; ec=$(cat -- "$a/exit")
+  elif alive "$a"; then st=running
+  elif [ -n "$pid" ]; then st=dead
+  else st=created
+  fi
+  printf '%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' "$n" "$st" "$ec" "$pid" "$name" "${{d##*/}}"
+done
+"""
+
+# $1 JOB_DIR  $2 JOB_ID: SIGKILL every attempt still alive (files are kept for the logs)
+KILL_JOB = f"""d=$1 jid=$2
+{_EXPAND_D}
+{ALIVE}
+[ -d "$d" ] || exit 0
+for a in "$d"/*/; do
+  alive "${{a%/}}" && kill -s KILL -- "-$(cat -- "$a/pid")" 2>/dev/null
+done
+{_kill_by_env("CLUSTERCTL_JOB_ID=$jid")}
+exit 0
+"""
+
+# Warm recovery (docs/design.md): the node's zygote is a process on the host, detached like the runner, started by
+# the interpreter of the job's torchrun (its #! line: where torch is installed). It is started without the job's
+# environment, so KILL_JOB (by CLUSTERCTL_JOB_ID) leaves it for the next relaunch; a forked agent or rank keeps the
+# zygote's command line, which is how ZYGOTE_REMOVE finds them all.
+# $1 the warm dir  $2 the job's torchrun; stdin: zygote.py. Returns once the zygote is started (it then imports
+# torch for seconds before it serves $1/z.sock).
+ZYGOTE_START = f"""d=$1 t=$2
+tp=$(command -v "$t") || {{ echo "clusterctl: $t not found on PATH: no zygote" >&2; exit 127; }}
+py=$(sed -n '1s/^#![[:space:]]*//p' "$tp")
+case $py in */python*|*" python"*) ;; *) echo "clusterctl: $tp is not a Python script (#!$py): no zygote" >&2; exit 125;; esac
+rm -rf -- "$d" && mkdir -p -m 1777 {WARM_ROOT} && (umask 077 && mkdir -- "$d") && cat >"$d/zygote.py" || exit 125
+cd / || exit 125
+# $py unquoted: a #! line is the interpreter and at most one argument ("/usr/bin/env python3")
+setsid nohup $py "$d/zygote.py" serve "$d/z.sock" </dev/null >>"$d/zygote.log" 2>&1 &
+"""
+
+# $1 the job id  $2 the warm dir ("": every one of the job): SIGKILL the zygote(s) and every process forked from them
+# (a forked agent or rank keeps its zygote's command line), then remove the dir(s)
+ZYGOTE_REMOVE = f"""jid=$1 w=$2
+for c in /proc/[0-9]*/cmdline; do
+  v=$(exec 2>/dev/null; tr '\\0' ' ' <"$c") || continue
+  if [ -n "$w" ]; then case $v in *" $w/zygote.py serve "*) ;; *) continue ;; esac
+  else case $v in *" {WARM_ROOT}/${{jid}}_"*"/zygote.py serve "*) ;; *) continue ;; esac
+  fi
+  p=${{c#/proc/}}; kill -s KILL -- "${{p%/cmdline}}" 2>/dev/null
+done
+if [ -n "$w" ]; then rm -rf -- "$w"; else rm -rf -- "{WARM_ROOT}/$jid"_*; fi
+exit 0
+"""
+
+# $1 LOG  $2... tail options
+LOGS = f'f=$1; shift; {_expand_home("f")}; exec tail "$@" -- "$f"'
+
+
+def _job_dir(node_dir: str) -> str:
+    return node_dir.rstrip("/").rsplit("/", 1)[0]
+
+
+class BareRuntime:
+    name = "bare"
+
+    def run_argv(self, req: RunRequest) -> list[str]:
+        if not req.workdir:
+            raise ValueError("bare runtime needs a workdir")
+        return ["sh", "-c", START, "clusterctl-start", req.node_dir, req.name, req.workdir, RUNNER, *req.command]
+
+    def stop_argv(self, node: NodeRef, signal: str = "TERM") -> list[str]:
+        job_id = _job_dir(node.node_dir).rsplit("/", 1)[-1]
+        attempt = node.node_dir.rstrip("/").rsplit("/", 1)[-1]
+        return ["sh", "-c", STOP, "clusterctl-stop", node.node_dir, signal, job_id, attempt]
+
+    def remove_argv(self, names: list[str]) -> list[str]:
+        # bare has no container to remove: everything is per job (remove_job_argv); keep the interface total
+        return ["true"]
+
+    def list_argv(self, job_id: str, *, jobs_root: str = DEFAULT_JOBS_ROOT) -> list[str]:
+        return ["sh", "-c", LIST, "clusterctl-list", f"{jobs_root.rstrip('/')}/{job_id}"]
+
+    def remove_job_argv(self, job_id: str, *, jobs_root: str = DEFAULT_JOBS_ROOT) -> list[str]:
+        return ["sh", "-c", KILL_JOB, "clusterctl-kill", f"{jobs_root.rstrip('/')}/{job_id}", job_id]
+
+    def logs_argv(self, node: NodeRef, *, tail: int | None = None, follow: bool = False) -> list[str]:
+        opts = [f"-n{int(tail)}" if tail is not None else "-n+1"]
+        if follow:
+            opts.append("-F")
+        return ["sh", "-c", LOGS, "clusterctl-logs", node.log_path or f"{node.node_dir}/node.log", *opts]
+
+    def pid_argv(self, node: NodeRef) -> list[str]:
+        # the runner's pid, until it has written its exit status (its pid may be reused afterwards)
+        script = f'd=$1; {_EXPAND_D}\n{ALIVE}\nalive "$d" && cat -- "$d/pid"'
+        return ["sh", "-c", script, "clusterctl-pid", node.node_dir]
+
+    def init_gone_argv(self, node: NodeRef, confirm_s: float) -> None:
+        """None: LIST itself asks whether the runner's pid lives, so a "running" bare attempt needs no second look."""
+        return None
+
+    def parse_list(self, stdout: str) -> list[Instance]:
+        return parse_list(stdout)
+
+    # ------------------------------------------------------------------ warm recovery
+    def zygote_start_argv(self, req: RunRequest, wdir: str) -> list[str]:
+        """Start the node's zygote on the host (stdin: zygote.py's source), by the interpreter of the job's
+        torchrun (``req.command[0]``). Remove an old one first (``zygote_remove_argv``)."""
+        return ["sh", "-c", ZYGOTE_START, "clusterctl-zygote", wdir, req.command[0]]
+
+    def zygote_remove_argv(self, job_id: str, node: str | None = None, wdir: str = "") -> list[str]:
+        """Kill the job's zygote on this node (``wdir``; "": every one of the job) and what it forked; remove
+        its dir."""
+        return ["sh", "-c", ZYGOTE_REMOVE, "clusterctl-zygote-rm", job_id, wdir]
+
+    def zygote_ping_argv(self, wdir: str) -> list[str]:
+        """Exit 0 when the zygote in ``wdir`` answers (the host's python3, torch-free client)."""
+        return zygote_client(wdir, "ping")
+
+
+def parse_list(stdout: str) -> list[Instance]:
+    out = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) != 6:
+            raise ValueError(f"cannot parse bare status line {line!r}")
+        attempt, state, ec, _pid, name, job_id = parts
+        code = int(ec) if state == "exited" and ec.strip().lstrip("-").isdigit() else None
+        out.append(Instance(name=name, state=state, exit_code=code,
+                            labels={LABEL_JOB_ID: job_id, LABEL_ATTEMPT: attempt}))
+    return out
+
+
+RUNTIME = BareRuntime()

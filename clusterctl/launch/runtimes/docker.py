@@ -1,0 +1,229 @@
+"""docker: argv builders and ``docker ps --format '{{json .}}'`` parsing (pure)."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from clusterctl.launch.runtimes import (
+    CONTAINER_APPLY,
+    CONTAINER_START,
+    DEFAULT_JOBS_ROOT,
+    LABEL_JOB_ID,
+    LABEL_NODE,
+    LABEL_WARM,
+    PID_ALIVE,
+    SELECT_CONTAINER,
+    WARM_ROOT,
+    Instance,
+    NodeRef,
+    RunRequest,
+    zygote_client,
+)
+
+CDI_ALL_GPUS = "--device=nvidia.com/gpu=all"
+_EXITED_RE = re.compile(r"^Exited \((-?[0-9]+)\)")
+_STATES = {"running", "exited", "created", "paused", "restarting", "removing", "dead"}
+_STATE_ALIASES = {"stopped": "exited", "configured": "created", "initialized": "created", "up": "running"}
+
+# $0 the runtime  $1 the job id  $2 the container name  $3 seconds to wait before asking the status again.
+# Exit 3: the container is listed as running, its init process is gone, and it is still "running" $3 s later
+# (conmon, which records the exit, was killed with it). Exit 0 otherwise, also when it cannot tell (no such
+# container of this job, inspect failed, no pid): the listing is then believed.
+# $0 the runtime  $1 the job id  $2 the node  $3 the warm dir ("" : every one of the job): remove the job's zygote
+# container(s) (selected by label) and the warm dir(s). Ids are hex printed by -q.
+ZYGOTE_REMOVE = ('i=0; while :; do ids=$("$0" ps -aq --filter="label=' + LABEL_WARM + '=$1" ${2:+--filter="label='
+                 + LABEL_NODE + '=$2"}) || exit 1; [ -z "$ids" ] && break; "$0" rm RMFLAGS $ids >/dev/null 2>&1 && break; '
+                 'i=$((i + 1)); [ "$i" -ge 20 ] && { "$0" rm RMFLAGS $ids >/dev/null; exit 1; }; sleep 0.5; done; '
+                 'if [ -n "$3" ]; then rm -rf -- "$3"; else rm -rf -- "' + WARM_ROOT + '/$1"_*; fi')
+# $1 the warm dir, then the runtime's run argv: a fresh dir holding zygote.py (stdin), then start the zygote.
+ZYGOTE_START = ('d=$1; shift; rm -rf -- "$d" && mkdir -p -m 1777 "' + WARM_ROOT + '" && mkdir -m 700 "$d" && '
+                'cat >"$d/zygote.py" && exec "$@"')
+
+INIT_GONE = (PID_ALIVE + '; ' + SELECT_CONTAINER.replace("exit 1", "exit 0") + '; '
+             'p=$("$0" inspect --format "{{.State.Pid}}" "$cid" 2>/dev/null) || exit 0; '
+             '[ "${p:-0}" -gt 0 ] 2>/dev/null || exit 0; alive "$p" && exit 0; sleep "$3"; '
+             's=$("$0" inspect --format "{{.State.Status}}" "$cid" 2>/dev/null) || exit 0; '
+             '[ "$s" = running ] && exit 3; exit 0')
+
+
+class ContainerRuntime:
+    """Shared by docker and podman; subclasses set the program, the GPU flags and the remove flags."""
+
+    name = "docker"
+    program = "docker"
+
+    def gpu_args(self, flags: str | None = None) -> list[str]:
+        """``flags`` (preflight's choice, see ``checks.runtime.choose_gpu_flags``): "cdi" on a docker >= 25 with
+        CDI enabled and no ``nvidia`` runtime; otherwise the nvidia runtime/hook's ``--gpus``."""
+        return [CDI_ALL_GPUS] if flags == "cdi" else ["--gpus=all"]
+
+    def rm_flags(self) -> list[str]:
+        return ["-f"]                      # docker rm has no -t; -f kills with SIGKILL at once
+
+    def init_args(self) -> list[str]:
+        """docker: no ``--init``. Docker's init is bind-mounted at ``/sbin/docker-init``; an image whose ``/sbin``
+        is a symlink into a read-only mount (``/sbin -> usr/sbin`` with the host's /usr mounted read-only, as on
+        the testbed) cannot start ("read-only file system", tests/fixtures/runtimes/docker_init_readonly.txt).
+        The container's first process is then torchrun itself (``CONTAINER_APPLY`` execs it): it handles TERM
+        (``stop``), and KILL ends the whole container."""
+        return []
+
+    def ps_format(self) -> str:
+        return "{{json .}}"
+
+    # ------------------------------------------------------------------ start
+    def run_argv(self, req: RunRequest) -> list[str]:
+        argv = ["sh", "-c", CONTAINER_START, "clusterctl-start",
+                self.program, "run", "-d", f"--name={req.name}"]
+        argv += [f"--label={k}={v}" for k, v in req.labels.items()]
+        argv += self._run_options(req)
+        argv.append(req.image)
+        argv += ["sh", "-c", CONTAINER_APPLY, "clusterctl-env", *req.command]
+        return argv
+
+    def _run_options(self, req: RunRequest) -> list[str]:
+        argv = ["--network=host", f"--ipc={req.ipc}", *self.init_args(), "--restart=no"]
+        argv += [f"--ulimit={k}={v}" for k, v in req.ulimits]
+        if req.shm_size is not None and req.ipc != "host":
+            argv.append(f"--shm-size={req.shm_size}")
+        if req.gpus != 0:
+            argv += self.gpu_args(req.gpu_flags)
+        if req.infiniband:
+            argv.append("--device=/dev/infiniband")
+        argv += [f"--volume={m}" for m in req.mounts]
+        if req.workdir:
+            argv.append(f"--workdir={req.workdir}")
+        argv += list(req.extra_args)
+        return argv
+
+    # ------------------------------------------------------------------ warm recovery
+    def zygote_name(self, job_id: str, node: str) -> str:
+        return f"clusterctl-zygote-{job_id}_{node}"
+
+    def zygote_start_argv(self, req: RunRequest, wdir: str) -> list[str]:
+        """Start the node's zygote container (stdin: zygote.py's source): the job's image, mounts, GPUs and
+        workdir, as the attempt's container has them, plus ``wdir``; its process imports torch and serves
+        ``wdir/z.sock`` (clusterctl/launch/zygote.py). Remove an old one first (``zygote_remove_argv``)."""
+        argv = ["sh", "-c", ZYGOTE_START, "clusterctl-zygote", wdir, self.program, "run", "-d",
+                f"--name={self.zygote_name(req.job_id, req.node)}", f"--label={LABEL_WARM}={req.job_id}",
+                f"--label={LABEL_NODE}={req.node}"]
+        argv += self._run_options(req)
+        argv += [f"--volume={wdir}:{wdir}", req.image, "python3", f"{wdir}/zygote.py", "serve", f"{wdir}/z.sock"]
+        return argv
+
+    def zygote_remove_argv(self, job_id: str, node: str | None = None, wdir: str = "") -> list[str]:
+        """Remove the job's zygote container on this node (``node``; None: all of the job's) and its dir."""
+        return ["sh", "-c", ZYGOTE_REMOVE.replace("RMFLAGS", " ".join(self.rm_flags())), self.program, job_id,
+                node or "", wdir]
+
+    def zygote_ping_argv(self, wdir: str) -> list[str]:
+        """Exit 0 when the zygote in ``wdir`` answers (host's python3, torch-free client)."""
+        return zygote_client(wdir, "ping")
+
+    # ------------------------------------------------------------------ control
+    def _by_label(self, node: NodeRef, command: str, *args: str) -> list[str]:
+        """``command`` (shell text using $cid; $3... are ``args``) on this job's container of ``node``, selected
+        by its job-id label and exact name (SELECT_CONTAINER): never another job's container of the same name."""
+        return ["sh", "-c", f"{SELECT_CONTAINER}; {command}", self.program, node.job_id, node.container_name,
+                *args]
+
+    def stop_argv(self, node: NodeRef, signal: str = "TERM") -> list[str]:
+        return self._by_label(node, 'exec "$0" kill --signal="$3" "$cid"', signal)
+
+    def remove_argv(self, names: list[str]) -> list[str]:
+        return [self.program, "rm", *self.rm_flags(), *names]
+
+    def list_argv(self, job_id: str, *, jobs_root: str = DEFAULT_JOBS_ROOT) -> list[str]:
+        return [self.program, "ps", "-a", "--no-trunc", f"--filter=label={LABEL_JOB_ID}={job_id}",
+                f"--format={self.ps_format()}"]
+
+    def remove_job_argv(self, job_id: str, *, jobs_root: str = DEFAULT_JOBS_ROOT) -> list[str]:
+        # ids are hex container ids printed by -q; nothing user-controlled is expanded. Retried for up to 10 s: a
+        # container whose conmon was killed can fail `rm -f` once ("container state improper") until podman syncs
+        # its state, and dockerd refuses a second removal while one is in progress (the supervisor's and `stop`'s
+        # at once: "removal of container ... is already in progress"): the listing tells when it is gone
+        script = ('i=0; while ids=$("$0" ps -aq --filter="label=$1=$2"); do [ -z "$ids" ] && exit 0; '
+                  '"$0" rm ' + " ".join(self.rm_flags()) + ' $ids 2>/dev/null && exit 0; i=$((i + 1)); '
+                  '[ "$i" -ge 20 ] && { "$0" rm ' + " ".join(self.rm_flags()) + ' $ids; exit 1; }; '
+                  'sleep 0.5; done; exit 1')
+        return ["sh", "-c", script, self.program, LABEL_JOB_ID, job_id]
+
+    def logs_argv(self, node: NodeRef, *, tail: int | None = None, follow: bool = False) -> list[str]:
+        opts = []
+        if tail is not None:
+            opts.append(f"--tail={int(tail)}")
+        if follow:
+            opts.append("--follow")
+        return self._by_label(node, 'shift 2; exec "$0" logs "$@" "$cid"', *opts)
+
+    def exec_argv(self, node: NodeRef, argv: list[str], *, interactive: bool = False, tty: bool = False) -> list[str]:
+        """``exec [-i] [-t] CONTAINER argv`` in this job's container of ``node``, selected by its job-id label and
+        exact name as ``stop`` does (issue 24: by name alone, ``exec --in-container``/``shell`` could enter another
+        job's container that took the name)."""
+        flags = (" -i" if interactive else "") + (" -t" if tty else "")
+        return self._by_label(node, f'shift 2; exec "$0" exec{flags} "$cid" "$@"', *argv)
+
+    def pid_argv(self, node: NodeRef) -> list[str]:
+        return self._by_label(node, 'exec "$0" inspect --format="{{.State.Pid}}" "$cid"')
+
+    def inspect_argv(self, node: NodeRef, template: str) -> list[str]:
+        """``inspect --format=TEMPLATE`` of this job's container of ``node`` (see ``_by_label``)."""
+        return self._by_label(node, 'exec "$0" inspect --format="$3" "$cid"', template)
+
+    def init_gone_argv(self, node: NodeRef, confirm_s: float) -> list[str]:
+        """Exits 3 when this job's container of ``node`` is listed as running although its init process is gone
+        (podman keeps saying "Up" when conmon and the container's init were SIGKILLed); see ``INIT_GONE``."""
+        return ["sh", "-c", INIT_GONE, self.program, node.job_id, node.container_name, str(confirm_s)]
+
+    # ------------------------------------------------------------------ status
+    def parse_list(self, stdout: str) -> list[Instance]:
+        return parse_ps(stdout)
+
+
+def parse_ps(stdout: str) -> list[Instance]:
+    """Parse docker's ``{{json .}}`` lines or podman's ``--format json`` array (either CLI behind either name)."""
+    text = stdout.strip()
+    if not text:
+        return []
+    try:
+        if text.startswith("["):
+            items = json.loads(text)
+        else:
+            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+        raise ValueError(f"cannot parse container list: {e}") from None
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ValueError("cannot parse container list: expected JSON objects")
+    return [_instance(i) for i in items]
+
+
+def _instance(item: dict[str, Any]) -> Instance:
+    names = item.get("Names")
+    if isinstance(names, list):
+        names = names[0] if names else ""
+    name = str(names or item.get("Name") or "").lstrip("/")
+    labels = item.get("Labels") or {}
+    if isinstance(labels, str):
+        labels = dict(p.split("=", 1) if "=" in p else (p, "") for p in labels.split(",") if p)
+    status = str(item.get("Status") or "")
+    state = str(item.get("State") or "").lower()
+    if not state:
+        low = status.lower()
+        state = ("running" if low.startswith("up") else "exited" if low.startswith("exited")
+                 else "created" if low.startswith("created") else "unknown")
+    state = _STATE_ALIASES.get(state, state)
+    if state not in _STATES:
+        state = "unknown"
+    exit_code: int | None = None
+    if state == "exited":
+        code = item.get("ExitCode")
+        if isinstance(code, int) and not isinstance(code, bool):
+            exit_code = code
+        else:
+            m = _EXITED_RE.match(status)
+            exit_code = int(m.group(1)) if m else None
+    return Instance(name=name, state=state, exit_code=exit_code, labels={str(k): str(v) for k, v in labels.items()})
+
+
+RUNTIME = ContainerRuntime()

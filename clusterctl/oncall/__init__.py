@@ -1,0 +1,1 @@
+"""Commands on a job's nodes: exec, shell, stacks, and where a job runs now."""

@@ -1,0 +1,1 @@
+"""The supervisor: the loop and classify, ClusterOps (the node adapter) and its log sink, observations, watches, heartbeat limits, reconcile, notifications, and the detached process (``python -m clusterctl.supervise``)."""

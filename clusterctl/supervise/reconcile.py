@@ -1,0 +1,89 @@
+"""What happened to a job while no supervisor watched it: ask the nodes, judge as the supervisor would, record it.
+
+``status JOB`` and ``resume`` call ``reconcile`` when a job is active but its supervisor is gone (killed, OOM, the
+controller machine rebooted). ``judge`` is pure: the nodes' observations -> the job's verdict, or None while the
+attempt may still be healthy. ``reconcile`` does the I/O: one bounded probe round, then events (kind
+``reconciled``), node rows, the attempt's end and the job's state.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from clusterctl.store.state import JobState, Store
+from clusterctl.supervise.supervisor import Decision, Health, Observation, Verdict, classify, node_state
+
+
+def judge(obs: Sequence[Observation], *, rdzv_host: str, now: float) -> Decision | None:
+    """The verdict on an attempt nobody supervised, from one look at its nodes. None: nothing to decide yet
+    (every node still runs, or finished well while others run, or nodes that do not answer beside running ones:
+    one look cannot tell a dead node from a slow link)."""
+    if not obs:
+        return None
+    if all(o.state == "exited" and o.exit_code == 0 for o in obs):
+        return Decision(Verdict.SUCCESS, message="every node finished with exit code 0")
+    failed = [o for o in obs if o.state == "missing" or (o.state == "exited" and o.exit_code not in (0, None))]
+    if not failed:
+        return None
+    d = classify(obs, Health(started=now, last_progress=now), rdzv_host=rdzv_host, probe_failures=1,
+                 hang_timeout_s=math.inf, now=now, settle_s=0.0)
+    return None if d.verdict == Verdict.CONTINUE else d
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    attempt: int
+    nodes: tuple[tuple[str, str], ...]        # (node, state now: running | exited | killed | gone | unreachable)
+    decision: Decision | None                 # None: the attempt may still be healthy
+    state: JobState                           # the job's state after reconciling
+    checkpoint: tuple[str, int] | None = None  # the latest valid checkpoint, when the attempt failed
+
+
+def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.time,
+              withheld_tail: str | None = None) -> Reconciled | None:
+    """One look at the current attempt's nodes (``ops``: a ``launcher.ClusterOps``), recorded. None when the
+    job has no attempt yet or is no longer active. Error tails reach the store redacted (the store's secrets);
+    ``withheld_tail``: recorded instead of every tail (the caller cannot redact them: a secret value unknown)."""
+    job = store.get_job(job_id)
+    attempts = store.attempts(job_id)
+    if job.terminal or not attempts:
+        return None
+    a = attempts[-1]
+    if a.result == "succeeded":       # the supervisor recorded the success, then died before the job's end
+        store.set_state(job_id, JobState.SUCCEEDED, "every node finished with exit code 0 (the supervisor ended "
+                                                    "before it recorded the job's end)")
+        store.add_event(job_id, "reconciled", f"attempt {a.attempt} had succeeded; the job is SUCCEEDED",
+                        attempt=a.attempt, klass="success")
+        return Reconciled(a.attempt, (), Decision(Verdict.SUCCESS, message="every node finished with exit code 0"),
+                          JobState.SUCCEEDED)
+    obs = ops.observe(a.attempt, list(a.nodes), watch=False, deadline_s=deadline_s)
+    d = judge(obs, rdzv_host=a.rdzv_host or "", now=clock())
+    for o in obs:
+        store.set_node(job_id, a.attempt, o.node, state=node_state(o), exit_code=o.exit_code, signal=o.signal,
+                       error_tail=(withheld_tail if withheld_tail and o.error_tail else o.error_tail) or None,
+                       rank=o.rank)
+    states = tuple((o.node, node_state(o)) for o in obs)
+    if d is None:
+        return Reconciled(a.attempt, states, None, job.state)
+    if store.get_job(job_id).terminal:      # someone else (a new supervisor, another status) got there first
+        return Reconciled(a.attempt, states, d, store.get_job(job_id).state)
+    if d.verdict == Verdict.SUCCESS:
+        store.add_event(job_id, "reconciled", f"attempt {a.attempt} finished with exit code 0 on every node "
+                                              "while no supervisor watched it", attempt=a.attempt, klass="success")
+        store.end_attempt(job_id, a.attempt, "succeeded")
+        store.set_state(job_id, JobState.SUCCEEDED, "every node finished with exit code 0 (found after the "
+                                                    "supervisor was gone)")
+        return Reconciled(a.attempt, states, d, JobState.SUCCEEDED)
+    healthy = [o.node for o in obs if o.state in ("running", "exited")]
+    checkpoint = ops.latest_checkpoint(healthy) if healthy else None
+    step = f"checkpoint step {checkpoint[1]}" if checkpoint and checkpoint[0] else (
+        "the start (no checkpoint yet)" if checkpoint else "the latest valid checkpoint")
+    store.add_event(job_id, "reconciled", f"while unsupervised: {d.message}", attempt=a.attempt,
+                    klass=d.verdict.value, node=d.node, rank=d.rank, exit_code=d.exit_code, signal=d.signal,
+                    oom=d.oom or None, checkpoint_step=checkpoint[1] if checkpoint and checkpoint[0] else None)
+    store.end_attempt(job_id, a.attempt, d.verdict.value)
+    store.set_state(job_id, JobState.FAILED, f"{d.message} (while unsupervised); `clusterctl resume {job.name}` "
+                                             f"relaunches from {step}")
+    return Reconciled(a.attempt, states, d, JobState.FAILED, checkpoint)

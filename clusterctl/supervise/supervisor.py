@@ -1,0 +1,630 @@
+"""The supervisor: observe every node, classify what happened, act (relaunch from the latest valid checkpoint).
+
+The loop is small and explicit, like torch.distributed.elastic's agent monitor loop: ``classify`` is a pure
+function of the observations, and every side effect goes through the ``NodeOps`` passed in, so tests drive the
+loop with a fake fed a scripted sequence of observations.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Callable, Protocol, Sequence
+
+from clusterctl.model import budget
+from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store, StoreError
+
+
+class Verdict(str, Enum):
+    CONTINUE = "continue"
+    SUCCESS = "success"
+    USER_ERROR = "user_error"        # a rank exited non-zero while every node is healthy
+    KILLED = "killed"                # a rank was killed by a signal (e.g. SIGKILL from the OOM killer)
+    CONFIG_ERROR = "config_error"    # no retry can help: torchrun/the entry point missing, the script can't be opened
+    NODE_LOST = "node_lost"          # unreachable K times, container/process gone, killed by a signal
+    RDZV_LOST = "rendezvous_lost"    # the lost node was the rendezvous host
+    HANG = "hang"                    # no progress for hang_timeout
+    STOPPED = "stopped"              # someone ran `clusterctl stop`
+
+
+INFRA = (Verdict.NODE_LOST, Verdict.RDZV_LOST, Verdict.HANG)
+
+
+class Preempted(Exception):
+    """The job left the supervisor's hands between two of its steps: `clusterctl stop` (or another writer, e.g.
+    ``status`` reconciling a supervisor it took for dead) ended it first. The supervisor cleans up and exits."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One probe of one node. ``state``: running | exited | missing (no container/process) | unreachable |
+    probe_error (the probe itself failed on this side, e.g. a parser bug: never counted against the node)."""
+
+    node: str
+    state: str
+    exit_code: int | None = None
+    signal: str | None = None
+    progress: bool = False           # new log output or a new checkpoint since the last probe
+    error_tail: str = ""
+    rank: int | None = None          # the failing rank (torchrun's "Root Cause" summary), when known
+    config_error: str | None = None  # what no retry can fix, and the fix (causes.config_error)
+    oom: bool = False                # the OOM killer sent the signal
+
+
+def node_state(o: Observation) -> str:
+    """The state shown for a node: running | exited | killed (by a signal) | gone (no container/process) |
+    unreachable."""
+    if o.state == "missing":
+        return "gone"
+    if o.state == "exited" and o.signal:
+        return "killed"
+    return o.state
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    lost: tuple[str, ...] = ()
+    node: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    message: str = ""
+    error_tail: str = ""
+    rank: int | None = None
+    unreachable: tuple[str, ...] = ()   # the lost nodes that were lost by not answering (cannot be cleaned up now)
+    oom: bool = False
+
+
+@dataclass
+class Health:
+    """Per-attempt memory of the monitor: consecutive probe failures and time of last progress."""
+
+    started: float
+    last_progress: float
+    failures: dict[str, int] = field(default_factory=dict)
+    failed_since: float | None = None   # when a rank's non-zero exit was first seen (user error not yet confirmed)
+
+
+def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, probe_failures: int,
+             hang_timeout_s: float, now: float, settle_s: float = 0.0) -> Decision:
+    """Pure: what the latest round of observations means for the attempt.
+
+    A lost node wins over a non-zero exit: when a node dies, the survivors' ranks fail too (gloo "connection
+    closed", c10d ``RendezvousConnectionError``), often before the dead node is seen. So a non-zero exit is a
+    user error only once it has been seen for ``settle_s`` with every other node answering and none lost (or at
+    once when no node is left running).
+    """
+    for o in obs:
+        if o.state != "probe_error":       # a bug of ours says nothing about the node: the count stands
+            health.failures[o.node] = health.failures.get(o.node, 0) + 1 if o.state == "unreachable" else 0
+        if o.progress:
+            health.last_progress = now
+    lost = [o for o in obs if o.state == "missing" or (o.exit_code == 137 and o.rank is None)
+            or health.failures.get(o.node, 0) >= probe_failures]
+    if lost:
+        names = tuple(o.node for o in lost)
+        first = lost[0]
+        verdict = Verdict.RDZV_LOST if rdzv_host in names else Verdict.NODE_LOST
+        why = {"missing": "its container/process is gone", "unreachable":
+               f"unreachable for {probe_failures} consecutive probes"}.get(first.state, f"killed by {first.signal}")
+        unreachable = tuple(o.node for o in lost if o.state == "unreachable")
+        return Decision(verdict, names, first.node, first.exit_code, first.signal,
+                        f"node {first.node} lost: {why}", first.error_tail, first.rank, unreachable)
+    failed = [o for o in obs if o.state == "exited" and o.exit_code not in (0, None)]
+    if failed and health.failed_since is None:
+        health.failed_since = now
+    if any(o.state in ("unreachable", "probe_error") for o in obs):
+        return Decision(Verdict.CONTINUE)  # one failed probe is not a lost node (SkyPilot's lesson)
+    if failed:
+        if any(o.state == "running" for o in obs) and now - health.failed_since < settle_s:
+            return Decision(Verdict.CONTINUE)   # is a peer about to be found dead? (then it is not a user error)
+        cfg = next((o for o in failed if o.config_error), None)
+        if cfg is not None:
+            return Decision(Verdict.CONFIG_ERROR, (), cfg.node, cfg.exit_code, cfg.signal, cfg.config_error,
+                            cfg.error_tail, cfg.rank)
+        # the culprit: a node whose rank was killed by a signal (the others failed because of it), else the first
+        f = next((o for o in failed if o.signal), failed[0])
+        where = f"node {f.node}" + (f" rank {f.rank}" if f.rank is not None else "")
+        if f.signal and f.rank is not None:
+            why = " by the OOM killer (out of memory)" if f.oom else ""
+            return Decision(Verdict.KILLED, (), f.node, f.exit_code, f.signal,
+                            f"{where} was killed by {f.signal}{why}", f.error_tail, f.rank, oom=f.oom)
+        return Decision(Verdict.USER_ERROR, (), f.node, f.exit_code, f.signal,
+                        f"{where} exited with code {f.exit_code}", f.error_tail, f.rank)
+    if obs and all(o.state == "exited" and o.exit_code == 0 for o in obs):
+        return Decision(Verdict.SUCCESS, message="every node finished with exit code 0")
+    if now - health.last_progress > hang_timeout_s:
+        return Decision(Verdict.HANG, message=f"no progress (log output or checkpoint) for {hang_timeout_s:g}s")
+    return Decision(Verdict.CONTINUE)
+
+
+class ErrorKind(str, Enum):
+    """Why an operation on one node failed."""
+
+    UNREACHABLE = "unreachable"          # no working connection (connect, authentication, host key, link lost)
+    TIMEOUT = "timeout"                  # the node did not answer within the command's or the fan-out's deadline
+    COMMAND_FAILED = "command_failed"    # the node ran the command and it failed (the runtime refused)
+    ERROR = "error"                      # anything else (a bug on this side)
+
+
+@dataclass(frozen=True)
+class NodeError:
+    """One node's failure to start or stop; ``message`` is the text events and the CLI show."""
+
+    node: str
+    kind: ErrorKind
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class NodeOps(Protocol):
+    """Everything the supervisor does to the cluster. The real one is ``launcher.ClusterOps``."""
+
+    def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str,
+              resume: tuple[str, int]) -> dict[str, NodeError]:
+        """Start the attempt on ``nodes``; returns {node: error} for nodes that failed to start (rolled back)."""
+
+    def observe(self, attempt: int, nodes: Sequence[str]) -> list[Observation]: ...
+
+    def stop(self, attempt: int | None, nodes: Sequence[str]) -> dict[str, NodeError]:
+        """Gang-stop (TERM, grace, KILL, remove). attempt None = every attempt of the job. {node: error}."""
+
+    def reachable(self, nodes: Sequence[str]) -> list[str]: ...
+
+    def latest_checkpoint(self, nodes: Sequence[str]) -> tuple[str, int] | None:
+        """(path, step); ("", 0) when there is none; None when no node could tell."""
+
+    def checkpoint_hint(self) -> int | None:
+        """Optional: the newest checkpoint step seen (unverified), so a new one is verified at once."""
+
+    def stop_requested(self) -> bool: ...
+
+    # optional: ``stacks(attempt, nodes) -> str``, where every rank waits (one line per group of ranks); called on
+    # a hang before the gang-stop and stored as a ``stacks`` event (``launcher.ClusterOps.stacks``)
+
+
+@dataclass(frozen=True)
+class Policy:
+    min_nodes: int
+    max_nodes: int
+    max_failures: int = 3
+    max_node_failures: int = 10
+    backoff_s: float = 1.0
+    backoff_max_s: float = 30.0
+    probe_interval_s: float = 1.0
+    probe_failures: int = 2
+    hang_timeout_s: float = 300.0
+    wait_for_nodes_s: float = 300.0
+    checkpoint_every_probes: int = 5     # without a hint from the ops: look for a new checkpoint every N rounds
+    stop_every_probes: int = 3           # a steady job looks for `stop` (a DB read) every N rounds; any verdict looks
+                                         # at once, and `stop` ends the processes, which the watches report at once
+    checkpoint_lookup_tries: int = 10    # a relaunch waits this many probe intervals for a node to read the storage
+    checkpoint_dir: str | None = None    # for messages only
+    settle_s: float = 3.0                # a non-zero exit waits this long for a dead peer before it is a user error
+    window_s: float | None = 86400.0     # budgets count failures within this window; None: since the last progress
+    progress_after_s: float = 600.0      # an attempt with output for this long made progress (resets the backoff)
+    cordon_after: int = 3                # node_lost/hang failures of one host within 24 h before it is cordoned (0: never)
+    slurm_drain: bool = False            # a cordon also drains the node in Slurm (ops.slurm_drain)
+
+
+class Supervisor:
+    def __init__(self, job_id: str, store: Store, ops: NodeOps, policy: Policy, nodes: Sequence[str], *,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 wait: Callable[[float], None] | None = None, on_event: Callable[[str], None] | None = None):
+        """``sleep``: backoff and waiting for nodes; ``wait``: between probe rounds (may return early when a
+        node's process ends, e.g. ``ClusterOps.wait_for_change``; default ``sleep``)."""
+        self.job_id, self.store, self.ops, self.policy = job_id, store, ops, policy
+        self.all_nodes = list(nodes)
+        self.clock, self.sleep, self.wait = clock, sleep, wait or sleep
+        self.on_event = on_event or (lambda msg: None)
+        self._last_checkpoint_step: int | None = None
+        self._last_hint: int | None = None
+        self._unclean: set[str] = set()   # nodes not cleaned up yet (unreachable, or the runtime refused)
+        self._charges: list[budget.Charge] = []   # failures charged to the budgets (self.clock times)
+        self._health: Health | None = None        # the monitor's memory of the attempt that just ended
+        self._rows: dict[tuple[int, str], tuple] = {}   # (attempt, node) -> the node row last written
+        self._attempt: int | None = None          # the attempt being started or run (for a preempted end)
+        self._store_trouble_at = -math.inf        # when a refused write was last said in the log
+
+    def event(self, kind: str, message: str, **fields) -> None:
+        self.store.add_event(self.job_id, kind, message, **fields)
+        self.on_event(message)
+
+    # -------------------------------------------------------------------------------------------- the loop
+    def run(self, *, adopt_attempt: int | None = None) -> JobState:
+        """Supervise until the job ends. ``adopt_attempt``: an attempt already running (controller restart)."""
+        job = self.store.get_job(self.job_id)
+        attempt = adopt_attempt if adopt_attempt is not None else job.attempt
+        excluded: set[str] = set()
+        running = adopt_attempt is not None
+        nodes: list[str] = []
+        rdzv = ""
+        first_attempt = attempt + 1
+        if running:
+            a = self.store.attempts(self.job_id)[-1]
+            nodes, rdzv = list(a.nodes), a.rdzv_host
+            self.event("adopt", f"controller restarted: re-attached to attempt {attempt} on {', '.join(nodes)}",
+                       attempt=attempt, klass="controller_restart")
+        self._charges = self._charged_before()
+        self._attempt = attempt if running else None
+        try:
+            while True:
+                if not running:
+                    attempt += 1
+                    started = self._start_attempt(attempt, excluded, first=attempt == first_attempt)
+                    if started is None:
+                        return self.store.get_job(self.job_id).state
+                    nodes, rdzv, attempt = started
+                    running = True
+                decision = self._monitor(attempt, nodes, rdzv)
+                running = False
+                end = self._act(decision, attempt, nodes, excluded)
+                if end is not None:
+                    return end
+        except Preempted:
+            return self._preempted()
+
+    def _set_state(self, state: JobState, reason: str | None = None) -> None:
+        """The supervisor's own state changes: only while the job is active (a `stop` that came first wins)."""
+        try:
+            self.store.set_state(self.job_id, state, reason, expect=ACTIVE_STATES)
+        except InvalidTransition:
+            raise Preempted() from None
+
+    def _preempted(self) -> JobState:
+        """The job was ended by someone else while this supervisor worked (`stop` during a backoff, a start or a
+        recovery): end the open attempt, remove what it started (containers started after the stop included),
+        say so, and exit. Never raises for a transition it lost."""
+        job = self.store.get_job(self.job_id)
+        stopped = job.state == JobState.STOPPED
+        a = self._attempt
+        if a is not None and any(x.attempt == a and x.ended_at is None for x in self.store.attempts(self.job_id)):
+            self.store.end_attempt(self.job_id, a, "stopped" if stopped else "abandoned")
+        if stopped or not job.terminal:
+            self._cleanup(None, self.all_nodes)
+        self._cleanup_unclean()
+        if stopped:   # the same state again: the reason stays the user's, and the notifier hears "stopped"
+            self.store.set_state(self.job_id, JobState.STOPPED, job.reason or "stopped by user")
+        self.event("end", f"job {job.state.value}: {job.reason or 'ended by another command'}"
+                   + (f" (during attempt {a}: what it started was removed)" if a is not None and stopped else ""))
+        return job.state
+
+    def _start_attempt(self, attempt: int, excluded: set[str],
+                       first: bool = False) -> tuple[list[str], str, int] | None:
+        p = self.policy
+        while True:
+            candidates = [n for n in self._uncordoned(self.all_nodes) if n not in excluded]
+            healthy = self.ops.reachable(candidates)
+            if len(healthy) < p.min_nodes:
+                healthy = self._wait_for_nodes(excluded)
+                if healthy is None:
+                    return None
+            nodes = healthy[: p.max_nodes]
+            rdzv = nodes[0]
+            checkpoint = self._checkpoint_for_start(nodes)
+            if checkpoint is None:
+                return None
+            path, step = checkpoint
+            self._set_state(JobState.STARTING)      # after a `stop` (e.g. during the backoff): Preempted
+            self._attempt = attempt
+            self.store.start_attempt(self.job_id, attempt, rdzv, f"{self.job_id}-{attempt}", nodes, path or None,
+                                     step if path else None)
+            self.event("start", f"attempt {attempt}: starting on {', '.join(nodes)} (rendezvous {rdzv}); "
+                                + (f"resuming from {path} (step {step})" if path else "no checkpoint yet"),
+                       attempt=attempt, checkpoint_step=step if path else None)
+            errors = self.ops.start(attempt, nodes, rdzv, (path, step))
+            if not errors:
+                self._set_state(JobState.RUNNING)     # a `stop` during the start: Preempted removes what started
+                if not first:
+                    self._relaunch_events(attempt, nodes)
+                return nodes, rdzv, attempt
+            for node, e in errors.items():
+                self.event("start_failed", f"attempt {attempt}: {node} failed to start: {e.message}",
+                           attempt=attempt, node=node, klass="node_lost")
+            self.store.end_attempt(self.job_id, attempt, "start_failed")
+            if first:   # a launch that cannot start is an error to show, not a failure to retry
+                node, e = next(iter(errors.items()))
+                self._finish(JobState.FAILED, f"launch failed: {node} could not start: {e.message} "
+                                              "(what started on the other nodes was removed)")
+                return None
+            excluded.update(errors)
+            if not self._spend(Verdict.NODE_LOST, f"{len(errors)} node(s) failed to start"):
+                return None
+            attempt += 1
+
+    def _relaunch_events(self, attempt: int, nodes: list[str]) -> None:
+        """One ``relaunch`` event per node of a relaunch: ``klass`` warm or cold, and why (optional
+        ``NodeOps.recovery``: node -> (mode, why) of the last start; without it every node is cold)."""
+        modes = getattr(self.ops, "recovery", None) or {}
+        for node in nodes:
+            mode, why = modes.get(node, ("cold", "the node runtime has no warm path"))
+            self.event("relaunch", f"attempt {attempt}: {node} {mode}: {why}", attempt=attempt, node=node,
+                       klass=mode)
+
+    def _checkpoint_for_start(self, nodes: list[str]) -> tuple[str, int] | None:
+        """The checkpoint a new attempt resumes from. An unknown answer is asked again, never taken as "none":
+        starting from scratch would train over the job's progress."""
+        for _ in range(self.policy.checkpoint_lookup_tries):
+            found = self.ops.latest_checkpoint(nodes)
+            if found is not None:
+                return found
+            if self.ops.stop_requested():
+                raise Preempted()
+            self.sleep(self.policy.probe_interval_s)
+        self._finish(JobState.FAILED, f"no node of {', '.join(nodes)} could read the checkpoint directory "
+                                      f"{self.policy.checkpoint_dir or ''} (shared storage down?); fix it, then "
+                                      f"`clusterctl resume {self.job_id}`")
+        return None
+
+    def _wait_for_nodes(self, excluded: set[str]) -> list[str] | None:
+        p = self.policy
+        deadline = self.clock() + p.wait_for_nodes_s
+        self.event("waiting", f"fewer than {p.min_nodes} healthy nodes: waiting up to {p.wait_for_nodes_s:g}s "
+                              "for lost nodes to come back", klass="node_lost")
+        while self.clock() < deadline:
+            if self.ops.stop_requested():
+                raise Preempted()
+            healthy = self.ops.reachable(self._uncordoned(self.all_nodes))
+            if len(healthy) >= p.min_nodes:
+                excluded.difference_update(healthy)
+                return healthy
+            self.sleep(p.probe_interval_s)
+        self._finish(JobState.FAILED, f"fewer than {p.min_nodes} healthy nodes after waiting "
+                                      f"{p.wait_for_nodes_s:g}s")
+        return None
+
+    def _monitor(self, attempt: int, nodes: list[str], rdzv: str) -> Decision:
+        now = self.clock()
+        health = self._health = Health(started=now, last_progress=now)
+        rounds = 0
+        while True:
+            if rounds % self.policy.stop_every_probes == 0 and self.ops.stop_requested():
+                return Decision(Verdict.STOPPED, message="stopped by user")
+            obs = self.ops.observe(attempt, nodes)
+            rounds += 1
+            if self._checkpoint_due(rounds) and self._survive(self._checkpoint_progress, attempt, nodes):
+                obs = [dataclasses.replace(o, progress=True) for o in obs]
+            now = self.clock()
+            d = classify(obs, health, rdzv_host=rdzv, probe_failures=self.policy.probe_failures,
+                         hang_timeout_s=self.policy.hang_timeout_s, now=now, settle_s=self.policy.settle_s)
+            self._survive(self._record_nodes, attempt, obs)
+            if d.verdict != Verdict.CONTINUE:
+                if self.ops.stop_requested():   # `clusterctl stop` killed the nodes: not a failure
+                    return Decision(Verdict.STOPPED, message="stopped by user")
+                if d.verdict == Verdict.SUCCESS:
+                    self._checkpoint_progress(attempt, nodes)
+                return d
+            self.wait(self.policy.probe_interval_s)
+
+    def _survive(self, write: Callable, *args):
+        """A record the monitor keeps (node rows, checkpoint events) that the state database refused (disk full,
+        I/O error): said in the supervisor's log, at most once a minute, and the job goes on being supervised
+        (the job's own state changes are not survived: the supervisor ends the job, see controller.supervise)."""
+        try:
+            return write(*args)
+        except StoreError as e:
+            now = self.clock()
+            if now - self._store_trouble_at >= 60:
+                self._store_trouble_at = now
+                print(f"clusterctl: {e} (the job is still supervised; node rows and events wait for space)",
+                      file=sys.stderr, flush=True)
+            return None
+
+    def _record_nodes(self, attempt: int, obs: Sequence[Observation]) -> None:
+        """Write the node rows that changed since the last round (one SQLite transaction per node and round was
+        most of the supervisor's CPU at 1,000 nodes; an unchanged row carries no news)."""
+        for o in obs:
+            row = (node_state(o), o.exit_code, o.signal, o.error_tail or None, o.rank)
+            if self._rows.get((attempt, o.node)) == row:
+                continue
+            self.store.set_node(self.job_id, attempt, o.node, state=row[0], exit_code=row[1], signal=row[2],
+                                error_tail=row[3], rank=row[4])
+            self._rows[(attempt, o.node)] = row
+        if len(self._rows) > 4 * len(obs) + 64:       # rows of earlier attempts are never written again
+            self._rows = {k: v for k, v in self._rows.items() if k[0] == attempt}
+
+    def _checkpoint_due(self, rounds: int) -> bool:
+        """Verify the latest checkpoint now? When the watches saw a new step directory (so ``status`` shows it
+        within a probe interval), else every ``checkpoint_every_probes`` rounds."""
+        hint_of = getattr(self.ops, "checkpoint_hint", None)
+        hint = hint_of() if hint_of else None
+        if hint is None:
+            return rounds % self.policy.checkpoint_every_probes == 0
+        if hint != self._last_hint:
+            self._last_hint = hint
+            return True
+        return False
+
+    def _checkpoint_progress(self, attempt: int, nodes: list[str]) -> bool:
+        """Record a new latest valid checkpoint as an event; True when there is one (progress)."""
+        found = self.ops.latest_checkpoint(nodes)
+        if found is None:
+            return False
+        path, step = found
+        if path and step != self._last_checkpoint_step:
+            self._last_checkpoint_step = step
+            self.store.add_event(self.job_id, "checkpoint", f"latest valid checkpoint: {path}", attempt=attempt,
+                                 checkpoint_step=step)
+            return True
+        return False
+
+    def _act(self, d: Decision, attempt: int, nodes: list[str], excluded: set[str]) -> JobState | None:
+        self.event("verdict", d.message, attempt=attempt, klass=d.verdict.value, node=d.node,
+                   exit_code=d.exit_code, signal=d.signal, rank=d.rank, oom=d.oom or None)
+        if d.verdict == Verdict.HANG:
+            self._take_stacks(attempt, nodes)      # where every rank waits: before anything is stopped
+        if d.verdict in INFRA and d.node:
+            self._maybe_cordon(d.node, d.verdict)
+        if d.verdict == Verdict.SUCCESS:
+            # the end is recorded before anything is removed: a supervisor killed in between leaves a SUCCEEDED
+            # job with containers to clean up (`stop` removes them), never a finished job that `resume` re-runs
+            self.store.end_attempt(self.job_id, attempt, "succeeded")
+            state = self._finish(JobState.SUCCEEDED, d.message)
+            self._cleanup(attempt, nodes)
+            return state
+        if d.verdict == Verdict.STOPPED:
+            self.store.end_attempt(self.job_id, attempt, "stopped")
+            self._cleanup(None, self.all_nodes)
+            return self._finish(JobState.STOPPED, d.message)
+        if d.verdict == Verdict.CONFIG_ERROR:     # the same failure again on every retry: stop here, with the fix
+            self.store.end_attempt(self.job_id, attempt, d.verdict.value)
+            self._cleanup(None, self.all_nodes)
+            return self._finish(JobState.FAILED, f"{d.message} (config_error: not retried)")
+        self._set_state(JobState.RECOVERING, d.message)
+        self.store.end_attempt(self.job_id, attempt, d.verdict.value)
+        # every node that answers is stopped, the lost ones too when they answer (their processes died but the
+        # runtime may still list the container); nodes lost by not answering are cleaned up when they answer again
+        reachable = [n for n in nodes if n not in d.unreachable]
+        self.event("gang_stop", f"attempt {attempt}: stopping {', '.join(reachable) or 'nothing'}"
+                   + (f"; {', '.join(d.unreachable)} unreachable (cleaned up when it answers again)"
+                      if d.unreachable else ""), attempt=attempt)
+        self._cleanup(attempt, reachable)
+        self._unclean.update(d.unreachable)
+        excluded.update(d.lost)
+        if not self._spend(d.verdict, d.message):
+            self._cleanup(None, self.all_nodes)
+            return self.store.get_job(self.job_id).state
+        return None
+
+    def _take_stacks(self, attempt: int, nodes: list[str]) -> None:
+        """Record every rank's stack as a ``stacks`` event (optional ``NodeOps.stacks(attempt, nodes) -> str``)."""
+        take = getattr(self.ops, "stacks", None)
+        if take is None:
+            return
+        try:
+            text = take(attempt, nodes)
+        except Exception as e:  # noqa: BLE001 - the stacks are a diagnosis: never in the way of the recovery
+            text = f"could not take the stacks: {e}"
+        self.event("stacks", text, attempt=attempt)
+
+    def _spend(self, verdict: Verdict, message: str) -> bool:
+        """Charge one failure to the matching budget; sleep the backoff. False when the budget is exhausted.
+
+        A budget counts the failures within ``window_s`` (or since the last progress); an attempt that made
+        progress starts the backoff over (see ``budget``)."""
+        job, p = self.store.get_job(self.job_id), self.policy
+        kind = budget.INFRA if verdict in INFRA else budget.USER
+        progress = self._attempt_progress(job.attempt)
+        if progress:
+            self.event("progress", f"attempt {job.attempt} made progress ({progress}): the backoff starts over",
+                       attempt=job.attempt)
+        now = self.clock()
+        self._charges.append(budget.Charge(now, kind, bool(progress)))
+        used = budget.used(self._charges, kind, now=now, window_s=p.window_s)
+        if kind == budget.INFRA:
+            limit, field_, key = p.max_node_failures, "node_failures_used", "restarts.max_node_failures"
+        else:
+            limit, field_, key = p.max_failures, "failures_used", "restarts.max_failures"
+        within = budget.describe(p.window_s)
+        self.store.update_job(self.job_id, **{field_: used})
+        self.event("budget", f"{kind} restart budget: {used} of {limit} used {within}", attempt=job.attempt,
+                   klass=kind)
+        if used > limit:
+            self._finish(JobState.FAILED, f"{message}; {kind if kind == budget.INFRA else 'user-error'} restart "
+                                          f"budget exhausted ({limit} {key} {within})")
+            return False
+        delay = budget.backoff(kind, budget.streak(self._charges, kind), first_s=p.backoff_s, max_s=p.backoff_max_s)
+        if delay:
+            self.event("backoff", f"waiting {delay:g}s before the next attempt")
+            self.sleep(delay)     # the controller's sleep returns early on `stop` (controller.supervise)
+        if self.ops.stop_requested():
+            raise Preempted()
+        return True
+
+    def _attempt_progress(self, attempt: int) -> str:
+        """Why the attempt that just ended made progress ("" when it did not, or never ran): a new valid
+        checkpoint beyond the one it resumed from, or output for ``progress_after_s``."""
+        health, self._health = self._health, None
+        if health is None:
+            return ""
+        mine = [a for a in self.store.attempts(self.job_id) if a.attempt == attempt]
+        base = (mine[0].checkpoint_step or 0) if mine and mine[0].checkpoint_path else -1
+        steps = [e.checkpoint_step for e in self.store.events(self.job_id) if e.kind == "checkpoint"
+                 and e.attempt == attempt and e.checkpoint_step is not None and e.checkpoint_step > base]
+        if steps:
+            return f"new valid checkpoint at step {max(steps)}"
+        ran = health.last_progress - health.started
+        if ran >= self.policy.progress_after_s:
+            return f"output for {ran:.0f}s"
+        return ""
+
+    def _charged_before(self) -> list[budget.Charge]:
+        """The failures already charged to this job's budgets (a re-attached supervisor), since the last
+        ``resume`` (which starts with fresh budgets), on this supervisor's clock."""
+        wall, now = self.store.now(), self.clock()
+        return [replace(c, time=now - (wall - c.time)) for c in budget.history(self.store.events(self.job_id))]
+
+    def _cleanup_unclean(self) -> None:
+        """Remove what is left of the job on nodes that could not be cleaned up earlier (unreachable, or the
+        runtime refused) and answer now; record the others as ``cleanup_pending``."""
+        if not self._unclean:
+            return
+        pending, self._unclean = sorted(self._unclean), set()
+        back = self.ops.reachable(pending)
+        errors = self.ops.stop(None, back) if back else {}
+        done = [n for n in back if n not in errors]
+        if done:
+            self.store.add_event(self.job_id, "cleanup", f"removed the job's leftovers on {', '.join(done)}")
+        for node in pending:
+            if node not in done:
+                why = f"cleanup failed: {errors[node].message}" if node in errors else "it is still unreachable"
+                self.event("cleanup_pending", f"{node}: containers of this job may still be there ({why}); run "
+                                              "`clusterctl stop` once it is reachable again", node=node)
+
+    def _drop_zygotes(self) -> None:
+        """The job ended: remove its warm zygotes on every node that answers (optional ``NodeOps.drop_zygotes``)."""
+        drop = getattr(self.ops, "drop_zygotes", None)
+        if drop is None:
+            return
+        for node, e in drop(self.ops.reachable(self.all_nodes)).items():
+            self.event("cleanup_pending", f"could not remove the zygote on {node}: {e.message} (run `clusterctl "
+                                          "stop` when it is reachable again)", node=node)
+
+    def _cleanup(self, attempt: int | None, nodes: Sequence[str]) -> None:
+        errors = self.ops.stop(attempt, nodes) if nodes else {}
+        self._unclean.update(errors)      # tried again when the job ends
+        for node, e in errors.items():
+            self.event("cleanup_pending", f"could not clean up {node}: {e.message} (run `clusterctl stop` when it is "
+                                          "reachable again)", node=node)
+
+    def _finish(self, state: JobState, reason: str) -> JobState:
+        self._cleanup_unclean()
+        try:
+            self.store.set_state(self.job_id, state, reason, expect=ACTIVE_STATES | {state})
+        except InvalidTransition:
+            raise Preempted() from None
+        self.event("end", f"job {state.value}: {reason}")
+        self._drop_zygotes()     # after the end is recorded: a crash here leaves only warm leftovers (`stop`)
+        return state
+
+    def _uncordoned(self, nodes: Sequence[str]) -> list[str]:
+        """``nodes`` without the cordoned ones (`clusterctl cordon`, or cordoned here after repeated failures)."""
+        cordoned = self.store.cordons()
+        out = [n for n in nodes if n not in cordoned]
+        drained = getattr(self.ops, "slurm_drained", None)     # under Slurm: drained/down nodes are skipped too
+        if drained is not None and out:
+            gone = drained(out)
+            out = [n for n in out if n not in gone]
+        return out
+
+    def _maybe_cordon(self, node: str, verdict: Verdict) -> None:
+        """Cordon ``node`` after ``cordon_after`` node_lost/hang failures within 24 h (every job counts)."""
+        n = self.policy.cordon_after
+        if not n or node in self.store.cordons():
+            return
+        count = self.store.host_failures(node, [v.value for v in INFRA], 24 * 3600)
+        if count >= n:
+            reason = f"{count} node_lost/hang failures within 24 h (last: {verdict.value} in job {self.job_id})"
+            self.store.cordon(node, reason, by=f"supervisor (job {self.job_id})")
+            self.event("cordon", f"{node} cordoned: {reason}; launches skip it until `clusterctl uncordon {node}`",
+                       node=node)
+            if self.policy.slurm_drain and (drain := getattr(self.ops, "slurm_drain", None)) is not None:
+                ok, message = drain(node, reason)
+                self.event("slurm_drain", f"{node} drained in Slurm (scontrol update NodeName={node} State=DRAIN)"
+                           if ok else f"{node}: Slurm drain refused: {message}", node=node)
+
