@@ -12,6 +12,7 @@ its liveness, the log copy, and the ``ClusterOps`` built from a job record.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -21,13 +22,14 @@ from typing import Any, Callable, Mapping, Sequence, Union
 from clusterctl.config import inventory as inventory_mod
 from clusterctl.config import yamlfile
 from clusterctl.config.inventory import Host, Inventory
-from clusterctl.config.spec import JobSpec, load_job, webhook_problem
+from clusterctl.config.spec import JobSpec, webhook_problem
 from clusterctl.config.yamlfile import line_of
 from clusterctl.errors import AuthError, ClusterctlError, HostKeyError, InputError, UserError, raise_all
 from clusterctl.launch.plan import LaunchPlan, build_plan
-from clusterctl.model import record as record_mod
+from clusterctl.model.events import EventKind
 from clusterctl.model.record import JobRecord
 from clusterctl.slurm import allocation
+from clusterctl.store.ledger import Ledger
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise import controller
 from clusterctl.supervise.supervisor import NodeError
@@ -297,9 +299,9 @@ def record_job(store: Store, ctx: JobContext, job_path: str, interfaces: Mapping
     rec = JobRecord(spec=ctx.spec, source=os.path.abspath(job_path), hosts=ctx.recorded or tuple(ctx.hosts),
                     interfaces=dict(interfaces), gpu_flags=dict(gpu_flags or {}))
     inv = ctx.inventory.source
-    return store.create_job(ctx.spec.name, rec.to_json(),
-                            None if inv == inventory_mod.EMBEDDED_DEFAULT else os.path.abspath(inv),
-                            os.path.abspath(job_path))
+    return Ledger(store).job_recorded(ctx.spec.name, rec.to_json(),
+                                      None if inv == inventory_mod.EMBEDDED_DEFAULT else os.path.abspath(inv),
+                                      os.path.abspath(job_path))
 
 
 # ---------------------------------------------------------------------------------------------- attach
@@ -352,9 +354,9 @@ def stop(ws: Workspace, job_ref: str, options: ConnectOptions, *, grace_s: float
     store = ws.store
     job_id = store.get_job(job_ref).job_id
     job = store.get_job(job_id)
+    ledger = Ledger(store)
     if not job.terminal:
-        store.set_state(job_id, JobState.STOPPED, "stopped by user")
-        store.add_event(job_id, "stop", "stop requested by user")
+        ledger.stop_requested(job_id)
     ops, _, nodes = controller.build_ops(ws.root, store, job_id, options, starts=False,   # stopping needs no secrets
                                          connect=connect)
     try:
@@ -366,11 +368,12 @@ def stop(ws: Workspace, job_ref: str, options: ConnectOptions, *, grace_s: float
         if attempts:
             a = attempts[-1]
             ended = {n.node: n.state for n in store.nodes(job_id, a.attempt)}
-            for node in a.nodes:
-                if node not in errors and ended.get(node) not in ("exited", "killed", "gone"):
-                    store.set_node(job_id, a.attempt, node, state="stopped")
+            rows = {node: {"state": "stopped"} for node in a.nodes
+                    if node not in errors and ended.get(node) not in ("exited", "killed", "gone")}
             if a.ended_at is None:
-                store.end_attempt(job_id, a.attempt, "stopped")
+                ledger.attempt_ended(job_id, a.attempt, "stopped", nodes=rows)
+            else:
+                ledger.nodes_changed(job_id, a.attempt, rows)
     finally:
         ops.close()
     return Stopped(job_id, store.get_job(job_id).state, dict(errors))
@@ -417,7 +420,7 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
     if job.state == JobState.SUCCEEDED:
         return done("succeeded", "the job already SUCCEEDED; nothing relaunched (launch it again to start over)",
                     excluded=excluded)
-    rec = record_mod.load(store, job)
+    rec = Ledger(store).record(job)
     unknown = [h for h in exclude if h not in rec.host_names]
     if unknown:
         raise UserError(f"--exclude: {', '.join(unknown)} not among the job's hosts {', '.join(rec.host_names)}")
@@ -446,20 +449,18 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
             controller.complete_logs(ops, store, job_id, attempts[-1].attempt)
         errors = ops.stop(None, nodes)
         for node, e in errors.items():
-            store.add_event(job_id, "cleanup_pending", f"could not clean up {node}: {e.message}", node=node)
+            Ledger(store).event(job_id, EventKind.CLEANUP_PENDING, f"could not clean up {node}: {e.message}",
+                                node=node)
         keep = [n for n in nodes if n not in exclude]
         latest = ops.latest_checkpoint([n for n in keep if n not in errors]) if not checkpoint else None
     finally:
         ops.close()
     rec = rec.replace(hosts=tuple(h for h in rec.hosts if h.name not in exclude), checkpoint_override=checkpoint)
-    record_mod.save(store, job_id, rec)
-    store.update_job(job_id, failures_used=0, node_failures_used=0)
-    store.set_state(job_id, JobState.RECOVERING, "resumed by user")
     start = (f"checkpoint {checkpoint}" if checkpoint else
              f"checkpoint step {latest[1]} ({latest[0]})" if latest and latest[0] else
              "the start (no valid checkpoint)" if latest else "the latest valid checkpoint")
-    store.add_event(job_id, "resume", f"resumed by user from {start}"
-                    + (f", excluding {', '.join(exclude)}" if exclude else ""))
+    Ledger(store).resumed(job_id, f"resumed by user from {start}"
+                          + (f", excluding {', '.join(exclude)}" if exclude else ""), rec)
     pid = spawn(root, job_id, accept_new=accept_new)
     return done("relaunched", f"relaunching attempt {store.get_job(job_id).attempt + 1} from {start}"
                 + (f" without {', '.join(exclude)}" if exclude else "") + f" (supervisor pid {pid})", pid, excluded)
@@ -468,8 +469,69 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
 def _cordoned(store: Store, job, exclude: Sequence[str]) -> list[tuple[str, str]]:
     """The job's cordoned hosts (host, reason); ``UserError`` naming them when the job's MIN cannot be met
     without them."""
-    rec = record_mod.load(store, job)
+    rec = Ledger(store).record(job)
     usable, excluded = nodehealth.split([h for h in rec.host_names if h not in exclude], store.cordons())
     if excluded and len(usable) < rec.spec.min_nodes:
         raise nodehealth.too_few(rec.spec.min_nodes, len(usable), excluded)
     return excluded
+
+
+# ---------------------------------------------------------------------------------------------- forget, cordon
+@dataclass(frozen=True)
+class Forgotten:
+    job_id: str
+    name: str
+    checkpoint_dir_kept: str | None       # never deleted
+
+
+def forget(ws: Workspace, refs: Sequence[str]) -> list[Forgotten]:
+    """Delete finished jobs' records and controller-side logs; ``UserError`` (and nothing deleted) when one of
+    them is active or still has a live supervisor. Checkpoints are never touched."""
+    import shutil
+
+    from clusterctl.store import paths
+
+    found = list({j.job_id: j for j in (ws.store.get_job(ref) for ref in refs)}.values())
+    active = [j for j in found if not j.terminal or controller.live_supervisor(ws.root, j)]
+    if active:
+        raise UserError("not forgetting active job(s) " + ", ".join(f"{j.job_id} ({j.state})" for j in active)
+                        + ": stop them first (`clusterctl stop JOB`); nothing was deleted")
+    done = []
+    for j in found:
+        ckpt = (json.loads(j.spec_json).get("spec") or {}).get("checkpoint", {}).get("dir")
+        Ledger(ws.store).forgotten(j.job_id)
+        shutil.rmtree(paths.job_dir(ws.root, j.job_id), ignore_errors=True)
+        done.append(Forgotten(j.job_id, j.name, ckpt))
+    return done
+
+
+@dataclass(frozen=True)
+class Cordoned:
+    cordons: list                                  # state.Cordon per host, in the order asked
+    unknown: list[str]                             # in no inventory clusterctl knows, nor any job's nodes
+    replaced: dict[str, str]                       # host -> the reason its new one replaced
+    drain_refused: tuple[str, str] | None = None   # (host, Slurm's message) with --slurm-drain
+
+
+def cordon(ws: Workspace, hosts: Sequence[str], reason: str, inventory: Inventory, *,
+           slurm_drain: bool = False) -> Cordoned:
+    """Keep ``hosts`` out of every launch, resume and relaunch (and, ``slurm_drain``, drain them in Slurm)."""
+    known = {h.name for h in inventory.hosts} | {n for a in ws.store.all_attempts() for n in a.nodes}
+    before = ws.store.cordons()
+    ledger = Ledger(ws.store)
+    done = [ledger.host_cordoned(h, reason, by="user") for h in hosts]
+    refused = None
+    if slurm_drain:
+        for c in done:
+            ok, message = allocation.drain(c.host, c.reason)
+            if not ok:
+                refused = (c.host, message)
+                break
+    return Cordoned(done, [h for h in hosts if h not in known],
+                    {h: before[h].reason for h in hosts if h in before}, refused)
+
+
+def uncordon(ws: Workspace, hosts: Sequence[str]) -> dict[str, bool]:
+    """host -> whether it was cordoned; its earlier failures no longer count toward an automatic cordon."""
+    ledger = Ledger(ws.store)
+    return {h: ledger.host_uncordoned(h) for h in hosts}

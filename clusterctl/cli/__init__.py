@@ -4,6 +4,7 @@ Exit codes: 0 success; 1 the operation found failures (a check failed, a job fai
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -79,7 +80,6 @@ def complete_jobs(ctx, param, incomplete: str) -> list:
 def complete_hosts(ctx, param, incomplete: str) -> list:
     """Shell completion of HOST: the default inventory's host names ($CLUSTERCTL_INVENTORY, ./inventory.yaml)."""
     try:
-        from clusterctl.config import inventory as inv_mod
 
         return [h.name for h in _load_hosts(ctx.params.get("inventory")).hosts if h.name.startswith(incomplete)]
     except Exception:  # noqa: BLE001
@@ -108,7 +108,6 @@ def connect_options(ctx: click.Context, accept_new: bool = False, **kw):
 @output_option
 def inventory_cmd(inventory: Optional[str], output: str) -> int:
     """Print the resolved hosts and their variables."""
-    from clusterctl.config import inventory as inv_mod
 
     inv = _load_hosts(inventory)
     if output == "json":
@@ -162,7 +161,6 @@ def preflight_cmd(ctx, inventory, job, limit, output, strict, pull, accept_new) 
     from clusterctl.checks.preflight import run_preflight
     from clusterctl.checks.report import render_table
     from clusterctl.checks.results import exit_code
-    from clusterctl.config import inventory as inv_mod
     from clusterctl.transport import connect
 
     if job:   # checked against the job (nodes, nproc_per_node: exit 2 at the job file's line); its hosts, or all
@@ -231,7 +229,6 @@ def exec_cmd(ctx, inventory, limit, job, node, in_container, timeout, output, ac
             wrap = lambda h, argv: jobnodes.in_job_argv(jn, h.name, argv)  # noqa: E731
     else:
         from clusterctl.config import hostpattern
-        from clusterctl.config import inventory as inv_mod
 
         if node or in_container:
             raise UserError("--node and --in-container need --job")
@@ -686,29 +683,16 @@ def resume_cmd(ctx, job, exclude, checkpoint, detach, output, accept_new) -> int
 @click.pass_context
 def forget_cmd(ctx, jobs, output) -> int:
     """Delete finished jobs' records and controller-side logs (never checkpoints, never an active job)."""
-    import shutil
+    from clusterctl import jobs as jobs_mod
 
-    from clusterctl.errors import UserError
-    from clusterctl.store import paths
-    from clusterctl.supervise import controller
-
-    root, store = controller.open_store(ctx.obj.state_dir)
-    found = list({j.job_id: j for j in (store.get_job(ref) for ref in jobs)}.values())
-    active = [j for j in found if not j.terminal or controller.live_supervisor(root, j)]
-    if active:
-        raise UserError("not forgetting active job(s) " + ", ".join(f"{j.job_id} ({j.state})" for j in active)
-                        + ": stop them first (`clusterctl stop JOB`); nothing was deleted")
-    done = []
-    for j in found:
-        ckpt = (json.loads(j.spec_json).get("spec") or {}).get("checkpoint", {}).get("dir")
-        store.delete_job(j.job_id)
-        shutil.rmtree(paths.job_dir(root, j.job_id), ignore_errors=True)
-        done.append({"job_id": j.job_id, "name": j.name, "checkpoint_dir_kept": ckpt})
-        if output != "json":
-            err.print(f"forgot {j.job_id}: its records and controller-side logs"
-                      + (f" (checkpoints in {ckpt} are kept)" if ckpt else ""), markup=False)
+    done = jobs_mod.forget(jobs_mod.open_workspace(ctx.obj.state_dir), jobs)
     if output == "json":
-        print_json({"forgotten": done})
+        print_json({"forgotten": [dataclasses.asdict(f) for f in done]})
+    else:
+        for f in done:
+            err.print(f"forgot {f.job_id}: its records and controller-side logs"
+                      + (f" (checkpoints in {f.checkpoint_dir_kept} are kept)" if f.checkpoint_dir_kept else ""),
+                      markup=False)
     return 0
 
 
@@ -720,7 +704,6 @@ def nodes_cmd(ctx, inventory, output) -> int:
     """Per host: ok or cordoned (reason, since), jobs run, failures by class in the last 7 days, the last one."""
     import time
 
-    from clusterctl.config import inventory as inv_mod
     from clusterctl.supervise import controller
     from clusterctl.views import history
     from clusterctl.views import nodes as nodehealth
@@ -768,32 +751,24 @@ def _host_names(hosts) -> list:
 @click.pass_context
 def cordon_cmd(ctx, hosts, reason, inventory, output, slurm_drain) -> int:
     """Keep HOSTs out of every launch, resume and relaunch (running attempts are not touched)."""
-    from clusterctl.config import inventory as inv_mod
+    from clusterctl import jobs as jobs_mod
     from clusterctl.errors import UserError
-    from clusterctl.supervise import controller
 
     if not reason.strip() or "\n" in reason:
         raise UserError("--reason must be one non-empty line")
-    _, store = controller.open_store(ctx.obj.state_dir)
     names = _host_names(hosts)
-    known = {h.name for h in _load_hosts(inventory).hosts} | {n for a in store.all_attempts() for n in a.nodes}
-    before = store.cordons()
-    done = [store.cordon(h, reason.strip(), by="user") for h in names]
+    out = jobs_mod.cordon(jobs_mod.open_workspace(ctx.obj.state_dir), names, reason.strip(), _load_hosts(inventory),
+                          slurm_drain=slurm_drain)
+    done = out.cordons
     if output != "json":
-        for h in names:
-            if h not in known:
-                err.print(f"warning: {h} is in no inventory clusterctl knows (nor any job's nodes): cordoned "
-                          "anyway; check the name", markup=False)
-            if h in before:
-                err.print(f"{h} was already cordoned ({before[h].reason}): the new reason replaces it",
-                          markup=False)
-    if slurm_drain:
-        from clusterctl.slurm import allocation as slurm
-
-        for c in done:
-            ok, message = slurm.drain(c.host, c.reason)
-            if not ok:
-                raise UserError(f"{c.host} cordoned, but Slurm refused to drain it: {message}")
+        for h in out.unknown:
+            err.print(f"warning: {h} is in no inventory clusterctl knows (nor any job's nodes): cordoned "
+                      "anyway; check the name", markup=False)
+        for h, why in out.replaced.items():
+            err.print(f"{h} was already cordoned ({why}): the new reason replaces it", markup=False)
+    if out.drain_refused:
+        host, message = out.drain_refused
+        raise UserError(f"{host} cordoned, but Slurm refused to drain it: {message}")
     if output == "json":
         print_json([{"host": c.host, "state": "cordoned", "reason": c.reason, "since": c.since, "by": c.by}
                     for c in done])
@@ -810,10 +785,9 @@ def cordon_cmd(ctx, hosts, reason, inventory, output, slurm_drain) -> int:
 @click.pass_context
 def uncordon_cmd(ctx, hosts, output) -> int:
     """Let HOSTs be used again; their earlier failures no longer count toward an automatic cordon."""
-    from clusterctl.supervise import controller
+    from clusterctl import jobs as jobs_mod
 
-    _, store = controller.open_store(ctx.obj.state_dir)
-    result = {h: store.uncordon(h) for h in _host_names(hosts)}
+    result = jobs_mod.uncordon(jobs_mod.open_workspace(ctx.obj.state_dir), _host_names(hosts))
     if output == "json":
         print_json([{"host": h, "state": "ok", "was_cordoned": was} for h, was in result.items()])
     else:

@@ -78,8 +78,9 @@ def register(cli) -> None:
         from clusterctl import jobs
         from clusterctl.checks.report import render_table
         from clusterctl.errors import UserError
-        from clusterctl.model import record as record_mod
+        from clusterctl.model.events import EventKind
         from clusterctl.slurm import sbatch
+        from clusterctl.store.ledger import Ledger
         from clusterctl.store.state import JobState
 
         sjid = os.environ.get("SLURM_JOB_ID", "")
@@ -93,20 +94,21 @@ def register(cli) -> None:
             job_id = marker.read_text().strip()
             j = ws.store.get_job(job_id)
             if j.state == JobState.SUCCEEDED:
-                ws.store.add_event(job_id, sbatch.EVENT, f"{where}: the job already SUCCEEDED; nothing to do")
+                Ledger(ws.store).event(job_id, EventKind.SLURM_RUN, f"{where}: the job already SUCCEEDED; nothing "
+                                                                    "to do")
                 cli.err.print(f"job {j.name} already SUCCEEDED", markup=False)
                 return 0
             hosts = jobs.load_context(job, inventory).hosts        # the hosts of this (new) allocation
-            rec = record_mod.load(ws.store, j)
+            rec = Ledger(ws.store).record(j)
             names = {h.name for h in hosts}
             gone = tuple(h.name for h in rec.hosts if h.name not in names)
             # the old hosts stay in the record for one step: resume cleans up (or records that it could not)
             # the last attempt on them, then drops them (--exclude) and relaunches on this allocation's hosts
-            record_mod.save(ws.store, job_id, rec.replace(hosts=tuple(hosts) + tuple(
+            Ledger(ws.store).record_changed(job_id, rec.replace(hosts=tuple(hosts) + tuple(
                 h for h in rec.hosts if h.name in gone)))
-            ws.store.add_event(job_id, sbatch.EVENT, f"{where}: requeued run, resuming on "
-                                                     f"{', '.join(h.name for h in hosts)}"
-                                                     + (f" (leaving {', '.join(gone)})" if gone else ""))
+            Ledger(ws.store).event(job_id, EventKind.SLURM_RUN, f"{where}: requeued run, resuming on "
+                                                                f"{', '.join(h.name for h in hosts)}"
+                                                                + (f" (leaving {', '.join(gone)})" if gone else ""))
             return ctx.invoke(cli.resume_cmd, job=job_id, exclude=gone, checkpoint=None, detach=False,
                               output="text", accept_new=False)
         request = jobs.LaunchRequest(job, inventory, cli.connect_options(ctx, False), environ=os.environ)
@@ -117,6 +119,7 @@ def register(cli) -> None:
             return 1
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(launched.job_id + "\n")
-        ws.store.add_event(launched.job_id, sbatch.EVENT, f"{where}: launched on {', '.join(launched.nodes)}")
+        Ledger(ws.store).event(launched.job_id, EventKind.SLURM_RUN, f"{where}: launched on "
+                                                                     f"{', '.join(launched.nodes)}")
         cli.err.print(f"job {launched.job_id} launched on {', '.join(launched.nodes)}", markup=False)
         return cli._attach(ws, launched.job_id, launched.name, "text")

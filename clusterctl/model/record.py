@@ -76,16 +76,15 @@ def spec_of(job) -> JobSpec:
     return parse_job(data["spec"], data.get("source") or "<job record>")
 
 
-def load(store, job, *, upgrade: bool = True) -> JobRecord:
-    """The record of ``job`` (a ``state.Job``); a version-1 row is rewritten as the current version."""
-    rec = JobRecord.from_json(job.spec_json, inventory_path=job.inventory_path)
-    if upgrade and json.loads(job.spec_json).get("version", 1) != VERSION:
-        store.update_job(job.job_id, spec_json=rec.to_json())
-    return rec
+def from_job(job) -> JobRecord:
+    """The record of ``job`` (a ``state.Job``), as stored (``store.ledger.Ledger.record`` also rewrites an old
+    version as the current one)."""
+    return JobRecord.from_json(job.spec_json, inventory_path=job.inventory_path)
 
 
-def save(store, job_id: str, rec: JobRecord) -> None:
-    store.update_job(job_id, spec_json=rec.to_json())
+def outdated(job) -> bool:
+    """Is ``job``'s record stored in an older version than this release writes?"""
+    return json.loads(job.spec_json).get("version", 1) != VERSION
 
 
 def _host_to_dict(h: Host) -> dict[str, Any]:

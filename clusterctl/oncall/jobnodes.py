@@ -52,7 +52,7 @@ def load(store: Store, job_ref: str) -> JobNodes:
     if not attempts:
         raise UserError(f"job {job.name} ({job.job_id}) has not started an attempt yet")
     a = attempts[-1]
-    rec = record_mod.load(store, job, upgrade=False)     # the hosts as resolved at launch
+    rec = record_mod.from_job(job)     # the hosts as resolved at launch
     hosts = rec.hosts_by_name
     missing = [n for n in a.nodes if n not in hosts]
     if missing:

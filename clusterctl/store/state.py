@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from clusterctl.config.ids import ID_RANDOM_BYTES, JOB_NAME_RE
 from clusterctl.errors import ClusterctlError, UserError
+from clusterctl.model.events import EventKind, kind_of
 
 SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 30.0
@@ -160,7 +161,7 @@ class Event:
     job_id: str
     time: float
     attempt: int | None
-    kind: str
+    kind: EventKind | str           # str: a kind this release does not know (written by a newer one)
     klass: str | None               # failure classification, e.g. "user" / "node"
     node: str | None
     rank: int | None
@@ -246,6 +247,8 @@ class Store:
         self._inherited: list[sqlite3.Connection] = []   # connections from before a fork: never touched again
         # called as on_state(job_id, old, new) after every set_state (the supervisor's notifier); must not block
         self.on_state: Callable[[str, JobState, JobState], None] | None = None
+        self._tx: sqlite3.Connection | None = None     # the open ``transaction()``, joined by every write in it
+        self._after: list[Callable[[], None]] = []      # listeners to call once it commits
         self._create_private_file()
         self._conn = self._connect()
         self._migrate()
@@ -303,9 +306,42 @@ class Store:
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Several writes as one IMMEDIATE transaction (``store.ledger``'s methods): every write method called
+        inside joins it, all commit or none does, and ``on_state`` hears of them after the commit. The store's
+        lock is held throughout: another thread's writes wait for the end. Nested: joins the outer one."""
+        with self._locked():
+            if self._tx is not None:
+                yield
+                return
+            try:
+                with self._write() as db:
+                    self._tx, self._after = db, []
+                    try:
+                        yield
+                    finally:
+                        self._tx = None
+            except BaseException:
+                self._after = []
+                raise
+            after, self._after = self._after, []
+        for listener in after:
+            listener()
+
+    def _after_commit(self, listener: Callable[[], None]) -> None:
+        if self._tx is not None:
+            self._after.append(listener)
+        else:
+            listener()
+
+    @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One IMMEDIATE transaction: takes the write lock up front, waiting up to the busy timeout."""
+        """One IMMEDIATE transaction: takes the write lock up front, waiting up to the busy timeout (inside a
+        ``transaction()``: that one)."""
         with self._locked() as db:
+            if self._tx is not None:
+                yield db
+                return
             try:
                 db.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
@@ -435,7 +471,8 @@ class Store:
             db.execute("UPDATE jobs SET state = ?, reason = ?, updated_at = ? WHERE job_id = ?",
                        (new.value, self._redact(reason), self._clock(), job_id))
         if self.on_state is not None:   # after the commit: a listener (notify.Notifier) reads the new row
-            self.on_state(job_id, old, new)
+            listener = self.on_state
+            self._after_commit(lambda: listener(job_id, old, new))
         return old
 
     def update_job(self, job_id: str, **fields: Any) -> None:
@@ -621,6 +658,8 @@ def _row(cls: type, row: sqlite3.Row) -> Any:
     values = {f.name: row[f.name] for f in dataclass_fields(cls)}
     if "oom" in values and values["oom"] is not None:
         values["oom"] = bool(values["oom"])
+    if cls is Event:
+        values["kind"] = kind_of(values["kind"])
     return cls(**values)
 
 

@@ -28,6 +28,7 @@ from clusterctl.launch import runtimes, zygote
 from clusterctl.launch.plan import NODE_MODULES, LaunchPlan, build_plan, checkpoint_installer
 from clusterctl.model import causes
 from clusterctl.store import paths
+from clusterctl.store.ledger import Ledger
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise.observe import Confirm, Explain, interpret
 from clusterctl.supervise.supervisor import ErrorKind, NodeError, Observation
@@ -418,8 +419,8 @@ class ClusterOps:
                               stdin=node.env_script(self.secrets, CHECKPOINT_INSTALLER))
             if not r.ok:
                 raise CommandFailed(_what_failed(r)[-500:])
-            self.store.set_node(self.job_id, attempt, host.name, address=host.address,
-                                container=node.container_name, state="running")
+            Ledger(self.store).nodes_changed(self.job_id, attempt, {host.name: dict(
+                address=host.address, container=node.container_name, state="running")})
             if mode == "cold" and node.zygote_argv:   # warm for the next relaunch (after this start: it goes first)
                 why += self._start_zygote(host.name, node, timeout)
             self.recovery[host.name] = (mode, why)

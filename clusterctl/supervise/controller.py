@@ -18,8 +18,8 @@ from typing import Callable, Sequence
 from clusterctl.config.inventory import Host
 from clusterctl.errors import UserError
 from clusterctl.launch.plan import read_secrets
-from clusterctl.model import record as record_mod
 from clusterctl.store import paths
+from clusterctl.store.ledger import Ledger
 from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store, pid_alive, redact
 from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
 from clusterctl.supervise.reconcile import Reconciled, reconcile
@@ -58,7 +58,7 @@ def spawn_supervisor(root: Path, job_id: str, *, accept_new: bool, adopt: bool =
 def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions, *, starts: bool = True,
               connect: Callable[[Host, ConnectOptions], Transport] = connect) -> tuple[ClusterOps, Policy, list[str]]:
     """The job's ClusterOps. ``starts``: it may start attempts, so the secret_env values must be present."""
-    rec = record_mod.load(store, store.get_job(job_id))
+    rec = Ledger(store).record(store.get_job(job_id))
     spec = rec.spec
     hosts = rec.hosts_by_name
     from clusterctl.transport.ssh import check_key_files  # paramiko: imported when a job is supervised, not
@@ -88,7 +88,7 @@ def _heartbeat(store: Store, job_id: str, stop: threading.Event) -> None:
     pid = os.getpid()
     while not stop.wait(HEARTBEAT_S):
         try:
-            store.heartbeat(job_id, pid)
+            Ledger(store).supervisor_beat(job_id, pid)
         except Exception:  # noqa: BLE001 - a busy DB now and then must not end the heartbeat
             pass
 
@@ -97,7 +97,8 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
               echo: Callable[[str], None] = print) -> JobState:
     """The supervisor's body (``python -m clusterctl.supervise``): claim the job, beat, run the loop, release."""
     store = Store(paths.db_path(root))
-    if not store.claim_supervisor(job_id, os.getpid(), is_live=lambda pid: is_live_supervisor(pid, job_id)):
+    ledger = Ledger(store)
+    if not ledger.supervisor_claimed(job_id, os.getpid(), is_live=lambda pid: is_live_supervisor(pid, job_id)):
         raise UserError(f"job {job_id} already has a live supervisor (pid {store.get_job(job_id).supervisor_pid})")
     beating = threading.Event()
     threading.Thread(target=_heartbeat, args=(store, job_id, beating), daemon=True, name="heartbeat").start()
@@ -122,7 +123,7 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
         ops.close()
         notifier.close()
         try:
-            store.release_supervisor(job_id, os.getpid())
+            ledger.supervisor_released(job_id, os.getpid())
         except Exception:  # noqa: BLE001 - a full disk: the pid dies with us, `status` sees it gone
             pass
 
@@ -141,8 +142,7 @@ def _end_on_error(store: Store, ops, notifier, job_id: str, nodes, error: Except
     except Exception as e:  # noqa: BLE001 - best effort: the reason says what happened
         print(f"clusterctl: could not stop the job's processes: {e}", file=sys.stderr, flush=True)
     try:
-        store.set_state(job_id, JobState.FAILED, reason, expect=ACTIVE_STATES)
-        store.add_event(job_id, "end", f"job FAILED: {reason}")
+        Ledger(store).job_ended(job_id, JobState.FAILED, reason, expect=ACTIVE_STATES)
     except InvalidTransition:
         return store.get_job(job_id).state
     except Exception as e:  # noqa: BLE001 - the database is the trouble: notify without it

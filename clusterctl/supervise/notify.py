@@ -28,6 +28,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from tenacity import Retrying, stop_after_attempt, wait_exponential
 
 from clusterctl.config.spec import webhook_problem
+from clusterctl.model.events import EventKind
+from clusterctl.store.ledger import Ledger
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise.supervisor import INFRA
 
@@ -303,14 +305,14 @@ class Notifier:
         except Exception as e:  # noqa: BLE001 - every failure becomes an event, never a crash of the supervisor
             why = str(e) if isinstance(e, DeliveryError) else type(e).__name__
             try:
-                self.store.add_event(self.job_id, "notify_failed",
-                                     f"{target.label}: {payload['event']!r} not delivered after {self._tries} "
-                                     f"tries: {why}", attempt=payload.get("attempt") or None)
+                Ledger(self.store).event(self.job_id, EventKind.NOTIFY_FAILED,
+                                         f"{target.label}: {payload['event']!r} not delivered after {self._tries} "
+                                         f"tries: {why}", attempt=payload.get("attempt") or None)
             except Exception:  # noqa: BLE001 - the store may be closing
                 pass
 
     def problem(self, message: str) -> None:
-        self.store.add_event(self.job_id, "notify_failed", message)
+        Ledger(self.store).event(self.job_id, EventKind.NOTIFY_FAILED, message)
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Wait (bounded) for queued deliveries, e.g. the final ``failed``/``succeeded``, then stop the thread."""

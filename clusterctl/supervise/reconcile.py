@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from clusterctl.model.events import EventKind
+from clusterctl.store.ledger import Ledger, note
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise.supervisor import Decision, Health, Observation, Verdict, classify, node_state
 
@@ -46,44 +48,45 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
     """One look at the current attempt's nodes (``ops``: a ``launcher.ClusterOps``), recorded. None when the
     job has no attempt yet or is no longer active. Error tails reach the store redacted (the store's secrets);
     ``withheld_tail``: recorded instead of every tail (the caller cannot redact them: a secret value unknown)."""
+    ledger = Ledger(store)
     job = store.get_job(job_id)
     attempts = store.attempts(job_id)
     if job.terminal or not attempts:
         return None
     a = attempts[-1]
     if a.result == "succeeded":       # the supervisor recorded the success, then died before the job's end
-        store.set_state(job_id, JobState.SUCCEEDED, "every node finished with exit code 0 (the supervisor ended "
-                                                    "before it recorded the job's end)")
-        store.add_event(job_id, "reconciled", f"attempt {a.attempt} had succeeded; the job is SUCCEEDED",
-                        attempt=a.attempt, klass="success")
+        ledger.state_changed(job_id, JobState.SUCCEEDED, "every node finished with exit code 0 (the supervisor "
+                                                         "ended before it recorded the job's end)",
+                             notes=[note(EventKind.RECONCILED, f"attempt {a.attempt} had succeeded; the job is "
+                                                               "SUCCEEDED", attempt=a.attempt, klass="success")])
         return Reconciled(a.attempt, (), Decision(Verdict.SUCCESS, message="every node finished with exit code 0"),
                           JobState.SUCCEEDED)
     obs = ops.observe(a.attempt, list(a.nodes), watch=False, deadline_s=deadline_s)
     d = judge(obs, rdzv_host=a.rdzv_host or "", now=clock())
-    for o in obs:
-        store.set_node(job_id, a.attempt, o.node, state=node_state(o), exit_code=o.exit_code, signal=o.signal,
-                       error_tail=(withheld_tail if withheld_tail and o.error_tail else o.error_tail) or None,
-                       rank=o.rank)
+    ledger.nodes_changed(job_id, a.attempt, {o.node: dict(
+        state=node_state(o), exit_code=o.exit_code, signal=o.signal, rank=o.rank,
+        error_tail=(withheld_tail if withheld_tail and o.error_tail else o.error_tail) or None) for o in obs})
     states = tuple((o.node, node_state(o)) for o in obs)
     if d is None:
         return Reconciled(a.attempt, states, None, job.state)
     if store.get_job(job_id).terminal:      # someone else (a new supervisor, another status) got there first
         return Reconciled(a.attempt, states, d, store.get_job(job_id).state)
     if d.verdict == Verdict.SUCCESS:
-        store.add_event(job_id, "reconciled", f"attempt {a.attempt} finished with exit code 0 on every node "
-                                              "while no supervisor watched it", attempt=a.attempt, klass="success")
-        store.end_attempt(job_id, a.attempt, "succeeded")
-        store.set_state(job_id, JobState.SUCCEEDED, "every node finished with exit code 0 (found after the "
-                                                    "supervisor was gone)")
+        ledger.attempt_ended(job_id, a.attempt, "succeeded", to=JobState.SUCCEEDED,
+                             reason="every node finished with exit code 0 (found after the supervisor was gone)",
+                             notes=[note(EventKind.RECONCILED, f"attempt {a.attempt} finished with exit code 0 on "
+                                         "every node while no supervisor watched it", attempt=a.attempt,
+                                         klass="success")])
         return Reconciled(a.attempt, states, d, JobState.SUCCEEDED)
     healthy = [o.node for o in obs if o.state in ("running", "exited")]
     checkpoint = ops.latest_checkpoint(healthy) if healthy else None
     step = f"checkpoint step {checkpoint[1]}" if checkpoint and checkpoint[0] else (
         "the start (no checkpoint yet)" if checkpoint else "the latest valid checkpoint")
-    store.add_event(job_id, "reconciled", f"while unsupervised: {d.message}", attempt=a.attempt,
-                    klass=d.verdict.value, node=d.node, rank=d.rank, exit_code=d.exit_code, signal=d.signal,
-                    oom=d.oom or None, checkpoint_step=checkpoint[1] if checkpoint and checkpoint[0] else None)
-    store.end_attempt(job_id, a.attempt, d.verdict.value)
-    store.set_state(job_id, JobState.FAILED, f"{d.message} (while unsupervised); `clusterctl resume {job.name}` "
-                                             f"relaunches from {step}")
+    ledger.attempt_ended(job_id, a.attempt, d.verdict.value, to=JobState.FAILED,
+                         reason=f"{d.message} (while unsupervised); `clusterctl resume {job.name}` relaunches from "
+                                f"{step}",
+                         notes=[note(EventKind.RECONCILED, f"while unsupervised: {d.message}", attempt=a.attempt,
+                                     klass=d.verdict.value, node=d.node, rank=d.rank, exit_code=d.exit_code,
+                                     signal=d.signal, oom=d.oom or None,
+                                     checkpoint_step=checkpoint[1] if checkpoint and checkpoint[0] else None)])
     return Reconciled(a.attempt, states, d, JobState.FAILED, checkpoint)

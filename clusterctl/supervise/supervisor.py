@@ -10,11 +10,14 @@ import dataclasses
 import math
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Callable, Protocol, Sequence
 
 from clusterctl.model import budget
+from clusterctl.model.events import EventKind, Relaunch
+from clusterctl.store.ledger import Ledger, note
 from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store, StoreError
 
 
@@ -219,6 +222,7 @@ class Supervisor:
         """``sleep``: backoff and waiting for nodes; ``wait``: between probe rounds (may return early when a
         node's process ends, e.g. ``ClusterOps.wait_for_change``; default ``sleep``)."""
         self.job_id, self.store, self.ops, self.policy = job_id, store, ops, policy
+        self.ledger = Ledger(store)     # every lifecycle write goes through it; the store is read directly
         self.all_nodes = list(nodes)
         self.clock, self.sleep, self.wait = clock, sleep, wait or sleep
         self.on_event = on_event or (lambda msg: None)
@@ -231,9 +235,18 @@ class Supervisor:
         self._attempt: int | None = None          # the attempt being started or run (for a preempted end)
         self._store_trouble_at = -math.inf        # when a refused write was last said in the log
 
-    def event(self, kind: str, message: str, **fields) -> None:
-        self.store.add_event(self.job_id, kind, message, **fields)
+    def event(self, kind: EventKind, message: str, **fields) -> None:
+        self.ledger.event(self.job_id, kind, message, **fields)
         self.on_event(message)
+
+    @contextmanager
+    def _unless_preempted(self):
+        """A lifecycle write that moves the job on: a transition refused because someone else ended the job
+        first (`stop` during a backoff or a start) ends this supervisor's work (``Preempted``)."""
+        try:
+            yield
+        except InvalidTransition:
+            raise Preempted() from None
 
     # -------------------------------------------------------------------------------------------- the loop
     def run(self, *, adopt_attempt: int | None = None) -> JobState:
@@ -248,7 +261,7 @@ class Supervisor:
         if running:
             a = self.store.attempts(self.job_id)[-1]
             nodes, rdzv = list(a.nodes), a.rdzv_host
-            self.event("adopt", f"controller restarted: re-attached to attempt {attempt} on {', '.join(nodes)}",
+            self.event(EventKind.ADOPT, f"controller restarted: re-attached to attempt {attempt} on {', '.join(nodes)}",
                        attempt=attempt, klass="controller_restart")
         self._charges = self._charged_before()
         self._attempt = attempt if running else None
@@ -269,13 +282,6 @@ class Supervisor:
         except Preempted:
             return self._preempted()
 
-    def _set_state(self, state: JobState, reason: str | None = None) -> None:
-        """The supervisor's own state changes: only while the job is active (a `stop` that came first wins)."""
-        try:
-            self.store.set_state(self.job_id, state, reason, expect=ACTIVE_STATES)
-        except InvalidTransition:
-            raise Preempted() from None
-
     def _preempted(self) -> JobState:
         """The job was ended by someone else while this supervisor worked (`stop` during a backoff, a start or a
         recovery): end the open attempt, remove what it started (containers started after the stop included),
@@ -284,14 +290,17 @@ class Supervisor:
         stopped = job.state == JobState.STOPPED
         a = self._attempt
         if a is not None and any(x.attempt == a and x.ended_at is None for x in self.store.attempts(self.job_id)):
-            self.store.end_attempt(self.job_id, a, "stopped" if stopped else "abandoned")
+            self.ledger.attempt_ended(self.job_id, a, "stopped" if stopped else "abandoned")
         if stopped or not job.terminal:
             self._cleanup(None, self.all_nodes)
         self._cleanup_unclean()
-        if stopped:   # the same state again: the reason stays the user's, and the notifier hears "stopped"
-            self.store.set_state(self.job_id, JobState.STOPPED, job.reason or "stopped by user")
-        self.event("end", f"job {job.state.value}: {job.reason or 'ended by another command'}"
+        message = (f"job {job.state.value}: {job.reason or 'ended by another command'}"
                    + (f" (during attempt {a}: what it started was removed)" if a is not None and stopped else ""))
+        if stopped:   # the same state again: the reason stays the user's, and the notifier hears "stopped"
+            self.ledger.job_ended(self.job_id, JobState.STOPPED, job.reason or "stopped by user", note_text=message)
+            self.on_event(message)
+        else:
+            self.event(EventKind.END, message)
         return job.state
 
     def _start_attempt(self, attempt: int, excluded: set[str],
@@ -310,23 +319,26 @@ class Supervisor:
             if checkpoint is None:
                 return None
             path, step = checkpoint
-            self._set_state(JobState.STARTING)      # after a `stop` (e.g. during the backoff): Preempted
             self._attempt = attempt
-            self.store.start_attempt(self.job_id, attempt, rdzv, f"{self.job_id}-{attempt}", nodes, path or None,
-                                     step if path else None)
-            self.event("start", f"attempt {attempt}: starting on {', '.join(nodes)} (rendezvous {rdzv}); "
-                                + (f"resuming from {path} (step {step})" if path else "no checkpoint yet"),
-                       attempt=attempt, checkpoint_step=step if path else None)
+            message = (f"attempt {attempt}: starting on {', '.join(nodes)} (rendezvous {rdzv}); "
+                       + (f"resuming from {path} (step {step})" if path else "no checkpoint yet"))
+            with self._unless_preempted():      # after a `stop` (e.g. during the backoff): Preempted
+                self.ledger.attempt_started(self.job_id, attempt, rdzv, nodes, (path, step), message,
+                                            expect=ACTIVE_STATES)
+            self.on_event(message)
             errors = self.ops.start(attempt, nodes, rdzv, (path, step))
             if not errors:
-                self._set_state(JobState.RUNNING)     # a `stop` during the start: Preempted removes what started
-                if not first:
-                    self._relaunch_events(attempt, nodes)
+                relaunches = [] if first else self._relaunches(attempt, nodes)
+                with self._unless_preempted():  # a `stop` during the start: Preempted removes what started
+                    self.ledger.attempt_running(self.job_id, attempt, relaunches, expect=ACTIVE_STATES)
+                for r in relaunches:
+                    self.on_event(r.message())
                 return nodes, rdzv, attempt
-            for node, e in errors.items():
-                self.event("start_failed", f"attempt {attempt}: {node} failed to start: {e.message}",
-                           attempt=attempt, node=node, klass="node_lost")
-            self.store.end_attempt(self.job_id, attempt, "start_failed")
+            failed = [note(EventKind.START_FAILED, f"attempt {attempt}: {node} failed to start: {e.message}",
+                           attempt=attempt, node=node, klass="node_lost") for node, e in errors.items()]
+            self.ledger.attempt_ended(self.job_id, attempt, "start_failed", notes=failed)
+            for n in failed:
+                self.on_event(n.message)
             if first:   # a launch that cannot start is an error to show, not a failure to retry
                 node, e = next(iter(errors.items()))
                 self._finish(JobState.FAILED, f"launch failed: {node} could not start: {e.message} "
@@ -337,14 +349,12 @@ class Supervisor:
                 return None
             attempt += 1
 
-    def _relaunch_events(self, attempt: int, nodes: list[str]) -> None:
-        """One ``relaunch`` event per node of a relaunch: ``klass`` warm or cold, and why (optional
-        ``NodeOps.recovery``: node -> (mode, why) of the last start; without it every node is cold)."""
+    def _relaunches(self, attempt: int, nodes: list[str]) -> list[Relaunch]:
+        """How each node of a relaunch started: warm or cold, and why (optional ``NodeOps.recovery``: node ->
+        (mode, why) of the last start; without it every node is cold)."""
         modes = getattr(self.ops, "recovery", None) or {}
-        for node in nodes:
-            mode, why = modes.get(node, ("cold", "the node runtime has no warm path"))
-            self.event("relaunch", f"attempt {attempt}: {node} {mode}: {why}", attempt=attempt, node=node,
-                       klass=mode)
+        return [Relaunch(attempt, node, *modes.get(node, ("cold", "the node runtime has no warm path")))
+                for node in nodes]
 
     def _checkpoint_for_start(self, nodes: list[str]) -> tuple[str, int] | None:
         """The checkpoint a new attempt resumes from. An unknown answer is asked again, never taken as "none":
@@ -364,8 +374,8 @@ class Supervisor:
     def _wait_for_nodes(self, excluded: set[str]) -> list[str] | None:
         p = self.policy
         deadline = self.clock() + p.wait_for_nodes_s
-        self.event("waiting", f"fewer than {p.min_nodes} healthy nodes: waiting up to {p.wait_for_nodes_s:g}s "
-                              "for lost nodes to come back", klass="node_lost")
+        self.event(EventKind.WAITING, f"fewer than {p.min_nodes} healthy nodes: waiting up to {p.wait_for_nodes_s:g}s "
+                                      "for lost nodes to come back", klass="node_lost")
         while self.clock() < deadline:
             if self.ops.stop_requested():
                 raise Preempted()
@@ -418,13 +428,15 @@ class Supervisor:
     def _record_nodes(self, attempt: int, obs: Sequence[Observation]) -> None:
         """Write the node rows that changed since the last round (one SQLite transaction per node and round was
         most of the supervisor's CPU at 1,000 nodes; an unchanged row carries no news)."""
+        changed = {}
         for o in obs:
             row = (node_state(o), o.exit_code, o.signal, o.error_tail or None, o.rank)
-            if self._rows.get((attempt, o.node)) == row:
-                continue
-            self.store.set_node(self.job_id, attempt, o.node, state=row[0], exit_code=row[1], signal=row[2],
-                                error_tail=row[3], rank=row[4])
-            self._rows[(attempt, o.node)] = row
+            if self._rows.get((attempt, o.node)) != row:
+                changed[o.node] = row
+        self.ledger.nodes_changed(self.job_id, attempt, {
+            node: dict(state=row[0], exit_code=row[1], signal=row[2], error_tail=row[3], rank=row[4])
+            for node, row in changed.items()})
+        self._rows.update({(attempt, node): row for node, row in changed.items()})
         if len(self._rows) > 4 * len(obs) + 64:       # rows of earlier attempts are never written again
             self._rows = {k: v for k, v in self._rows.items() if k[0] == attempt}
 
@@ -448,13 +460,12 @@ class Supervisor:
         path, step = found
         if path and step != self._last_checkpoint_step:
             self._last_checkpoint_step = step
-            self.store.add_event(self.job_id, "checkpoint", f"latest valid checkpoint: {path}", attempt=attempt,
-                                 checkpoint_step=step)
+            self.ledger.checkpoint_seen(self.job_id, attempt, path, step)
             return True
         return False
 
     def _act(self, d: Decision, attempt: int, nodes: list[str], excluded: set[str]) -> JobState | None:
-        self.event("verdict", d.message, attempt=attempt, klass=d.verdict.value, node=d.node,
+        self.event(EventKind.VERDICT, d.message, attempt=attempt, klass=d.verdict.value, node=d.node,
                    exit_code=d.exit_code, signal=d.signal, rank=d.rank, oom=d.oom or None)
         if d.verdict == Verdict.HANG:
             self._take_stacks(attempt, nodes)      # where every rank waits: before anything is stopped
@@ -463,24 +474,31 @@ class Supervisor:
         if d.verdict == Verdict.SUCCESS:
             # the end is recorded before anything is removed: a supervisor killed in between leaves a SUCCEEDED
             # job with containers to clean up (`stop` removes them), never a finished job that `resume` re-runs
-            self.store.end_attempt(self.job_id, attempt, "succeeded")
-            state = self._finish(JobState.SUCCEEDED, d.message)
+            end = f"job {JobState.SUCCEEDED.value}: {d.message}"
+            with self._unless_preempted():
+                self.ledger.attempt_ended(self.job_id, attempt, "succeeded", to=JobState.SUCCEEDED,
+                                          reason=d.message, expect=ACTIVE_STATES | {JobState.SUCCEEDED},
+                                          notes=[note(EventKind.END, end)])
+            self.on_event(end)
             self._cleanup(attempt, nodes)
-            return state
+            self._cleanup_unclean()
+            self._drop_zygotes()
+            return JobState.SUCCEEDED
         if d.verdict == Verdict.STOPPED:
-            self.store.end_attempt(self.job_id, attempt, "stopped")
+            self.ledger.attempt_ended(self.job_id, attempt, "stopped")
             self._cleanup(None, self.all_nodes)
             return self._finish(JobState.STOPPED, d.message)
         if d.verdict == Verdict.CONFIG_ERROR:     # the same failure again on every retry: stop here, with the fix
-            self.store.end_attempt(self.job_id, attempt, d.verdict.value)
+            self.ledger.attempt_ended(self.job_id, attempt, d.verdict.value)
             self._cleanup(None, self.all_nodes)
             return self._finish(JobState.FAILED, f"{d.message} (config_error: not retried)")
-        self._set_state(JobState.RECOVERING, d.message)
-        self.store.end_attempt(self.job_id, attempt, d.verdict.value)
+        with self._unless_preempted():
+            self.ledger.attempt_ended(self.job_id, attempt, d.verdict.value, to=JobState.RECOVERING,
+                                      reason=d.message, expect=ACTIVE_STATES)
         # every node that answers is stopped, the lost ones too when they answer (their processes died but the
         # runtime may still list the container); nodes lost by not answering are cleaned up when they answer again
         reachable = [n for n in nodes if n not in d.unreachable]
-        self.event("gang_stop", f"attempt {attempt}: stopping {', '.join(reachable) or 'nothing'}"
+        self.event(EventKind.GANG_STOP, f"attempt {attempt}: stopping {', '.join(reachable) or 'nothing'}"
                    + (f"; {', '.join(d.unreachable)} unreachable (cleaned up when it answers again)"
                       if d.unreachable else ""), attempt=attempt)
         self._cleanup(attempt, reachable)
@@ -500,7 +518,7 @@ class Supervisor:
             text = take(attempt, nodes)
         except Exception as e:  # noqa: BLE001 - the stacks are a diagnosis: never in the way of the recovery
             text = f"could not take the stacks: {e}"
-        self.event("stacks", text, attempt=attempt)
+        self.event(EventKind.STACKS, text, attempt=attempt)
 
     def _spend(self, verdict: Verdict, message: str) -> bool:
         """Charge one failure to the matching budget; sleep the backoff. False when the budget is exhausted.
@@ -511,26 +529,26 @@ class Supervisor:
         kind = budget.INFRA if verdict in INFRA else budget.USER
         progress = self._attempt_progress(job.attempt)
         if progress:
-            self.event("progress", f"attempt {job.attempt} made progress ({progress}): the backoff starts over",
+            self.event(EventKind.PROGRESS, f"attempt {job.attempt} made progress ({progress}): the backoff starts over",
                        attempt=job.attempt)
         now = self.clock()
         self._charges.append(budget.Charge(now, kind, bool(progress)))
         used = budget.used(self._charges, kind, now=now, window_s=p.window_s)
         if kind == budget.INFRA:
-            limit, field_, key = p.max_node_failures, "node_failures_used", "restarts.max_node_failures"
+            limit, key = p.max_node_failures, "restarts.max_node_failures"
         else:
-            limit, field_, key = p.max_failures, "failures_used", "restarts.max_failures"
+            limit, key = p.max_failures, "restarts.max_failures"
         within = budget.describe(p.window_s)
-        self.store.update_job(self.job_id, **{field_: used})
-        self.event("budget", f"{kind} restart budget: {used} of {limit} used {within}", attempt=job.attempt,
-                   klass=kind)
+        said = f"{kind} restart budget: {used} of {limit} used {within}"
+        self.ledger.budget_charged(self.job_id, kind == budget.INFRA, used, said, attempt=job.attempt, klass=kind)
+        self.on_event(said)
         if used > limit:
             self._finish(JobState.FAILED, f"{message}; {kind if kind == budget.INFRA else 'user-error'} restart "
                                           f"budget exhausted ({limit} {key} {within})")
             return False
         delay = budget.backoff(kind, budget.streak(self._charges, kind), first_s=p.backoff_s, max_s=p.backoff_max_s)
         if delay:
-            self.event("backoff", f"waiting {delay:g}s before the next attempt")
+            self.event(EventKind.BACKOFF, f"waiting {delay:g}s before the next attempt")
             self.sleep(delay)     # the controller's sleep returns early on `stop` (controller.supervise)
         if self.ops.stop_requested():
             raise Preempted()
@@ -569,12 +587,12 @@ class Supervisor:
         errors = self.ops.stop(None, back) if back else {}
         done = [n for n in back if n not in errors]
         if done:
-            self.store.add_event(self.job_id, "cleanup", f"removed the job's leftovers on {', '.join(done)}")
+            self.ledger.event(self.job_id, EventKind.CLEANUP, f"removed the job's leftovers on {', '.join(done)}")
         for node in pending:
             if node not in done:
                 why = f"cleanup failed: {errors[node].message}" if node in errors else "it is still unreachable"
-                self.event("cleanup_pending", f"{node}: containers of this job may still be there ({why}); run "
-                                              "`clusterctl stop` once it is reachable again", node=node)
+                self.event(EventKind.CLEANUP_PENDING, f"{node}: containers of this job may still be there ({why}); "
+                                                      "run `clusterctl stop` once it is reachable again", node=node)
 
     def _drop_zygotes(self) -> None:
         """The job ended: remove its warm zygotes on every node that answers (optional ``NodeOps.drop_zygotes``)."""
@@ -582,23 +600,21 @@ class Supervisor:
         if drop is None:
             return
         for node, e in drop(self.ops.reachable(self.all_nodes)).items():
-            self.event("cleanup_pending", f"could not remove the zygote on {node}: {e.message} (run `clusterctl "
-                                          "stop` when it is reachable again)", node=node)
+            self.event(EventKind.CLEANUP_PENDING, f"could not remove the zygote on {node}: {e.message} (run "
+                                                  "`clusterctl stop` when it is reachable again)", node=node)
 
     def _cleanup(self, attempt: int | None, nodes: Sequence[str]) -> None:
         errors = self.ops.stop(attempt, nodes) if nodes else {}
         self._unclean.update(errors)      # tried again when the job ends
         for node, e in errors.items():
-            self.event("cleanup_pending", f"could not clean up {node}: {e.message} (run `clusterctl stop` when it is "
-                                          "reachable again)", node=node)
+            self.event(EventKind.CLEANUP_PENDING, f"could not clean up {node}: {e.message} (run `clusterctl stop` "
+                                                  "when it is reachable again)", node=node)
 
     def _finish(self, state: JobState, reason: str) -> JobState:
         self._cleanup_unclean()
-        try:
-            self.store.set_state(self.job_id, state, reason, expect=ACTIVE_STATES | {state})
-        except InvalidTransition:
-            raise Preempted() from None
-        self.event("end", f"job {state.value}: {reason}")
+        with self._unless_preempted():
+            self.ledger.job_ended(self.job_id, state, reason, expect=ACTIVE_STATES | {state})
+        self.on_event(f"job {state.value}: {reason}")
         self._drop_zygotes()     # after the end is recorded: a crash here leaves only warm leftovers (`stop`)
         return state
 
@@ -620,11 +636,13 @@ class Supervisor:
         count = self.store.host_failures(node, [v.value for v in INFRA], 24 * 3600)
         if count >= n:
             reason = f"{count} node_lost/hang failures within 24 h (last: {verdict.value} in job {self.job_id})"
-            self.store.cordon(node, reason, by=f"supervisor (job {self.job_id})")
-            self.event("cordon", f"{node} cordoned: {reason}; launches skip it until `clusterctl uncordon {node}`",
-                       node=node)
+            said = f"{node} cordoned: {reason}; launches skip it until `clusterctl uncordon {node}`"
+            self.ledger.host_cordoned(node, reason, by=f"supervisor (job {self.job_id})", job_id=self.job_id,
+                                      message=said)
+            self.on_event(said)
             if self.policy.slurm_drain and (drain := getattr(self.ops, "slurm_drain", None)) is not None:
                 ok, message = drain(node, reason)
-                self.event("slurm_drain", f"{node} drained in Slurm (scontrol update NodeName={node} State=DRAIN)"
+                self.event(EventKind.SLURM_DRAIN,
+                           f"{node} drained in Slurm (scontrol update NodeName={node} State=DRAIN)"
                            if ok else f"{node}: Slurm drain refused: {message}", node=node)
 

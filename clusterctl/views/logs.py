@@ -50,7 +50,7 @@ class Selection:
         spec = record_mod.spec_of(job)
         rec_hosts = {}
         try:
-            rec_hosts = record_mod.load(store, job, upgrade=False).hosts_by_name
+            rec_hosts = record_mod.from_job(job).hosts_by_name
         except Exception:  # noqa: BLE001 - an old record whose inventory is gone: nproc from the spec only
             pass
         nodes = list(dict.fromkeys(n for a in chosen for n in a.nodes)) or list(rec_hosts)

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from clusterctl.model import budget
+from clusterctl.model import events as events_mod
 from clusterctl.model import record as record_mod
 from clusterctl.store.state import TERMINAL_STATES, Job, Store
 from clusterctl.supervise.supervisor import Verdict
@@ -30,11 +31,10 @@ def job_view(store: Store, job: Job, now: float | None = None, supervision: dict
     checkpoint = None
     if current and current.checkpoint_path:
         checkpoint = {"path": current.checkpoint_path, "step": current.checkpoint_step}
-    for e in reversed(events):
-        if e.kind == "checkpoint" and e.checkpoint_step is not None:
-            checkpoint = {"path": e.message.rsplit(": ", 1)[-1], "step": e.checkpoint_step,
-                          "age_s": round(now - e.time, 1)}
-            break
+    seen = next(((e, c) for e in reversed(events) if (c := events_mod.checkpoint_of(e)) is not None), None)
+    if seen is not None:
+        e, c = seen
+        checkpoint = {"path": c.path, "step": c.step, "age_s": round(now - e.time, 1)}
     sup = supervision or {"pid": job.supervisor_pid, "alive": None, "last_seen": job.supervisor_seen_at,
                           "supervised": None}
     return {
@@ -56,9 +56,8 @@ def job_view(store: Store, job: Job, now: float | None = None, supervision: dict
                       "error_tail": _tail(store, job.job_id, e), "stacks": _stacks(events, e)} for e in failures],
         "checkpoint": checkpoint,
         # every relaunch, per node: warm or cold, and why (the supervisor's ``relaunch`` events)
-        "relaunches": [{"attempt": e.attempt, "node": e.node, "recovery": e.klass,
-                        "why": e.message.split(f"{e.node} {e.klass}: ", 1)[-1]} for e in events
-                       if e.kind == "relaunch"],
+        "relaunches": [{"attempt": r.attempt, "node": r.node, "recovery": r.mode, "why": r.why}
+                       for r in map(events_mod.relaunch_of, events) if r is not None],
         "restarts": budget_view(events, restarts, now),
         "supervised": sup["supervised"],
         "supervisor": {"pid": sup["pid"], "alive": sup["alive"], "last_seen": sup["last_seen"]},

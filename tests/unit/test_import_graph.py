@@ -152,3 +152,26 @@ def test_layers_point_one_way():
                  "clusterctl.checks.model", "clusterctl.checks.registry", "clusterctl.config.hostport",
                  "clusterctl.supervise.observe"):
         assert not {m for m in _reaches(graph, pure) if m.startswith("clusterctl.transport")}, pure
+
+
+STORE_WRITES = {"create_job", "set_state", "update_job", "start_attempt", "end_attempt", "set_node", "add_event",
+                "delete_job", "cordon", "uncordon", "claim_supervisor", "heartbeat", "release_supervisor"}
+
+
+def test_only_the_ledger_writes_the_lifecycle():
+    """A call of a ``Store`` write method outside ``clusterctl/store/`` would be a second writer of the lifecycle
+    (issue 25): every one goes through ``store.ledger.Ledger``. A store is always called ``store`` here
+    (``store``, ``self.store``, ``ws.store``), so the receiver's name finds them."""
+    def is_store(receiver: ast.expr) -> bool:
+        return (isinstance(receiver, ast.Name) and receiver.id == "store") or \
+            (isinstance(receiver, ast.Attribute) and receiver.attr == "store")
+
+    found, calls = [], 0
+    for mod, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_store(node.func.value):
+                calls += 1
+                if node.func.attr in STORE_WRITES and not mod.startswith("clusterctl.store"):
+                    found.append(f"{mod}:{node.lineno} store.{node.func.attr}()")
+    assert calls > 50          # the store's readers are found: the rule sees what it must
+    assert found == []

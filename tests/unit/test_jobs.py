@@ -106,7 +106,7 @@ def test_launch_checks_records_and_spawns_once(env):
     assert progress and progress[-1][0] == progress[-1][1]
     job = ws.store.get_job(out.job_id)
     assert job.state == JobState.PENDING
-    rec = record.load(ws.store, job)
+    rec = record.from_job(job)
     assert rec.host_names == ["n1", "n2"] and rec.source == str(ws.root / "job.yaml")
     assert rec.interfaces == {"n1": "eth0", "n2": "eth0"}    # what preflight found, for the supervisor
 
@@ -118,7 +118,7 @@ def test_launch_records_how_each_gpu_hosts_containers_get_gpus(env):
         world.fakes[f"n{i}"] = FakeHost(sections_for(f"10.77.0.1{i}", f"n{i}", runtime="podman", gpus=8))
     out = launch(ws, world, spawn)
     assert isinstance(out, jobs.Launched), getattr(out, "report", None) and out.report.failures()
-    rec = record.load(ws.store, ws.store.get_job(out.job_id))
+    rec = record.from_job(ws.store.get_job(out.job_id))
     assert rec.gpu_flags == {"n1": "cdi", "n2": "cdi"}      # preflight's nvidia_toolkit choice, for the plan
 
 
@@ -161,7 +161,7 @@ def test_skip_preflight_still_refuses_an_unknown_host_key_but_not_an_unreachable
     world.fakes["n2"].connect_error = ConnectError("n2", "connection refused")   # may come back: the supervisor waits
     world.options.clear()
     out = launch(ws, world, spawn, skip_preflight=True, options=ConnectOptions(accept_new_host_keys=True))
-    assert isinstance(out, jobs.Launched) and record.load(ws.store, ws.store.get_job(out.job_id)).interfaces == {}
+    assert isinstance(out, jobs.Launched) and record.from_job(ws.store.get_job(out.job_id)).interfaces == {}
     assert spawn.calls == [(out.job_id, True, False)]
     assert world.options and all(o.accept_new_host_keys for o in world.options)
 
@@ -172,7 +172,7 @@ def test_cordoned_hosts_are_left_out_and_too_few_is_a_user_error(env):
     ws.store.cordon("n1", "ECC errors")
     out = launch(ws, world, spawn)
     assert (out.nodes, out.excluded) == (("n2", "n3"), (("n1", "ECC errors"),))
-    assert record.load(ws.store, ws.store.get_job(out.job_id)).host_names == ["n1", "n2", "n3"]
+    assert record.from_job(ws.store.get_job(out.job_id)).host_names == ["n1", "n2", "n3"]
     ws.store.set_state(out.job_id, JobState.STOPPED)
     ws.store.cordon("n2", "disk")
     with pytest.raises(UserError, match=r"at least 2 node\(s\) but only 1 remain"):
@@ -243,5 +243,5 @@ def test_resume_of_a_stopped_job_relaunches_from_the_start(env):
     assert spawn.calls[-1] == (out.job_id, False, False)
     job = ws.store.get_job(out.job_id)
     assert job.state == JobState.RECOVERING
-    assert record.load(ws.store, job).checkpoint_override == "/ckpt/step-10"
+    assert record.from_job(job).checkpoint_override == "/ckpt/step-10"
     assert ws.store.events(out.job_id)[-1].kind == "resume"

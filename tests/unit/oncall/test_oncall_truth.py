@@ -15,6 +15,7 @@ from clusterctl.config.inventory import Host
 from clusterctl.config.spec import loads_job
 from clusterctl.errors import UserError
 from clusterctl.model import record
+from clusterctl.store.ledger import Ledger
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise import controller
 from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
@@ -85,7 +86,7 @@ def test_logs_selection_refuses_what_the_job_never_had(tmp_path):
 # ------------------------------------------------------------------------------------------- job record
 def test_job_record_round_trips_with_resolved_hosts(tmp_path):
     store, job_id = _store_with_job(tmp_path)
-    rec = record.load(store, store.get_job(job_id))
+    rec = record.from_job(store.get_job(job_id))
     assert rec.host_names == ["n1", "n2", "n3"] and rec.hosts_by_name["n2"].address == "10.0.0.2"
     assert rec.spec.restarts.max_failures == 7 and rec.interfaces == {"n1": "eth0"}
     assert json.loads(store.get_job(job_id).spec_json)["version"] == record.VERSION
@@ -99,12 +100,13 @@ def test_a_version_1_row_is_migrated_with_the_inventory_it_was_launched_with(tmp
                      "interfaces": {}, "hosts": ["n2", "n1"]})
     store = Store(tmp_path / "state.db")
     job_id = store.create_job("j", v1, str(inv), None)
-    rec = record.load(store, store.get_job(job_id))
+    assert record.outdated(store.get_job(job_id))
+    rec = Ledger(store).record(store.get_job(job_id))     # read, and rewritten in the current version
     assert [(h.name, h.address) for h in rec.hosts] == [("n2", "10.1.0.2"), ("n1", "10.1.0.1")]
     stored = json.loads(store.get_job(job_id).spec_json)
     assert stored["version"] == 2 and stored["hosts"][0]["address"] == "10.1.0.2"
     inv.write_text("all:\n  hosts:\n    other: {}\n")          # edited since: the record no longer depends on it
-    assert record.load(store, store.get_job(job_id)).hosts_by_name["n1"].address == "10.1.0.1"
+    assert record.from_job(store.get_job(job_id)).hosts_by_name["n1"].address == "10.1.0.1"
 
 
 def test_status_shows_the_jobs_own_budgets(tmp_path):
