@@ -535,3 +535,173 @@ def uncordon(ws: Workspace, hosts: Sequence[str]) -> dict[str, bool]:
     """host -> whether it was cordoned; its earlier failures no longer count toward an automatic cordon."""
     ledger = Ledger(ws.store)
     return {h: ledger.host_uncordoned(h) for h in hosts}
+
+
+# ---------------------------------------------------------------------------------------------- what is kept
+def job_names(state_dir: str | None) -> list[str]:
+    """Every job's name and id in the state dir (shell completion); none when it has no database yet."""
+    from clusterctl.store.paths import db_path
+    from clusterctl.store.paths import state_dir as resolve
+
+    root = resolve(state_dir)
+    if not db_path(root).exists():
+        return []
+    with Store(db_path(root)) as store:
+        jobs = store.list_jobs()
+    return list(dict.fromkeys([j.name for j in jobs] + [j.job_id for j in jobs]))
+
+
+def job_list(ws: Workspace, *, states: Sequence[str] = (), since: str | None = None, show_all: bool = False,
+             now: float | None = None) -> list[tuple[dict, dict]]:
+    """``status`` without JOB: (view, row) of the active jobs, then the newest finished ones (``views.history``)."""
+    from clusterctl.views import history
+    from clusterctl.views import status as status_mod
+
+    now = time.time() if now is None else now
+    chosen = history.select(ws.store, ws.store.list_jobs(), states=history.parse_states(states),
+                            since=history.parse_since(since, now) if since else None, show_all=show_all)
+    return [(status_mod.job_view(ws.store, j, now, supervision=controller.supervision(ws.root, j)),
+             history.row(ws.store, j, now)) for j in chosen]
+
+
+def events_view(ws: Workspace, job_ref: str) -> dict:
+    """``events JOB -o json``: the job's timeline as one object."""
+    from clusterctl.views import status as status_mod
+
+    return status_mod.events_view(ws.store, ws.store.get_job(job_ref))
+
+
+def follow_events(ws: Workspace, job_ref: str, show: Callable, *, follow: bool = False,
+                  poll_s: float = 0.5, sleep: Callable[[float], None] = time.sleep) -> None:
+    """``events JOB [-f]``: ``show(event)`` for every event in order; with ``follow``, new ones as they come
+    until the job has ended and its supervisor is gone (what it wrote while it ended included)."""
+    j = ws.store.get_job(job_ref)
+    last = 0
+    while True:
+        for e in ws.store.events(j.job_id, after_id=last):
+            show(e)
+            last = e.id
+        if not follow:
+            return
+        current = ws.store.get_job(j.job_id)
+        if current.terminal and not controller.live_supervisor(ws.root, current):
+            for e in ws.store.events(j.job_id, after_id=last):
+                show(e)
+            return
+        sleep(poll_s)
+
+
+@dataclass(frozen=True)
+class Logs:
+    lines: list[str]                    # the selected lines of the controller's copy
+    missing: dict[str, str]             # node -> why its own log could not complete the copy
+    follow: Callable[[Callable[[str], None]], None]    # follow(echo): new lines (and events) until the job ends
+
+
+def logs(ws: Workspace, job_ref: str, options: ConnectOptions, *, node: str | None = None, rank: int | None = None,
+         attempt: int | None = None, tail: int | None = None) -> Logs:
+    """``logs JOB``: the controller's copy of every rank's output, completed from the nodes' own logs for any
+    stretch no supervisor followed; ``UserError`` for a node/rank/attempt the job never had."""
+    from clusterctl.views import logs as logs_mod
+
+    j = ws.store.get_job(job_ref)
+    sel = logs_mod.Selection.check(ws.store, j, node=node, rank=rank, attempt=attempt)
+    missing = {}
+    if not controller.live_supervisor(ws.root, j) and ws.store.attempts(j.job_id):
+        missing = controller.fill_logs(ws.root, ws.store, j.job_id, options, attempt=attempt)
+    lines = logs_mod.read(logs_mod.path(ws.root, j.job_id), sel, tail)
+
+    def follow(echo: Callable[[str], None]) -> None:
+        controller.follow(ws.root, ws.store, j.job_id,
+                          lambda ln: (sel.keeps(ln) or ln.startswith("clusterctl: ")) and echo(ln), from_start=False)
+    return Logs(list(lines), dict(missing), follow)
+
+
+def node_rows(ws: Workspace, inventory: Inventory, now: float | None = None) -> list[dict]:
+    """``nodes``: per host, ok or cordoned, jobs run, failures by class in the last 7 days, the last one."""
+    now = time.time() if now is None else now
+    return nodehealth.node_rows([h.name for h in inventory.hosts], ws.store.cordons(), ws.store.all_attempts(),
+                                ws.store.node_events(), now)
+
+
+def job_nodes(ws: Workspace, job_ref: str):
+    """Where ``job_ref`` runs now (``oncall.jobnodes.JobNodes``: exec --job, shell, stacks)."""
+    from clusterctl.oncall import jobnodes
+
+    return jobnodes.load(ws.store, job_ref)
+
+
+def doctor(state_dir: str | None, environ: Mapping[str, str], home: Path) -> list:
+    """``doctor``: this machine as clusterctl needs it (``views.doctor.Finding`` per check)."""
+    from clusterctl.store import paths
+    from clusterctl.views import doctor as doctor_mod
+
+    return doctor_mod.diagnose(paths.state_dir(state_dir), environ, home)
+
+
+def state_root(state_dir: str | None) -> Path:
+    """The state dir ``--state-dir`` (or its default) names."""
+    from clusterctl.store import paths
+
+    return paths.state_dir(state_dir)
+
+
+def job_id_of(ws: Workspace, job_ref: str) -> str:
+    """The id of the job ``job_ref`` names (an id, or the newest job of that name); ``JobNotFound`` else."""
+    return ws.store.get_job(job_ref).job_id
+
+
+def state_of(ws: Workspace, job_ref: str) -> JobState:
+    return ws.store.get_job(job_ref).state
+
+
+def supervise(state_dir: str | None, job_id: str, options: ConnectOptions, *, adopt: bool = False,
+              echo: Callable[[str], None] = print) -> JobState:
+    """The supervisor's body in this process (the ``_supervise`` command line of the release before; today's is
+    ``python -m clusterctl.supervise``)."""
+    return controller.supervise(state_root(state_dir), job_id, options, adopt=adopt, echo=echo)
+
+
+# ---------------------------------------------------------------------------------------------- Slurm
+@dataclass(frozen=True)
+class SlurmRun:
+    action: str                          # launch (the first run of this Slurm job) | resume | succeeded
+    job_id: str | None = None
+    name: str | None = None
+    leaving: tuple[str, ...] = ()        # the last allocation's hosts this one lacks (resume --exclude)
+
+
+def slurm_run(ws: Workspace, job_path: str, inventory: str | None, slurm_job_id: str, where: str) -> SlurmRun:
+    """One run of the sbatch script: the first run of a Slurm job launches; a requeued one (its marker names the
+    clusterctl job) resumes that job on this allocation's hosts, or does nothing when it already SUCCEEDED."""
+    from clusterctl.slurm import sbatch
+
+    marker = sbatch.marker(ws.root, slurm_job_id)
+    if not marker.exists():
+        return SlurmRun("launch")
+    ledger = Ledger(ws.store)
+    j = ws.store.get_job(marker.read_text().strip())
+    if j.state == JobState.SUCCEEDED:
+        ledger.event(j.job_id, EventKind.SLURM_RUN, f"{where}: the job already SUCCEEDED; nothing to do")
+        return SlurmRun("succeeded", j.job_id, j.name)
+    hosts = load_context(job_path, inventory).hosts        # the hosts of this (new) allocation
+    rec = ledger.record(j)
+    names = {h.name for h in hosts}
+    gone = tuple(h.name for h in rec.hosts if h.name not in names)
+    # the old hosts stay in the record for one step: resume cleans up (or records that it could not) the last
+    # attempt on them, then drops them (--exclude) and relaunches on this allocation's hosts
+    ledger.record_changed(j.job_id, rec.replace(hosts=tuple(hosts) + tuple(h for h in rec.hosts if h.name in gone)))
+    ledger.event(j.job_id, EventKind.SLURM_RUN, f"{where}: requeued run, resuming on "
+                                                f"{', '.join(h.name for h in hosts)}"
+                                                + (f" (leaving {', '.join(gone)})" if gone else ""))
+    return SlurmRun("resume", j.job_id, j.name, gone)
+
+
+def slurm_launched(ws: Workspace, slurm_job_id: str, launched: "Launched", where: str) -> None:
+    """The first run launched ``launched``: the marker a requeued run finds, and the ``slurm_run`` event."""
+    from clusterctl.slurm import sbatch
+
+    marker = sbatch.marker(ws.root, slurm_job_id)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(launched.job_id + "\n")
+    Ledger(ws.store).event(launched.job_id, EventKind.SLURM_RUN, f"{where}: launched on {', '.join(launched.nodes)}")

@@ -175,3 +175,15 @@ def test_only_the_ledger_writes_the_lifecycle():
                     found.append(f"{mod}:{node.lineno} store.{node.func.attr}()")
     assert calls > 50          # the store's readers are found: the rule sees what it must
     assert found == []
+
+
+def test_the_cli_reaches_the_store_and_the_supervisor_only_through_the_use_cases():
+    """cli/: flags -> a request -> one use case (clusterctl.jobs) -> text and an exit code. No command opens the
+    store, resolves paths, writes the ledger or drives the controller itself (issue 25 step 3); the store's
+    types (JobState) may be named."""
+    graph = _graph(nested=True)
+    banned = ("clusterctl.supervise", "clusterctl.store.paths", "clusterctl.store.ledger")
+    found = sorted(f"{m} -> {t}" for m, ts in graph.items() if _under(m, ("clusterctl.cli",)) for t in ts
+                   if _under(t, banned))
+    assert found == []
+    assert "clusterctl.jobs" in graph["clusterctl.cli.lifecycle"]

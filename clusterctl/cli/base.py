@@ -1,0 +1,106 @@
+"""What every command group shares: the click group and its globals, the common options, the consoles, JSON
+output, connect options, key-file checks and the progress bar. Prints nothing itself."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import click
+from rich.console import Console
+
+from clusterctl import __version__
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+OUTPUT = click.Choice(["table", "json"])
+
+
+@dataclass
+class Globals:
+    state_dir: Optional[str] = None
+    debug: bool = False
+    accept_new_host_keys: bool = False
+
+
+def load_hosts(path):
+    """``-i``: an inventory file, ``slurm[:OVERLAY]`` or the embedded default."""
+    from clusterctl.slurm.allocation import load_hosts as load
+
+    return load(path)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--state-dir", envvar="CLUSTERCTL_STATE_DIR", default=None,
+              help="State directory (jobs DB, logs). Default: $CLUSTERCTL_STATE_DIR, else platformdirs' user "
+                   "state dir (e.g. ~/.local/state/clusterctl).")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("--accept-new-host-keys", is_flag=True, help="Record unknown SSH host keys (never changed ones).")
+@click.version_option(__version__, "--version", prog_name="clusterctl", message="%(prog)s %(version)s")
+@click.pass_context
+def app(ctx: click.Context, state_dir, debug, accept_new_host_keys) -> None:
+    """Launch and supervise multi-node PyTorch training over SSH."""
+    ctx.obj = Globals(state_dir, debug, accept_new_host_keys)
+
+
+def inventory_option(f):
+    return click.option("-i", "--inventory", default=None,
+                        help="Inventory YAML (default: $CLUSTERCTL_INVENTORY, ./inventory.yaml, else this machine).")(f)
+
+
+def output_option(f):
+    return click.option("--output", "-o", type=OUTPUT, default="table", show_default=True,
+                        help="table, or json on stdout for scripts.")(f)
+
+
+def complete_jobs(ctx, param, incomplete: str) -> list:
+    """Shell completion of JOB: the names and ids in the state dir (``--state-dir`` or its default)."""
+    try:
+        from clusterctl import jobs
+
+        return [n for n in jobs.job_names((ctx.find_root().params or {}).get("state_dir"))
+                if n.startswith(incomplete)]
+    except Exception:  # noqa: BLE001 - completion never prints a traceback into the user's shell
+        return []
+
+
+def complete_hosts(ctx, param, incomplete: str) -> list:
+    """Shell completion of HOST: the default inventory's host names ($CLUSTERCTL_INVENTORY, ./inventory.yaml)."""
+    try:
+
+        return [h.name for h in load_hosts(ctx.params.get("inventory")).hosts if h.name.startswith(incomplete)]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def accept_option(f):
+    return click.option("--accept-new-host-keys", "accept_new", is_flag=True,
+                        help="Record unknown SSH host keys (never changed ones).")(f)
+
+
+def print_json(value) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def connect_options(ctx: click.Context, accept_new: bool = False, **kw):
+    from clusterctl.transport import ConnectOptions
+
+    return ConnectOptions(accept_new_host_keys=accept_new or ctx.obj.accept_new_host_keys, **kw)
+
+
+def check_key_files(hosts) -> None:
+    """Unusable ansible_ssh_private_key_file -> exit 2 at its inventory line, before anything connects."""
+    from clusterctl.jobs import check_key_files as check
+
+    check(hosts)
+
+
+def progress_bar(show: bool):
+    """The preflight progress bar on stderr (a ``progress(done, total, label)`` callback), or None."""
+    from contextlib import nullcontext
+
+    from clusterctl.checks.report import progress_display
+
+    return progress_display(err) if show else nullcontext(None)
