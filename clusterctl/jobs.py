@@ -61,6 +61,7 @@ class JobContext:
     hosts: list[Host]
     excluded: tuple[tuple[str, str], ...] = ()     # (cordoned host, reason), left out of hosts
     recorded: tuple[Host, ...] = ()                # the job's hosts with the cordoned ones (usable once uncordoned)
+    data: Any = None                               # the job file as read (with lines): read once per command
 
 
 def with_overrides(data: Any, overrides: Mapping[str, Any]) -> Any:
@@ -121,7 +122,7 @@ def load_context(job_path: str, inventory_path: str | None, cordons: Mapping[str
                          "out (the first node holds the rendezvous)", key="rendezvous.host")
     cordoned = dict(excluded)
     recorded = tuple(h for h in everyone if h in chosen or h.name in cordoned)
-    return JobContext(spec, inv, chosen, tuple(excluded), recorded)
+    return JobContext(spec, inv, chosen, tuple(excluded), recorded, data)
 
 
 def _job_hosts(spec: JobSpec, inv: Inventory, data: Any, job_path: str) -> list[Host]:
@@ -137,16 +138,17 @@ def _job_hosts(spec: JobSpec, inv: Inventory, data: Any, job_path: str) -> list[
     return inv.select(spec.hosts or ())
 
 
-def check_environment(job_path: str, spec: JobSpec, environ: Mapping[str, str]) -> None:
+def check_environment(job_path: str, spec: JobSpec, environ: Mapping[str, str], data: Any = None) -> None:
     """Every ``secret_env`` name and ``notify[].webhook_env`` set in clusterctl's environment, else an error at its
     line, all of them at once (a launch needs them; ``--dry-run`` warns: it shows ***)."""
-    raise_all(environment_problems(job_path, spec, environ))
+    raise_all(environment_problems(job_path, spec, environ, data))
 
 
-def environment_problems(job_path: str, spec: JobSpec, environ: Mapping[str, str]) -> list[InputError]:
+def environment_problems(job_path: str, spec: JobSpec, environ: Mapping[str, str],
+                         data: Any = None) -> list[InputError]:
     """The ``secret_env`` / ``notify[].webhook_env`` variables missing from ``environ``, each at its line (the
-    names only: a value is never printed)."""
-    data = yamlfile.load_yaml_with_lines(job_path)
+    names only: a value is never printed). ``data``: the job file as ``load_context`` read it (else read here)."""
+    data = yamlfile.load_yaml_with_lines(job_path) if data is None else data
     problems = []
     for i, name in enumerate(spec.secret_env):
         if name not in environ:
@@ -169,12 +171,12 @@ def environment_problems(job_path: str, spec: JobSpec, environ: Mapping[str, str
 
 
 def launch_problems(job_path: str, spec: JobSpec, hosts: Sequence[Host],
-                    environ: Mapping[str, str]) -> list[InputError]:
+                    environ: Mapping[str, str], data: Any = None) -> list[InputError]:
     """What ``launch`` would refuse before contacting any host: unset secret/webhook variables (or a plain-http
     webhook), unusable SSH key files. ``launch --dry-run`` prints each as a warning (exit 2 with ``--strict``)."""
     from clusterctl.transport.ssh import key_file_problems
 
-    return environment_problems(job_path, spec, environ) + key_file_problems(hosts)
+    return environment_problems(job_path, spec, environ, data) + key_file_problems(hosts)
 
 
 def check_key_files(hosts: Sequence[Host]) -> None:
@@ -255,7 +257,7 @@ def dry_run(ws: Workspace, request: LaunchRequest) -> DryRun:
     hosts = ctx.hosts[: ctx.spec.max_nodes]
     plan = build_plan(ctx.spec, hosts, job_id=f"{ctx.spec.name}-DRYRUN", attempt=1, interfaces=None,
                       spares=[h.name for h in ctx.hosts[ctx.spec.max_nodes:]], excluded=ctx.excluded)
-    return DryRun(plan, tuple(launch_problems(request.job_path, ctx.spec, ctx.hosts, request.environ)))
+    return DryRun(plan, tuple(launch_problems(request.job_path, ctx.spec, ctx.hosts, request.environ, ctx.data)))
 
 
 def launch(ws: Workspace, request: LaunchRequest, *, connect: Connect = default_connect,
@@ -266,7 +268,7 @@ def launch(ws: Workspace, request: LaunchRequest, *, connect: Connect = default_
     ctx = load_context(request.job_path, request.inventory_path, cordons=ws.store.cordons(),
                        overrides=request.overrides)
     spec = ctx.spec
-    check_environment(request.job_path, spec, request.environ)
+    check_environment(request.job_path, spec, request.environ, ctx.data)
     active = ws.store.active_job(spec.name)
     if active is not None:     # before the preflight, whose port check would trip over the running job
         from clusterctl.store.state import JobActive

@@ -111,6 +111,24 @@ def test_launch_checks_records_and_spawns_once(env):
     assert rec.interfaces == {"n1": "eth0", "n2": "eth0"}    # what preflight found, for the supervisor
 
 
+def test_launch_and_dry_run_read_the_job_file_once_and_check_key_files_once(env, monkeypatch):
+    """Issue 25: the launch path read the job YAML twice (the schema, then the secret variables' lines) and the
+    key files are checked once per command."""
+    from clusterctl.config import yamlfile
+    from clusterctl.transport import ssh
+
+    ws, world, spawn = env
+    reads, checks = [], []
+    real_read, real_check = yamlfile.load_yaml_with_lines, ssh.check_key_files
+    monkeypatch.setattr(yamlfile, "load_yaml_with_lines", lambda path: reads.append(path) or real_read(path))
+    monkeypatch.setattr(ssh, "check_key_files", lambda hosts: checks.append(len(hosts)) or real_check(hosts))
+    assert isinstance(launch(ws, world, spawn), jobs.Launched)
+    assert reads == [str(ws.root / "job.yaml")] and checks == [2]
+    reads.clear()
+    jobs.dry_run(ws, request(ws, overrides={"name": "k"}))
+    assert reads == [str(ws.root / "job.yaml")]
+
+
 def test_launch_records_how_each_gpu_hosts_containers_get_gpus(env):
     ws, world, spawn = env
     (ws.root / "inventory.yaml").write_text(INVENTORY.replace("clusterctl_gpus: 0", "clusterctl_gpus: 8"))
