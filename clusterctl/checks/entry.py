@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from clusterctl.checks.job import PreflightJob
 from clusterctl.checks.model import Check, HostProbe, Probe, section
 from clusterctl.checks.results import CheckResult, failed, passed
+from clusterctl.launch import runtimes
 
 if TYPE_CHECKING:
     from clusterctl.config.inventory import Host
@@ -28,7 +29,7 @@ def host_script(host: "Host", job: PreflightJob | None) -> str | None:
     workdir), or a container whose script lies under a mounted host directory; else None."""
     if job is None or not job.script:
         return None
-    if host.runtime == "bare":
+    if not runtimes.containerized(host.runtime):
         return job.script if job.script.startswith("/") else posixpath.join(job.workdir or ".", job.script)
     inside = job.script if job.script.startswith("/") else (
         posixpath.join(job.container_workdir, job.script) if job.container_workdir else None)
@@ -44,13 +45,13 @@ def host_script(host: "Host", job: PreflightJob | None) -> str | None:
 
 
 def applies(host: "Host", job: PreflightJob | None) -> bool:
-    return job is not None and (host.runtime == "bare" or host_script(host, job) is not None)
+    return job is not None and (not runtimes.containerized(host.runtime) or host_script(host, job) is not None)
 
 
 def snippet(host: "Host", job: PreflightJob, timeout_s: float) -> str:
     """Shell text printing ``workdir=``, ``torchrun=``, ``interpreter=``, ``script=`` lines (values quoted)."""
     lines = []
-    if host.runtime == "bare":
+    if not runtimes.containerized(host.runtime):
         wd = shlex.quote(job.workdir or ".")
         tr = shlex.quote(job.torchrun[0] if job.torchrun else "torchrun")
         lines.append(f"(cd {wd} 2>/dev/null && echo workdir=ok || echo workdir=missing; "
@@ -77,7 +78,7 @@ def parse_entry(output: str, rc: int = 0) -> dict[str, Any]:
 
 def check_torchrun(probe: HostProbe) -> CheckResult | None:
     host, job = probe.host, probe.job
-    if job is None or host.runtime != "bare":
+    if job is None or runtimes.containerized(host.runtime):
         return None
     facts = parse_entry(probe.sections[SECTION].output) if SECTION in probe.sections else {}
     name = job.torchrun[0] if job.torchrun else "torchrun"

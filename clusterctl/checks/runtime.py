@@ -19,15 +19,14 @@ from clusterctl.checks.model import (
     tool_error,
 )
 from clusterctl.checks.results import CheckResult, failed, passed, skipped, warned
+from clusterctl.launch import runtimes
 
 if TYPE_CHECKING:
     from clusterctl.config.inventory import Host
 
 IMAGE_FORMAT = "{{.Id}} {{json .RepoDigests}}"
-RUNTIME_INFO_ARGV = {
-    "docker": ("docker", "info", "--format", "{{json .}}"),
-    "podman": ("podman", "info", "--format", "json"),
-}
+# the container engines' `info` (each runtime says its own; bare has none)
+RUNTIME_INFO_ARGV = {n: rt.info_argv for n in runtimes.names() if (rt := runtimes.get(n)).info_argv}
 
 TOOLKIT_INSTALL_HINT = ("install nvidia-container-toolkit "
                         "(https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html)")
@@ -168,8 +167,8 @@ def _runtime_hint(rt: str, error: str, sec: Section | None) -> str:
 
 def check_container_runtime(p: HostProbe) -> CheckResult:
     rt = p.host.runtime
-    if rt == "bare":
-        return skipped("container_runtime", "bare runtime (no container)")
+    if not runtimes.containerized(rt):
+        return skipped("container_runtime", f"{rt} runtime (no container)")
     info = runtime_info(p)
     sec = p.sections.get("runtime_info")
     if info is None or info["error"]:
@@ -186,8 +185,8 @@ def check_nvidia_toolkit(p: HostProbe) -> CheckResult:
     rt = p.host.runtime
     if p.host.gpus == 0:
         return skipped("nvidia_toolkit", "CPU host (clusterctl_gpus: 0)")
-    if rt == "bare":
-        return skipped("nvidia_toolkit", "bare runtime (no container)")
+    if not runtimes.containerized(rt):
+        return skipped("nvidia_toolkit", f"{rt} runtime (no container)")
     sec = p.sections.get("nvidia_ctk")
     version = parse_nvidia_ctk_version(sec.output, sec.rc)["version"] if sec else None
     if version is None:
@@ -226,8 +225,8 @@ def check_nvidia_toolkit(p: HostProbe) -> CheckResult:
 def check_image(p: HostProbe) -> CheckResult:
     rt = p.host.runtime
     image = p.image
-    if rt == "bare":
-        return skipped("image", "bare runtime (no container)")
+    if not runtimes.containerized(rt):
+        return skipped("image", f"{rt} runtime (no container)")
     info = runtime_info(p)
     if info is None or info["error"]:
         return skipped("image", "runtime unusable (see container_runtime)", image=image)

@@ -12,6 +12,7 @@ from clusterctl.checks.job import GIB, PreflightJob, PreflightOptions
 from clusterctl.checks.model import Check, HostProbe, Probe, tool_error
 from clusterctl.checks.results import CheckResult, failed, passed, skipped, warned
 from clusterctl.checks.runtime import in_container
+from clusterctl.launch import runtimes
 
 if TYPE_CHECKING:
     from clusterctl.config.inventory import Host
@@ -54,7 +55,7 @@ def check_disk(p: HostProbe) -> CheckResult:
     targets = []
     if p.job is not None and p.job.checkpoint_dir:
         targets.append(("checkpoints", p.job.checkpoint_dir, "df_checkpoint"))
-    if p.host.runtime != "bare" and "df_runtime" in p.sections:
+    if runtimes.containerized(p.host.runtime) and "df_runtime" in p.sections:
         targets.append((f"{p.host.runtime} storage", None, "df_runtime"))
     if not targets:
         return skipped("disk", "no checkpoint dir and no container storage to check")

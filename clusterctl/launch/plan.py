@@ -89,9 +89,9 @@ class LaunchPlan:
                 "excluded": [{"host": h, "reason": why} for h, why in self.excluded], "notify": list(self.notify)}
 
     def render(self) -> str:
-        bare = all(n.runtime == "bare" for n in self.nodes)     # bare runs no image and no container
+        image = any(runtimes.containerized(n.runtime) for n in self.nodes)     # bare runs no image
         out = [f"job {self.job}  id {self.job_id}  attempt {self.attempt}",
-               f"rendezvous {self.rdzv_endpoint}  nodes {self.nnodes}" + ("" if bare else f"  image {self.image}")]
+               f"rendezvous {self.rdzv_endpoint}  nodes {self.nnodes}" + (f"  image {self.image}" if image else "")]
         if self.spares:
             out.append(f"spares     {', '.join(self.spares)} (beyond nodes' MAX: used in place of a lost node)")
         for host, why in self.excluded:
@@ -102,7 +102,7 @@ class LaunchPlan:
         for n in self.nodes:
             host_mark = "  (rendezvous host)" if n.is_rdzv_host else ""
             out.append(f"[{n.host}] {n.address}  runtime {n.runtime}  {n.nproc} proc(s){host_mark}")
-            if n.runtime != "bare":
+            if runtimes.containerized(n.runtime):
                 out.append(f"  name     {n.container_name}")
             out.append(f"  dir      {n.node_dir}")
             if n.log_path:
@@ -237,7 +237,8 @@ def warm_unavailable(spec: JobSpec, runtime: str) -> str:
         return "recovery: cold in the job"
     if list(spec.torchrun) == ["torchrun"]:
         return ""
-    if runtime == "bare" and len(spec.torchrun) == 1 and spec.torchrun[0].rsplit("/", 1)[-1] == "torchrun":
+    if not runtimes.containerized(runtime) and len(spec.torchrun) == 1 and \
+            spec.torchrun[0].rsplit("/", 1)[-1] == "torchrun":
         return ""       # torchrun by its path: its interpreter runs the zygote (on the host)
     return "a custom torchrun command (the zygote runs torch.distributed.run itself)"
 
@@ -298,7 +299,8 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
                        resume_from=resume_from, resume_step=resume_step, pkg_path=pkg_path,
                        secret_names=secret_names)
         name = runtimes.container_name(job_id, h.name)
-        bare = h.runtime == "bare"
+        rt = runtimes.get(h.runtime)
+        bare = not rt.containerized      # on the host: the job's workdir defaults to the job file's directory
         req = runtimes.RunRequest(
             job=spec.name, job_id=job_id, attempt=attempt, node=h.name, name=name, image=spec.image,
             workdir=spec.workdir or (spec.source_dir if bare else None), node_dir=ndir, command=tuple(targv),
@@ -318,7 +320,7 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
         nodes.append(NodePlan(
             host=h.name, address=h.address, runtime=h.runtime, container_name=name,
             runtime_argv=tuple(rt.run_argv(req)), torchrun_argv=tuple(targv), env=env, secret_names=secret_names,
-            node_dir=ndir, log_path=f"{ndir}/node.log" if bare else None, nproc=nproc, is_rdzv_host=is_host,
+            node_dir=ndir, log_path=rt.log_path(ndir), nproc=nproc, is_rdzv_host=is_host,
             job_id=job_id, **warm))
     return LaunchPlan(job=spec.name, job_id=job_id, attempt=attempt, rdzv_endpoint=endpoint, nodes=tuple(nodes),
                       nnodes=nnodes_arg, image=spec.image, spares=tuple(spares), excluded=tuple(excluded),

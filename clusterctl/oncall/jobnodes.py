@@ -63,10 +63,6 @@ def load(store: Store, job_ref: str) -> JobNodes:
 def in_job_argv(jn: JobNodes, node: str, argv: list[str], *, interactive: bool = False, tty: bool = False) -> list[str]:
     """``argv`` where the job runs on ``node``: in its container (``exec [-i] [-t] NAME argv``), or for a bare
     job on the host in the job's directory."""
-    h = jn.host(node)
-    if h.runtime == "bare":
-        from clusterctl.oncall.remote_exec import IN_DIR
-
-        return ["sh", "-c", IN_DIR, "clusterctl-in-dir", jn.workdir(), *argv]
-    ref = runtimes.Ref(jn.container(node), jn.node_dir(node), None, jn.job.job_id)
-    return runtimes.get(h.runtime).exec_argv(ref, argv, interactive=interactive, tty=tty)   # by the job's label
+    ref = runtimes.Ref(jn.container(node), jn.node_dir(node), None, jn.job.job_id)   # selected by the job's label
+    return runtimes.get(jn.host(node).runtime).exec_argv(ref, argv, interactive=interactive, tty=tty,
+                                                         workdir=jn.workdir())

@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from clusterctl.config.inventory import Host
 
 # bare `exec --job --in-container`: run in the job's directory on the host. $1 DIR, $2... the argv
-IN_DIR = 'd=$1; shift; case $d in "~/"*) d=$HOME/${d#"~/"};; esac; cd -- "$d" || exit 126; exec "$@"'
 
 
 @dataclass(frozen=True)

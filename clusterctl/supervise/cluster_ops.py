@@ -542,9 +542,8 @@ class ClusterOps:
             p = self._plan_node(node)
             return runtimes.Ref(name or p.container_name, p.node_dir, p.log_path, self.job_id)
         ndir = runtimes.node_dir(self._jobs_root(node), self.job_id, attempt)
-        bare = self.hosts[node].runtime == "bare"
         return runtimes.Ref(name or runtimes.container_name(self.job_id, node), ndir,
-                            f"{ndir}/node.log" if bare else None, self.job_id)
+                            self._runtime(node).log_path(ndir), self.job_id)
 
     def _node_log(self, node: str, ref: runtimes.Ref, lines: int = TAIL_LINES) -> list[str]:
         """The last ``lines`` lines of the node's own log (stdout and stderr), as ``[node/rank] text``."""
@@ -565,17 +564,12 @@ class ClusterOps:
         """Did the OOM killer do it? bare: the kernel log names the rank's pid; containers: the runtime's
         OOMKilled flag (the rank's pid is the container's own)."""
         rt = self._runtime(node)
-        if rt.name == "bare":
-            argv = ["sh", "-c", f"dmesg 2>/dev/null | tail -n 500 | tail -c {causes.MAX_TEXT}"]
-        else:
-            argv = rt.inspect_argv(runtimes.Ref(name, "", None, self.job_id),   # selected by label
-                                   "oomkilled={{.State.OOMKilled}}")
         try:
-            r = self._run(node, argv, timeout=self.probe_timeout_s)
+            r = self._run(node, rt.oom_argv(runtimes.Ref(name, "", None, self.job_id)),   # selected by label
+                          timeout=self.probe_timeout_s)
         except TransportError:
             return False
-        return "oomkilled=true" in r.stdout if rt.name != "bare" else (pid is not None and
-                                                                      causes.oom_killed(r.stdout, pid))
+        return rt.oom_killed(r.stdout, pid)
 
     def checkpoint_hint(self) -> int | None:
         """The newest checkpoint step any watch has seen on the shared storage (cheap, unverified)."""

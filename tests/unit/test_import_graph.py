@@ -187,3 +187,21 @@ def test_the_cli_reaches_the_store_and_the_supervisor_only_through_the_use_cases
                    if _under(t, banned))
     assert found == []
     assert "clusterctl.jobs" in graph["clusterctl.cli.lifecycle"]
+
+
+def test_only_the_runtimes_compare_a_runtimes_name():
+    """Every difference between docker, podman and bare lives in its runtime module (``launch/runtimes/``): a
+    new runtime is one module there plus its name in ``config.inventory.RUNTIMES``. The one exception is the
+    container engine's own preflight (``checks.runtime``), which parses `docker info` / `podman info` (a
+    ``docker`` command may be podman) and words its hints for each."""
+    names = {"docker", "podman", "bare"}
+    allowed = ("clusterctl.launch.runtimes", "clusterctl.checks.runtime", "clusterctl.config.inventory")
+    found = []
+    for mod, path in _modules().items():
+        if _under(mod, allowed):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value in names
+                                                     for c in [node.left, *node.comparators]):
+                found.append(f"{mod}:{node.lineno}")
+    assert found == []

@@ -19,6 +19,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
+from clusterctl.config.inventory import RUNTIMES
+
 LABEL_JOB = "clusterctl.job"
 LABEL_JOB_ID = "clusterctl.job_id"
 LABEL_ATTEMPT = "clusterctl.attempt"
@@ -166,7 +168,25 @@ class Instance:
 
 
 class Runtime(Protocol):
+    """Everything that differs between docker, podman and bare is asked of the host's runtime (``get``): what
+    runs a node, how it is listed, stopped, entered, logged and judged. Nothing outside this package compares a
+    runtime's name."""
     name: str
+    containerized: bool          # False: runs on the host (bare): no image, no container, the host's filesystem
+    info_argv: tuple[str, ...] | None    # preflight's `info` of the engine (checks.runtime parses it); None: none
+
+    def exec_argv(self, node: NodeRef, argv: list[str], *, interactive: bool = False, tty: bool = False,
+                  workdir: str | None = None) -> list[str]:
+        """``argv`` where the job runs on the node: in its container, or (bare) on the host in ``workdir``."""
+
+    def log_path(self, node_dir: str) -> str | None:
+        """The node's own log file (bare: NODE_DIR/node.log); None: the runtime keeps it (``logs_argv``)."""
+
+    def oom_argv(self, node: NodeRef) -> list[str]:
+        """A command whose output ``oom_killed`` judges: did the kernel's OOM killer end the node's ranks?"""
+
+    def oom_killed(self, stdout: str, pid: int | None) -> bool:
+        """Pure: ``oom_argv``'s output -> OOM-killed (``pid``: the rank's pid, for a host-wide kernel log)."""
 
     def run_argv(self, req: RunRequest) -> list[str]:
         """Start the node detached; stdin must carry ``NodePlan.env_script``. Exit 0 once started."""
@@ -225,8 +245,8 @@ def watch_argv(runtime: "Runtime", node: NodeRef, checkpoint_dir: str | None = N
     return ["sh", "-c", WATCH, "clusterctl-watch", checkpoint_dir or "", *runtime.pid_argv(node)]
 
 
-_MODULES = {"docker": "clusterctl.launch.runtimes.docker", "podman": "clusterctl.launch.runtimes.podman",
-            "bare": "clusterctl.launch.runtimes.bare"}
+# a runtime is a module here named after it, with a ``RUNTIME`` object, and its name in config.inventory.RUNTIMES
+_MODULES = {name: f"{__name__}.{name}" for name in RUNTIMES}
 
 
 def get(name: str) -> Runtime:
@@ -240,3 +260,12 @@ def get(name: str) -> Runtime:
 
 def names() -> tuple[str, ...]:
     return tuple(_MODULES)
+
+
+def containerized(name: str) -> bool:
+    """Does runtime ``name`` run the job in a container (docker, podman), not on the host (bare)?"""
+    return get(name).containerized
+
+
+# run ARGV in directory $1 on the host (``~/`` expanded): a bare job's ``exec --in-container`` and ``shell``
+IN_DIR = 'd=$1; shift; case $d in "~/"*) d=$HOME/${d#"~/"};; esac; cd -- "$d" || exit 126; exec "$@"'

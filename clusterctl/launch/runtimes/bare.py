@@ -29,6 +29,7 @@ from clusterctl.launch.runtimes import (
     APPLY_ENV_AND_EXEC,
     DEFAULT_JOBS_ROOT,
     ENV_SCRIPT_VAR,
+    IN_DIR,
     LABEL_ATTEMPT,
     LABEL_JOB_ID,
     LIB_DIR_VAR,
@@ -38,7 +39,7 @@ from clusterctl.launch.runtimes import (
     RunRequest,
     zygote_client,
 )
-from clusterctl.model.causes import ERROR_FILE_LINE
+from clusterctl.model.causes import ERROR_FILE_LINE, MAX_TEXT, oom_killed
 
 
 def _expand_home(var: str) -> str:
@@ -198,6 +199,22 @@ def _job_dir(node_dir: str) -> str:
 
 class BareRuntime:
     name = "bare"
+    containerized = False
+    info_argv = None
+
+    def exec_argv(self, node: NodeRef, argv: list[str], *, interactive: bool = False, tty: bool = False,
+                  workdir: str | None = None) -> list[str]:
+        """On the host, in the job's directory (``workdir``; else the node's own dir)."""
+        return ["sh", "-c", IN_DIR, "clusterctl-in-dir", workdir or node.node_dir, *argv]
+
+    def log_path(self, node_dir: str) -> str:
+        return f"{node_dir}/node.log"
+
+    def oom_argv(self, node: NodeRef) -> list[str]:
+        return ["sh", "-c", f"dmesg 2>/dev/null | tail -n 500 | tail -c {MAX_TEXT}"]   # the kernel names the pid
+
+    def oom_killed(self, stdout: str, pid: int | None) -> bool:
+        return pid is not None and oom_killed(stdout, pid)
 
     def run_argv(self, req: RunRequest) -> list[str]:
         if not req.workdir:

@@ -52,6 +52,17 @@ class ContainerRuntime:
 
     name = "docker"
     program = "docker"
+    containerized = True
+    info_argv: tuple[str, ...] | None = ("docker", "info", "--format", "{{json .}}")
+
+    def log_path(self, node_dir: str) -> None:
+        return None      # the runtime keeps the container's log (``logs_argv``)
+
+    def oom_argv(self, node: NodeRef) -> list[str]:
+        return self.inspect_argv(node, "oomkilled={{.State.OOMKilled}}")   # the rank's pid is the container's own
+
+    def oom_killed(self, stdout: str, pid: int | None) -> bool:
+        return "oomkilled=true" in stdout
 
     def gpu_args(self, flags: str | None = None) -> list[str]:
         """``flags`` (preflight's choice, see ``checks.runtime.choose_gpu_flags``): "cdi" on a docker >= 25 with
@@ -157,7 +168,8 @@ class ContainerRuntime:
             opts.append("--follow")
         return self._by_label(node, 'shift 2; exec "$0" logs "$@" "$cid"', *opts)
 
-    def exec_argv(self, node: NodeRef, argv: list[str], *, interactive: bool = False, tty: bool = False) -> list[str]:
+    def exec_argv(self, node: NodeRef, argv: list[str], *, interactive: bool = False, tty: bool = False,
+                  workdir: str | None = None) -> list[str]:
         """``exec [-i] [-t] CONTAINER argv`` in this job's container of ``node``, selected by its job-id label and
         exact name as ``stop`` does (issue 24: by name alone, ``exec --in-container``/``shell`` could enter another
         job's container that took the name)."""

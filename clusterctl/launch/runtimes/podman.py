@@ -7,6 +7,7 @@ from clusterctl.launch.runtimes.docker import CDI_ALL_GPUS, ContainerRuntime
 class PodmanRuntime(ContainerRuntime):
     name = "podman"
     program = "podman"
+    info_argv = ("podman", "info", "--format", "json")
 
     def gpu_args(self, flags: str | None = None) -> list[str]:
         return [CDI_ALL_GPUS]   # CDI whatever preflight found: podman 4 has no --gpus
