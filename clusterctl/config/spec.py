@@ -119,7 +119,7 @@ def _env_name(k: Any) -> str:
 
 
 def _window(v: Any) -> str:
-    """restarts.window: a duration (``24h``, ``90m``, ``7d``, a number of seconds) or ``progress``."""
+    """restarts.window: a duration (``config.durations``: ``24h``, ``90m``, ``7d``, ``1w``, seconds) or ``progress``."""
     budget.window_seconds(v)              # ValueError with the accepted forms
     return f"{v:g}s" if isinstance(v, (int, float)) else v.strip()
 

@@ -14,19 +14,18 @@ attempt that had made progress), after the last ``resume`` event: ``clusterctl r
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from clusterctl.config import durations
+
 PROGRESS = "progress"                 # restarts.window: count failures since the last progress
 USER, INFRA = "user", "infrastructure"
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 
 
 def window_seconds(window: str | int | float) -> float | None:
-    """``"24h"`` -> 86400.0, ``"90m"``, ``"30s"``, ``"7d"``, a bare number = seconds; ``"progress"`` -> None.
-    ValueError for anything else (or a window of 0)."""
+    """``"24h"`` -> 86400.0 (``config.durations``: s, m, h, d, w; a bare number = seconds); ``"progress"`` ->
+    None. ValueError for anything else (or a window of 0)."""
     if isinstance(window, bool):
         raise ValueError(f"expected a duration such as 24h, or {PROGRESS!r}, got {window!r}")
     if isinstance(window, (int, float)):
@@ -34,11 +33,11 @@ def window_seconds(window: str | int | float) -> float | None:
     elif isinstance(window, str) and window.strip() == PROGRESS:
         return None
     else:
-        m = _DURATION.match(str(window))
-        if not m:
-            raise ValueError(f"expected a duration such as 30m, 24h or 7d, or {PROGRESS!r} (since the last "
+        parsed = durations.seconds(str(window))
+        if parsed is None:
+            raise ValueError(f"expected a duration such as {durations.EXAMPLES}, or {PROGRESS!r} (since the last "
                              f"progress), got {window!r}")
-        seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+        seconds = parsed
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"must be a finite duration longer than 0, got {window!r}")
     return seconds

@@ -41,8 +41,7 @@ class JobNodes:
         return self.spec.workdir or self.spec.source_dir
 
     def node_dir(self, node: str) -> str:
-        return runtimes.node_dir(runtimes.jobs_root_for(runtimes.DEFAULT_JOBS_ROOT, node), self.job.job_id,
-                                 self.attempt)
+        return runtimes.node_dir_of(node, self.job.job_id, self.attempt)
 
 
 def load(store: Store, job_ref: str) -> JobNodes:

@@ -99,6 +99,11 @@ def write_private(path: str | os.PathLike[str], text: str) -> None:
         raise
 
 
+def output_log(root: str | os.PathLike[str], job_id: str) -> Path:
+    """The controller's copy of every rank's output (``logs``; rotated to ``output.log.1``)."""
+    return job_dir(root, job_id) / "output.log"
+
+
 def job_dir(root: str | os.PathLike[str], job_id: str) -> Path:
     """``<root>/jobs/<job_id>``; ``UserError`` if ``job_id`` could escape that directory."""
     if not JOB_ID_RE.match(job_id) or ".." in job_id:

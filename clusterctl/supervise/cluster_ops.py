@@ -541,7 +541,7 @@ class ClusterOps:
         if self._plan is not None and self._plan.attempt == attempt and node in self._plan_nodes:
             p = self._plan_node(node)
             return runtimes.Ref(name or p.container_name, p.node_dir, p.log_path, self.job_id)
-        ndir = runtimes.node_dir(self._jobs_root(node), self.job_id, attempt)
+        ndir = runtimes.node_dir_of(node, self.job_id, attempt)
         return runtimes.Ref(name or runtimes.container_name(self.job_id, node), ndir,
                             self._runtime(node).log_path(ndir), self.job_id)
 

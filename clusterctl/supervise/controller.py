@@ -68,7 +68,7 @@ def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions, *,
     # what a node prints is redacted before the store keeps it: without a start (status), with the values this
     # shell has (reconcile_job withholds the tails when some are missing)
     store.add_secrets(secrets.values() if starts else [os.environ[n] for n in spec.secret_env if n in os.environ])
-    sink = LogSink(paths.job_dir(root, job_id) / "output.log")
+    sink = LogSink(paths.output_log(root, job_id))
     ops = ClusterOps(spec=spec, hosts=hosts, job_id=job_id, store=store, sink=sink, options=options,
                      secrets=secrets, interfaces=dict(rec.interfaces), gpu_flags=dict(rec.gpu_flags),
                      probe_timeout_s=max(3.0, spec.supervisor.probe_interval_s * 2),
@@ -162,7 +162,7 @@ def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *
            poll_s: float = 0.3, stop_when_done: bool = True) -> JobState:
     """Print the job's log copy and its events as they grow (``from_start=False``: only what comes after this
     call); return the job's state once it is terminal."""
-    path = paths.job_dir(root, job_id) / "output.log"
+    path = paths.output_log(root, job_id)
     offset = 0 if from_start else (path.stat().st_size if path.exists() else 0)
     seen = store.events(job_id)
     printed_events = 0 if from_start or not seen else seen[-1].id

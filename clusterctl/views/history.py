@@ -3,31 +3,29 @@ values and a store read; no printing."""
 from __future__ import annotations
 
 import datetime
-import re
 from typing import Any, Iterable, Sequence
 
+from clusterctl.config import durations
 from clusterctl.errors import UserError
 from clusterctl.store.state import Job, JobState, Store
 
 NEWEST_FINISHED = 20
 REASON_CHARS = 60
-_DURATION_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw])\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S")
 
 
 def parse_since(text: str, now: float) -> float:
     """``2h``, ``30m``, ``45s``, ``3d``, ``1w`` ago, or a UTC date/time ``2026-12-01[THH:MM[:SS]]`` -> epoch s."""
-    m = _DURATION_RE.match(text)
-    if m:
-        return now - float(m.group(1)) * _UNITS[m.group(2)]
+    ago = durations.seconds(text)
+    if ago is not None:
+        return now - ago
     for fmt in _FORMATS:
         try:
             dt = datetime.datetime.strptime(text.strip().rstrip("Z"), fmt)
         except ValueError:
             continue
         return dt.replace(tzinfo=datetime.timezone.utc).timestamp()
-    raise UserError(f"--since {text!r}: use a duration (45s, 30m, 2h, 3d, 1w) or a UTC date "
+    raise UserError(f"--since {text!r}: use a duration ({durations.EXAMPLES}) or a UTC date "
                     "(2026-12-01, 2026-12-01T08:00)")
 
 

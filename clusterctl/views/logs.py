@@ -29,7 +29,7 @@ def for_terminal(line: str) -> str:
 
 
 def path(root, job_id: str) -> Path:
-    return paths.job_dir(root, job_id) / "output.log"
+    return paths.output_log(root, job_id)
 
 
 @dataclass(frozen=True)

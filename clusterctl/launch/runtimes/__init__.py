@@ -104,6 +104,11 @@ def node_dir(jobs_root: str, job_id: str, attempt: int) -> str:
     return f"{jobs_root.rstrip('/')}/{job_id}/{attempt}"
 
 
+def node_dir_of(node: str, job_id: str, attempt: int) -> str:
+    """``node_dir`` under the default jobs root of ``node`` (where the plan put it)."""
+    return node_dir(jobs_root_for(DEFAULT_JOBS_ROOT, node), job_id, attempt)
+
+
 @dataclass(frozen=True)
 class RunRequest:
     """Everything a runtime needs to start one node of one attempt."""

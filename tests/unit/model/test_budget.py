@@ -60,3 +60,12 @@ def test_history_from_events_starts_after_the_last_resume():
     ev = [_E("budget", 1, USER), _E("resume", 2), _E("progress", 3), _E("budget", 3, INFRA),
           _E("verdict", 4, "node_lost"), _E("budget", 5, INFRA)]
     assert budget.history(ev) == [Charge(3, INFRA, True), Charge(5, INFRA, False)]
+
+
+def test_one_duration_grammar_for_the_job_file_and_the_command_line():
+    """Issue 25: `restarts.window: 1w` was refused while `status --since 1w` worked (two grammars)."""
+    from clusterctl.views.history import parse_since
+
+    for text, s in (("1w", 7 * 86400), ("1.5h", 5400), ("45s", 45), ("30", 30), ("7d", 7 * 86400)):
+        assert budget.window_seconds(text) == s
+        assert parse_since(text, now=1_000_000.0) == 1_000_000.0 - s
