@@ -1,7 +1,7 @@
 """The module-level import graph of clusterctl is acyclic (docs/design.md), and the packages point one way, down
 the job's way: cli -> jobs (use cases) -> views -> supervise -> oncall -> checks/launch -> store/transport ->
 config/model -> errors. config/ and model/ do no I/O: they reach no transport, store, process or network module.
-Written by tools/relayout.py (issue 25)."""
+"""
 from __future__ import annotations
 
 import ast
@@ -74,7 +74,7 @@ def _graph(nested: bool = False) -> dict[str, set[str]]:
             elif node.module and node.level == 0:
                 targets = [resolve(f"{node.module}.{a.name}") or resolve(node.module) for a in node.names]
             else:
-                raise AssertionError(f"{m}: a relative import (tools/relayout.py makes them absolute)")
+                raise AssertionError(f"{m}: a relative import (clusterctl imports absolutely)")
             graph[m] |= {t for t in targets if t and t.startswith("clusterctl") and t != m}
     return graph
 
@@ -205,3 +205,12 @@ def test_only_the_runtimes_compare_a_runtimes_name():
                                                      for c in [node.left, *node.comparators]):
                 found.append(f"{mod}:{node.lineno}")
     assert found == []
+
+
+def test_pyprojects_package_list_names_every_package():
+    """pyproject.toml lists its packages explicitly: a new package missing there is missing from the wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(PKG.parent).parts) for p in PKG.rglob("__init__.py")}
+    assert found - listed == set()

@@ -1,6 +1,6 @@
 """The supervisor's entry point (issue 25): ``python -m clusterctl.supervise`` is what ``spawn_supervisor`` starts;
 ``clusterctl _supervise JOB_ID`` (the release before) still runs the same body, and both command lines count as a
-job's supervisor for liveness, ``resume`` and the testbed's cleanup. Written by tools/relayout.py."""
+job's supervisor for liveness, ``resume`` and the testbed's cleanup."""
 from __future__ import annotations
 
 import subprocess
