@@ -707,3 +707,17 @@ def slurm_launched(ws: Workspace, slurm_job_id: str, launched: "Launched", where
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(launched.job_id + "\n")
     Ledger(ws.store).event(launched.job_id, EventKind.SLURM_RUN, f"{where}: launched on {', '.join(launched.nodes)}")
+
+
+def watch_status(ws: Workspace, job_ref: str, options: ConnectOptions, on_view: Callable[[dict], None], *,
+                 interval_s: float = 2.0, sleep: Callable[[float], None] = time.sleep) -> dict:
+    """``status JOB --watch``: ``on_view(view)`` every ``interval_s`` until the job has ended; its last view."""
+    from clusterctl.views import status as status_mod
+
+    job_id = job_id_of(ws, job_ref)
+    while True:
+        v = status(ws, job_id, options)
+        on_view(v)
+        if v["state"] in status_mod.ENDED:
+            return v
+        sleep(interval_s)

@@ -45,12 +45,10 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
         job_id = jobs.job_id_of(ws, job)
         options = connect_options(ctx, accept_new)
 
-        def view():
-            return jobs.status(ws, job_id, options)
-
         if watch:
-            return _watch(view, output)
-        v = view()
+            return _watch(lambda on_view, every: jobs.watch_status(ws, job_id, options, on_view, interval_s=every),
+                          output)
+        v = jobs.status(ws, job_id, options)
         if output == "json":
             print_json(v)
         else:
@@ -94,50 +92,43 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
     return 0
 
 
-def _watch(view, output: str, interval_s: float = 2.0) -> int:
+def _watch(watch, output: str, interval_s: float = 2.0) -> int:
     """`status JOB --watch`: rich Live on a terminal, else one line (json: one object) per change, until the job
-    ends; exit 0 when it succeeded, 1 when it failed or was stopped. ``view()``: the job's current status view."""
+    ends; exit 0 when it succeeded, 1 when it failed or was stopped. ``watch(on_view, interval_s)``: the use case
+    (``jobs.watch_status``), which calls ``on_view`` with every view until the job has ended."""
     import datetime
-    import time
 
     from rich.live import Live
     from rich.text import Text
 
     from clusterctl.views import status as status_mod
 
-    def ended(v) -> bool:
-        return v["state"] in status_mod.ENDED
-
     if output == "table" and out.is_terminal:
         with Live(Text(""), console=out, auto_refresh=False) as live:
-            while True:
-                v = view()
+            def show(v) -> None:
                 stamp = datetime.datetime.now().strftime("%H:%M:%S")
                 live.update(Text("\n".join([*status_mod.text(v), f"(every {interval_s:g}s, {stamp}; Ctrl-C to "
-                                                                 "stop watching)"])), refresh=True)
-                if ended(v):
-                    break
-                time.sleep(interval_s)
+                                                                  "stop watching)"])), refresh=True)
+            v = watch(show, interval_s)
     else:
-        last = None
-        while True:
-            v = view()
+        last = []
+
+        def show(v) -> None:
             ck = v["checkpoint"] or {}
             key = (v["state"], v["attempt"], v["reason"], tuple((n["node"], n["state"]) for n in v["nodes"]),
                    ck.get("step"))
-            if key != last:
-                last = key
-                if output == "json":
-                    sys.stdout.write(json.dumps(v, default=str) + "\n")
-                    sys.stdout.flush()
-                else:
-                    stamp = datetime.datetime.now().strftime("%H:%M:%S")
-                    nodes = ",".join(f"{n['node']}={n['state'] or '?'}" for n in v["nodes"]) or "-"
-                    out.print(f"{stamp} {v['state']} attempt {v['attempt']} nodes {nodes} checkpoint "
-                              f"{ck.get('step', '-')}" + (f" — {v['reason']}" if v["reason"] else ""), markup=False)
-            if ended(v):
-                break
-            time.sleep(interval_s)
+            if last and key == last[-1]:
+                return
+            last.append(key)
+            if output == "json":
+                sys.stdout.write(json.dumps(v, default=str) + "\n")
+                sys.stdout.flush()
+            else:
+                stamp = datetime.datetime.now().strftime("%H:%M:%S")
+                nodes = ",".join(f"{n['node']}={n['state'] or '?'}" for n in v["nodes"]) or "-"
+                out.print(f"{stamp} {v['state']} attempt {v['attempt']} nodes {nodes} checkpoint "
+                          f"{ck.get('step', '-')}" + (f" — {v['reason']}" if v["reason"] else ""), markup=False)
+        v = watch(show, interval_s)
     return 0 if v["state"] == "SUCCEEDED" else 1
 
 

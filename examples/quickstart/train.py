@@ -100,12 +100,14 @@ def parse_args(argv=None):
 
 
 def process_start_time() -> float:
-    """Wall time this process started (a rank forked by a warm zygote: its fork), from /proc (10 ms ticks)."""
+    """Wall time this process started (a rank forked by a warm zygote: its fork), from /proc (10 ms ticks): its
+    start in ticks since boot, against the boot-time clock now (``btime`` in /proc/stat is whole seconds: up to
+    1 s off)."""
     try:
         ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
-        btime = next(int(ln.split()[1]) for ln in open("/proc/stat") if ln.startswith("btime "))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration, IndexError):
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):
         return float("nan")
 
 

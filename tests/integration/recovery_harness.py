@@ -197,15 +197,17 @@ def new_run(tb, tmp: Path, name: str, runtime: str = "podman", **job_kw) -> Run:
 
 
 def wait_zygotes(run: Run, timeout: float = 90) -> None:
-    """Every node's zygote (warm recovery) has imported torch: its socket is in the node's warm dir (the testbed's
-    hosts share this machine's /tmp)."""
+    """Every node of the job's attempt has a zygote (warm recovery) that imported torch: its socket is in the
+    node's warm dir (the testbed's hosts share this machine's /tmp)."""
     import glob
 
     from clusterctl.launch.runtimes import WARM_ROOT
 
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if len(glob.glob(f"{WARM_ROOT}/{run.job_row().job_id}_*/z.sock")) == len(run.tb.hosts):
+        with run.store() as store:
+            attempts = store.attempts(store.get_job(run.name).job_id)
+        if attempts and len(glob.glob(f"{WARM_ROOT}/{run.job_row().job_id}_*/z.sock")) >= len(attempts[-1].nodes):
             return
         time.sleep(0.5)
     raise AssertionError("the zygotes did not come up\n" + run.events_text())

@@ -30,7 +30,7 @@ STEPS, EVERY = 60, 10                 # 6 ranks x 32: 16 steps per epoch; 4 rank
 KILL_AFTER = 25                       # epoch 1, step 9 of 16; every checkpoint step (10, 20, ...) is mid-epoch
 
 
-def make_run(tb, tmp: Path, name: str, nodes: str, nproc: int = 2) -> rh.Run:
+def make_run(tb, tmp: Path, name: str, nodes: str, nproc: int = 2, step_time: float = 0.05) -> rh.Run:
     tmp.mkdir(parents=True, exist_ok=True)
     shared = Path(tb.shared) / name
     shared.mkdir(parents=True, exist_ok=True)
@@ -39,7 +39,7 @@ def make_run(tb, tmp: Path, name: str, nodes: str, nproc: int = 2) -> rh.Run:
     for host in data["all"]["hosts"].values():      # CPU training: no GPU (CDI) devices in the containers
         host["clusterctl_gpus"] = 0
     inv.write_text(yaml.safe_dump(data, sort_keys=False))
-    job = rh.job_yaml(tmp / "job.yaml", shared, name=name, steps=STEPS, every=EVERY, step_time=0.05, nodes=nodes, nproc=nproc,
+    job = rh.job_yaml(tmp / "job.yaml", shared, name=name, steps=STEPS, every=EVERY, step_time=step_time, nodes=nodes, nproc=nproc,
                       extra_args=["--ledger", str(shared / "ledger"), "--batch-size", str(BATCH)],
                       restarts={"max_failures": 2, "backoff_s": 0.2})
     return rh.Run(tb, tmp / "state", inv, job, name, STEPS, shared / "steps.jsonl")
@@ -126,14 +126,20 @@ def reference(testbed, tmp_path_factory):
 
 
 def test_a_rank_killed_mid_epoch_resumes_bit_identically(testbed, tmp_path, reference, cleanup):
-    run = make_run(testbed, tmp_path, "rsexact", nodes="3")
+    # slower steps (the sleep only: the same math as the reference) so that every node's zygote is up before the
+    # kill: the relaunch is warm, and must still be bit-identical
+    run = make_run(testbed, tmp_path, "rsexact", nodes="3", step_time=0.2)
     cleanup(run)
     run.launch()
+    rh.wait_zygotes(run)
     run.wait_step(KILL_AFTER)
     victim = rh.other_host(run)
     os.kill(rh.rank_pids(testbed, victim)[0], signal.SIGKILL)
     st = finish(run)
     assert st["attempt"] == 2 and len(st["nodes"]) == 3, st
+    # recovery is warm by default: every node's relaunch was forked from its zygote, and still bit-identical
+    warm = {e["node"]: e["class"] for e in run.events() if e["kind"] == "relaunch" and e["attempt"] == 2}
+    assert warm == {n: "warm" for n in warm} and len(warm) == 3, run.events_text()
     starts = resume_points(run)
     resumed = sorted(starts.values())[1]
     assert resumed > 0 and resumed % EVERY == 0 and resumed % 16 != 0, starts   # a mid-epoch checkpoint

@@ -94,8 +94,9 @@ def test_worker_node_killed_survivors_relaunch_warm(job, wtb, runtime):
     assert st["attempt"] == 2
 
 
-def test_rendezvous_host_killed_survivors_relaunch_warm(job, wtb):
-    run = job(steps=80)
+@pytest.mark.parametrize("runtime", ["podman", "bare"])
+def test_rendezvous_host_killed_survivors_relaunch_warm(job, wtb, runtime):
+    run = job(steps=80, runtime=runtime)
     run.launch()
     run.wait_step(25)
     rh.wait_zygotes(run)
@@ -105,6 +106,30 @@ def test_rendezvous_host_killed_survivors_relaunch_warm(job, wtb):
     st = finish(run)
     assert relaunches(run, 2) == {n: "warm" for n in survivors}, run.events_text()
     assert st["rendezvous_host"] != victim
+
+
+@pytest.mark.parametrize("runtime,which", [("podman", "worker"), ("podman", "rdzv"), ("bare", "worker")])
+def test_partitioned_node_survivors_relaunch_warm(job, wtb, runtime, which):
+    """A node cut off the network (its processes keep running, hung in gloo): found by its silence, `node_lost`,
+    and the two survivors relaunch warm; once it is healed, what it still ran (its container or runner, and its
+    zygote) is removed when the job ends."""
+    run = job(steps=80, runtime=runtime)
+    run.launch()
+    run.wait_step(25)
+    rh.wait_zygotes(run)
+    victim = rh.rdzv_host(run) if which == "rdzv" else rh.other_host(run)
+    survivors = [n for n in run.current_attempt().nodes if n != victim]
+    wtb.partition(victim)
+    try:
+        end = time.monotonic() + 120
+        while first_step_after(run, 2) is None:          # training again on the survivors
+            assert time.monotonic() < end, "attempt 2 did not train\n" + run.events_text()
+            time.sleep(0.3)
+    finally:
+        wtb.heal(victim)
+    st = finish(run)
+    assert relaunches(run, 2) == {n: "warm" for n in survivors}, run.events_text()
+    assert [(f["class"], f["node"]) for f in st["failures"]] == [("node_lost", victim)], st["failures"]
 
 
 def test_a_survivor_without_its_zygote_relaunches_cold_and_the_job_finishes(job, wtb):

@@ -187,6 +187,10 @@ def test_the_cli_reaches_the_store_and_the_supervisor_only_through_the_use_cases
                    if _under(t, banned))
     assert found == []
     assert "clusterctl.jobs" in graph["clusterctl.cli.lifecycle"]
+    loops = [f"{m}:{n.lineno}" for m, path in _modules().items() if _under(m, ("clusterctl.cli",))
+             for n in ast.walk(ast.parse(path.read_text()))
+             if isinstance(n, ast.While) and isinstance(n.test, ast.Constant) and n.test.value is True]
+    assert loops == []          # following and watching poll in the use cases; cli renders what they hand it
 
 
 def test_only_the_runtimes_compare_a_runtimes_name():

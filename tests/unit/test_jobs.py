@@ -226,6 +226,24 @@ def test_status_of_a_finished_job_asks_no_node(env):
     assert view["restarts"]["max_failures"] == 3 and world.connects == []
 
 
+def test_watch_status_shows_each_view_until_the_job_ends(env):
+    """`status JOB --watch`: the use case loops (cli only renders); it ends with the job, whatever the view."""
+    ws, world, spawn = env
+    out = launch(ws, world, spawn)
+    ws.store.set_state(out.job_id, JobState.STARTING)
+    ws.store.set_state(out.job_id, JobState.RUNNING)
+    seen, naps = [], []
+
+    def sleep(s):                     # the job ends while the watcher waits
+        naps.append(s)
+        if len(naps) == 2:
+            ws.store.set_state(out.job_id, JobState.FAILED, "boom")
+
+    last = jobs.watch_status(ws, "j", ConnectOptions(), lambda v: seen.append(v["state"]), interval_s=0.5,
+                             sleep=sleep)
+    assert seen == ["RUNNING", "RUNNING", "FAILED"] and naps == [0.5, 0.5] and last["reason"] == "boom"
+
+
 # ------------------------------------------------------------------------------------------- resume
 def test_resume_of_a_succeeded_job_relaunches_nothing(env):
     ws, world, spawn = env
