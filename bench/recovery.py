@@ -107,6 +107,8 @@ def rank_phases(path: Path, attempt, t0: float) -> dict | None:
         ts = [r["time"] for r in recs if r["phase"] == ph]
         out[ph] = round(max(ts) - t0, 1) if ts else None
     out["cpu"] = round(sum(r["cpu"] for r in recs if r["phase"] == "first_step"), 1)
+    agents = [r["agent_cpu"] for r in recs if r["phase"] == "first_step" and r.get("agent_cpu") is not None]
+    out["agent_cpu"] = round(sum(agents), 1) if agents else None      # one record per node (its local rank 0)
     return out
 
 
@@ -381,14 +383,14 @@ def warm_section(results: list[dict], args, heading: str = WARM) -> str:
         lines += ["", "The new attempt's ranks (quickstart `--phases`), seconds after the fault when the last rank "
                       "reached each phase: started (process start; a warm rank: its fork), torch (imported), "
                       "process group (joined: the rendezvous is done), checkpoint (loaded), first step; and the "
-                      "CPU seconds of all its ranks by their first step.", "",
-                  "| fault | runtime | recovery | started | torch | process group | checkpoint | first step "
-                  "| rank CPU s |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+                      "CPU seconds of all its ranks, and of its torchrun agents (every node), by their first step.",
+                  "", "| fault | runtime | recovery | started | torch | process group | checkpoint | first step "
+                  "| rank CPU s | agent CPU s |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in with_phases:
             rt, rec = split(r["method"])
             p = r["phases"]
             lines.append(f"| {r['fault']} | {rt} | {rec} | " + " | ".join(sec(p[k]) for k in PHASES)
-                         + f" | {sec(p['cpu'])} |")
+                         + f" | {sec(p['cpu'])} | {sec(p.get('agent_cpu'))} |")
     lines += ["", "Median MTTR: " + "; ".join(f"{f} {rt} {m} {statistics.median(v):.1f} s"
                                               for (f, rt, m), v in by.items()) + "."]
     ratios = []

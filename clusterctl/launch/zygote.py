@@ -196,6 +196,20 @@ def _run_child(req: dict) -> int:
         return 1
 
 
+def _name(req: dict) -> None:
+    """Name the child as ``ps``/``top`` show it (``/proc/PID/comm``; a fork keeps the zygote's command line):
+    ``cc-rank-<attempt>`` for a rank; ``cc-agent-<attempt>`` for a torchrun agent until torch renames it
+    ``pt_elastic``, as it does a cold one."""
+    kind = "agent" if req.get("kind") == "torchrun" else "rank"
+    name = f"cc-{kind}-{req.get('env', {}).get('CLUSTERCTL_ATTEMPT', '')}".rstrip("-")[:15]
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode(), 0, 0, 0)   # PR_SET_NAME = 15
+    except (OSError, AttributeError):
+        pass
+
+
 def _die_with_parent(parent: int) -> None:
     """SIGKILL this child when the zygote dies (Linux ``PR_SET_PDEATHSIG``): a killed zygote leaves no agent or
     rank running on (in a container its removal ends them all; on a bare host nothing else would)."""
@@ -225,6 +239,7 @@ def _fork(req: dict, fds: list[int], listener: socket.socket, conns: list[socket
                 f.write(f"{req['env'].get('CLUSTERCTL_ATTEMPT', '')} {req['env']['RANK']}\n")
         os.setsid()                          # its own session: the zygote kills the whole of it
         _die_with_parent(zygote)
+        _name(req)
         signal.set_wakeup_fd(-1)
         for s in FORWARDED + (signal.SIGCHLD,):
             signal.signal(s, signal.SIG_DFL)

@@ -126,11 +126,44 @@ class Phases:
                                   "time": time.time() if at is None else at, "cpu": time.process_time()})
 
     def last(self, phase: str) -> None:
-        """The final phase: marked once, then the file is closed (later calls do nothing)."""
+        """The final phase: marked once, then the file is closed (later calls do nothing). Local rank 0 adds
+        ``agent_cpu``: the CPU seconds of this attempt's torchrun agent on this node so far."""
         if self.fd is not None:
-            self.mark(phase)
+            rec = {"phase": phase, "rank": self.rank, "attempt": self.attempt, "time": time.time(),
+                   "cpu": time.process_time()}
+            if os.environ.get("LOCAL_RANK") == "0":
+                rec["agent_cpu"] = agent_cpu(self.attempt)
+            append_line(self.fd, rec)
             os.close(self.fd)
             self.fd = None
+
+
+def agent_cpu(attempt: str) -> float | None:
+    """CPU seconds (user + system) of this attempt's torchrun agent(s) on this node: processes in this process's
+    network namespace (a node) that torch named ``pt_elastic`` (the elastic agent, started cold or forked by a
+    warm zygote), whose environment says ``CLUSTERCTL_ATTEMPT=<attempt>`` or no attempt at all (a forked agent's
+    /proc environ is its zygote's; the zygote kills other attempts' agents before it forks one). None when /proc
+    cannot tell."""
+    try:
+        tick, mine = os.sysconf("SC_CLK_TCK"), os.readlink("/proc/self/ns/net")
+        total, found = 0.0, False
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if open(f"/proc/{pid}/comm").read().strip() != "pt_elastic" or \
+                        os.readlink(f"/proc/{pid}/ns/net") != mine:
+                    continue
+                said = [v for v in open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                        if v.startswith(b"CLUSTERCTL_ATTEMPT=")]
+                if said and said != [f"CLUSTERCTL_ATTEMPT={attempt}".encode()]:
+                    continue
+                fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick          # utime + stime
+                found = True
+            except OSError:
+                continue
+        return round(total, 2) if found else None
+    except (OSError, ValueError):
+        return None
 
 
 def dump_env(prefix: str) -> None:

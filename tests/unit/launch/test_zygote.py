@@ -169,3 +169,12 @@ def test_the_forked_agents_rendezvous_waits_a_tenth_of_a_second_between_polls():
     assert out.returncode == 0, out.stderr
     poll, other = map(float, out.stdout.split())
     assert poll < 0.5 and other >= 0.19          # the 1 s poll shortened; torch's other delays untouched
+
+
+def test_a_forked_rank_is_named_after_its_kind_and_attempt(sock, tmp_path):
+    """A fork keeps the zygote's command line: ``ps``/``top`` tell agents and ranks apart by their name."""
+    script = tmp_path / "r.py"
+    script.write_text("print(open('/proc/self/comm').read().strip())\n")
+    r = subprocess.run(client(sock, "rank", str(script)), cwd=tmp_path, capture_output=True, text=True,
+                       env=dict(os.environ, CLUSTERCTL_ATTEMPT="7"), timeout=20)
+    assert r.returncode == 0 and r.stdout.strip() == "cc-rank-7", r.stderr

@@ -22,3 +22,30 @@ def test_phases_are_recorded_once_each_in_order(tmp_path):
     times = [x["time"] for x in recs]
     assert t0 - 1 <= times[0] and times == sorted(times) and times[-1] <= time.time()
     assert recs[1]["cpu"] > 0.1 and all(x["rank"] == 0 for x in recs)     # importing torch costs CPU
+
+
+def test_agent_cpu_counts_this_attempts_torchrun_on_this_node_only(tmp_path):
+    """Local rank 0 records the CPU of its node's torchrun agent of this attempt: a process torch named
+    pt_elastic, in this network namespace, with CLUSTERCTL_ATTEMPT=<attempt> (or none: forked by a zygote)."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location("quickstart_train", TRAIN)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    exe = tmp_path / "pt_elastic"                   # comm is the name the program was started by
+    exe.symlink_to(sys.executable)
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nprint('ok', flush=True)\n" \
+           "time.sleep(60)\n"
+    agents = [subprocess.Popen([str(exe), "-c", burn], env=dict(os.environ, CLUSTERCTL_ATTEMPT=a),
+                               stdout=subprocess.PIPE, text=True) for a in ("5", "4")]
+    try:
+        for p in agents:
+            assert p.stdout.readline().strip() == "ok"
+        got = train.agent_cpu("5")
+        assert got is not None and 0.25 <= got < 2.0         # attempt 5's agent only, not attempt 4's
+        assert train.agent_cpu("6") is None
+    finally:
+        for p in agents:
+            p.kill()
+            p.wait()
