@@ -31,7 +31,6 @@ import signal
 import socket
 import struct
 import sys
-import time
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.distributed.elastic.agent.server.local_elastic_agent",
            "torch.nn.parallel", "torch.optim", "torch._dynamo")
@@ -109,43 +108,6 @@ def _recv(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(body), list(fds)
 
 
-def rdzv_poll_s(argv: list[str]) -> float:
-    """How often the forked agent's c10d rendezvous asks its store whether the others have joined: torch waits
-    1 s between polls (to spare the store), so a survivor that joins first waits up to 1 s after the last one
-    arrived. A warm relaunch's survivors arrive within a fraction of that; poll every 0.1 s for up to 100 nodes,
-    slower with more (``--nnodes`` MAX / 1000 s: a 1,000-node job polls once a second, as torch does)."""
-    nnodes = 1
-    for i, a in enumerate(argv):
-        value = a.split("=", 1)[1] if a.startswith("--nnodes=") else argv[i + 1] if a == "--nnodes" and \
-            i + 1 < len(argv) else None
-        if value is not None:
-            try:
-                nnodes = int(value.rsplit(":", 1)[-1])
-            except ValueError:
-                pass
-    return min(1.0, max(0.1, nnodes / 1000))
-
-
-def _quicker_rendezvous_polls(poll_s: float) -> None:
-    """In the forked agent only (torchrun stays the agent and c10d the rendezvous): the dynamic rendezvous's
-    "wait for the others" poll (``_delay(seconds=1)``) sleeps ``poll_s`` instead. Any other delay is torch's own.
-    A torch without that private function is left alone."""
-    try:
-        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
-    except ImportError:
-        return
-    original = getattr(dr, "_delay", None)
-    if original is None:
-        return
-
-    def delay(seconds):
-        if seconds == 1:
-            time.sleep(poll_s)
-        else:
-            original(seconds)
-    dr._delay = delay
-
-
 def _run_child(req: dict) -> int:
     """In the forked child: become what the client asked for. Returns the exit code."""
     os.environ.clear()
@@ -169,7 +131,6 @@ def _run_child(req: dict) -> int:
     try:
         if req["kind"] == "torchrun":
             sys.argv = ["torchrun", *argv]
-            _quicker_rendezvous_polls(rdzv_poll_s(argv))
             from torch.distributed.run import main
             main(argv)
         else:
