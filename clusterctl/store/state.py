@@ -248,7 +248,7 @@ class Store:
         # called as on_state(job_id, old, new) after every set_state (the supervisor's notifier); must not block
         self.on_state: Callable[[str, JobState, JobState], None] | None = None
         self._tx: sqlite3.Connection | None = None     # the open ``transaction()``, joined by every write in it
-        self._after: list[Callable[[], None]] = []      # listeners to call once it commits
+        self._after: list[Callable[[], None]] = []      # its listeners, called once it commits
         self._create_private_file()
         self._conn = self._connect()
         self._migrate()
@@ -314,18 +314,14 @@ class Store:
             if self._tx is not None:
                 yield
                 return
-            try:
-                with self._write() as db:
-                    self._tx, self._after = db, []
-                    try:
-                        yield
-                    finally:
-                        self._tx = None
-            except BaseException:
-                self._after = []
-                raise
-            after, self._after = self._after, []
-        for listener in after:
+            after: list[Callable[[], None]] = []
+            with self._write() as db:
+                self._tx, self._after = db, after
+                try:
+                    yield
+                finally:
+                    self._tx = None
+        for listener in after:          # reached only once the transaction committed
             listener()
 
     def _after_commit(self, listener: Callable[[], None]) -> None:

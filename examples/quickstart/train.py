@@ -120,20 +120,17 @@ class Phases:
         self.rank = int(os.environ.get("RANK", "0"))
         self.attempt = os.environ.get("CLUSTERCTL_ATTEMPT", "")
 
-    def mark(self, phase: str, at: float | None = None) -> None:
+    def mark(self, phase: str, at: float | None = None, **extra) -> None:
         if self.fd is not None:
             append_line(self.fd, {"phase": phase, "rank": self.rank, "attempt": self.attempt,
-                                  "time": time.time() if at is None else at, "cpu": time.process_time()})
+                                  "time": time.time() if at is None else at, "cpu": time.process_time(), **extra})
 
     def last(self, phase: str) -> None:
         """The final phase: marked once, then the file is closed (later calls do nothing). Local rank 0 adds
         ``agent_cpu``: the CPU seconds of this attempt's torchrun agent on this node so far."""
         if self.fd is not None:
-            rec = {"phase": phase, "rank": self.rank, "attempt": self.attempt, "time": time.time(),
-                   "cpu": time.process_time()}
-            if os.environ.get("LOCAL_RANK") == "0":
-                rec["agent_cpu"] = agent_cpu(self.attempt)
-            append_line(self.fd, rec)
+            self.mark(phase, **({"agent_cpu": agent_cpu(self.attempt)} if os.environ.get("LOCAL_RANK") == "0"
+                                else {}))
             os.close(self.fd)
             self.fd = None
 
