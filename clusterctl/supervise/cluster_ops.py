@@ -325,6 +325,7 @@ class ClusterOps:
         self._set_plan(None)
         self._unhealthy: set[str] = set()     # nodes whose last probe failed (asked for nothing else meanwhile)
         self.recovery: dict[str, tuple[str, str]] = {}   # node -> ("warm" | "cold", why) of the last start
+        self._removed: set[str] = set()       # nodes whose job containers ``stop`` removed, nothing started since
 
     @property
     def plan(self) -> LaunchPlan | None:
@@ -401,9 +402,12 @@ class ClusterOps:
         def start_one(host: Host) -> None:
             node = self._plan_node(host.name)
             rt = self._runtime(host.name)
-            if attempt > 1:     # the previous attempt's leftovers (a new job id has none: a command less per node)
+            # the previous attempt's leftovers (a new job id has none, and a node this supervisor's ``stop`` just
+            # cleaned neither: a command less per node on the way back)
+            if attempt > 1 and host.name not in self._removed:
                 self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
                           timeout=timeout)
+            self._removed.discard(host.name)
             mode, why = self._warm_or_cold(host.name, node, attempt)
             argv, prelude = node.runtime_argv, CHECKPOINT_INSTALLER
             if mode == "warm":   # the job's modules where the zygote's children see them too
@@ -611,6 +615,7 @@ class ClusterOps:
                           timeout=60)
             if not r.ok:
                 raise CommandFailed(r.stderr.strip()[-300:] or f"exit code {r.exit_code}")
+            self._removed.add(host.name)
             if attempt is None:         # every attempt of the job: its zygote goes too
                 self._drop_zygote(host.name)
 

@@ -147,3 +147,36 @@ def test_a_survivor_without_its_zygote_relaunches_cold_and_the_job_finishes(job,
     assert got[cold] == "cold" and all(v == "warm" for n, v in got.items() if n != cold), run.events_text()
     why = next(e["message"] for e in run.events() if e["kind"] == "relaunch" and e["node"] == cold)
     assert "zygote" in why, why
+
+
+def test_a_stop_during_the_warm_relaunch_leaves_nothing(job, wtb):
+    """`clusterctl stop` as the survivors' warm relaunch starts (right after attempt 2's start event): the job ends
+    STOPPED with no attempt after 2, and nothing is left on any host: attempt containers, zygote containers, forked
+    agents and ranks, warm dirs."""
+    import glob
+
+    from clusterctl.launch.runtimes import WARM_ROOT
+
+    run = job(steps=400)
+    run.launch()
+    run.wait_step(25)
+    rh.wait_zygotes(run)
+    job_id = run.job_row().job_id
+    assert wtb.kill(rh.other_host(run), pattern=rh.JOB_PATTERN)
+
+    def started_2() -> bool:
+        with run.store() as store:
+            return any(e.kind == "start" and (e.attempt or 0) >= 2 for e in store.events(job_id))
+
+    end = time.monotonic() + 60
+    while not started_2():
+        assert time.monotonic() < end, "attempt 2 did not start\n" + run.events_text()
+        time.sleep(0.05)
+    run.cli("stop", run.name, "--grace", "0", timeout=120)
+    st = run.wait_end(120)
+    assert st["state"] == "STOPPED", f"{st['state']}: {st['reason']}\n{run.events_text()}"
+    with run.store() as store:
+        assert [a.attempt for a in store.attempts(job_id)] == [1, 2], run.events_text()
+    rh.check_clean(run)
+    no_zygote_left(run)
+    assert not glob.glob(f"{WARM_ROOT}/{job_id}_*"), "warm dirs left"

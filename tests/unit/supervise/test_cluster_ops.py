@@ -137,6 +137,25 @@ def test_a_first_attempt_starts_with_one_command_per_node_a_relaunch_removes_lef
         ops.close()
 
 
+def test_a_relaunch_skips_the_leftovers_removal_on_nodes_its_stop_just_cleaned(tmp_path):
+    """The gang stop removed the attempt's containers on the survivors: removing again costs a runtime command per
+    node on the way back. A node the stop did not reach (or that started since) is still cleaned first."""
+    nodes = {n: Node(h) for n, h in HOSTS.items()}
+    ops = _ops(tmp_path, nodes, JOB + "recovery: cold\n")
+    try:
+        remove = runtimes.get("podman").remove_job_argv("j-1")
+        assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
+        assert ops.stop(1, ["n1", "n2"]) == {}
+        for n in nodes.values():
+            n.runs.clear()
+        assert ops.start(2, list(HOSTS), "n1", ("", 0)) == {}
+        assert [remove in n.runs for n in nodes.values()] == [False, False, True]
+        assert ops.start(3, list(HOSTS), "n1", ("", 0)) == {}      # started since: cleaned again
+        assert [n.runs.count(remove) for n in nodes.values()] == [1, 1, 2]
+    finally:
+        ops.close()
+
+
 def test_the_start_commands_are_bounded_by_the_jobs_start_timeout(tmp_path):
     """A saturated host (64 testbed nodes on 2 cores) or a slow real node needs more than a fixed 30 s for the
     leftovers' removal of a relaunch: every start command gets the job's ``supervisor.start_timeout_s``."""
