@@ -233,3 +233,31 @@ def test_two_agents_forked_by_the_zygote_rendezvous_in_a_fraction_of_torchs_poll
     finally:
         zp.terminate()
         zp.wait(10)
+
+
+def test_after_the_rendezvous_the_forked_agent_reads_the_store_as_torch_does(tmp_path):
+    """The short cache is for the rendezvous only: while training, the agent's monitor asks for the rendezvous
+    state every 0.1 s, and torch's 1 s cache keeps that at one store read a second."""
+    code = f"""
+import datetime, sys
+sys.path.insert(0, {str(Path(ZYGOTE).parent)!r})
+import zygote
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+zygote._quicker_rendezvous(0.1)
+store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10))
+seen = []
+sync = dr._BackendRendezvousStateHolder.sync
+def spy(self):
+    seen.append(self._cache_duration)
+    return sync(self)
+dr._BackendRendezvousStateHolder.sync = spy
+h = dr.DynamicRendezvousHandler.from_backend("r", store, C10dRendezvousBackend(store, "r"), 1, 1,
+                                             local_addr="127.0.0.1")
+h.next_rendezvous()
+print(min(seen), h._state_holder._cache_duration)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["0.1", "1"]
