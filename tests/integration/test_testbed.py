@@ -98,7 +98,11 @@ def test_container_left_running_is_visible_and_removable(testbed):
     r = ssh(testbed, h, f"podman run -d --network host --init --name tbprobe {IMAGE}", timeout=120)
     assert r.returncode == 0, r.stderr
     try:
-        assert any("sleep infinity" in cmd for _, cmd in testbed.processes(h))
+        # `run -d` returns once the container's init runs; its child (`sleep infinity`) may come a moment later
+        deadline = time.monotonic() + 10
+        while not any("sleep infinity" in cmd for _, cmd in testbed.processes(h)):
+            assert time.monotonic() < deadline, "the container's process never showed in the host's process list"
+            time.sleep(0.1)
         assert "tbprobe" in testbed.exec(h, ["podman", "ps", "--format", "{{.Names}}"]).stdout
     finally:
         ssh(testbed, h, "podman rm -f -t 0 tbprobe", timeout=60)
