@@ -161,18 +161,24 @@ def _run_child(req: dict) -> int:
         return 1
 
 
+def _option(argv: list[str], name: str) -> str | None:
+    """torchrun's ``--name=value`` or ``--name value`` in ``argv`` (its last one), else None."""
+    value = None
+    for i, a in enumerate(argv):
+        if a.startswith(f"--{name}="):
+            value = a.split("=", 1)[1]
+        elif a == f"--{name}" and i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
 def rdzv_poll_s(argv: list[str]) -> float:
     """How often the forked agent's c10d rendezvous looks at its store: ``--nnodes`` MAX / 1000 s, between 0.1 s
     and torch's own 1 s (up to 100 nodes every 0.1 s; a 1,000-node job polls as torch does)."""
-    nnodes = 1
-    for i, a in enumerate(argv):
-        value = a.split("=", 1)[1] if a.startswith("--nnodes=") else \
-            argv[i + 1] if a == "--nnodes" and i + 1 < len(argv) else None
-        if value is not None:
-            try:
-                nnodes = int(value.rsplit(":", 1)[-1])
-            except ValueError:
-                pass
+    try:
+        nnodes = int((_option(argv, "nnodes") or "1").rsplit(":", 1)[-1])
+    except ValueError:
+        nnodes = 1
     return min(1.0, max(0.1, nnodes / 1000))
 
 
@@ -219,9 +225,8 @@ def await_store(argv: list[str], bound_s: float = 10.0, every_s: float = 0.02) -
     more) between its tries: the agents of a warm relaunch start within a fraction of a second of each other, and
     one that came before the rendezvous host's store waited out that backoff. Bounded by ``bound_s`` (then torch
     tries, and times out, as it would have). Returns whether the store answered."""
-    opts = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-    conf = dict(kv.split("=", 1) for kv in opts.get("rdzv-conf", "").split(",") if "=" in kv)
-    host, _, port = opts.get("rdzv-endpoint", "").rpartition(":")
+    conf = dict(kv.split("=", 1) for kv in (_option(argv, "rdzv-conf") or "").split(",") if "=" in kv)
+    host, _, port = (_option(argv, "rdzv-endpoint") or "").rpartition(":")
     if conf.get("is_host", "1") != "0" or not host or not port.isdigit():
         return False
     deadline = time.monotonic() + bound_s
