@@ -96,6 +96,19 @@ def error_tail(lines: list[str], node: str, rank: int | None, n: int = 20) -> st
     return "\n".join((mine or lines)[-n:])
 
 
+# ------------------------------------------------------------------------------ a rank that failed because a peer did
+# What a rank prints when the other end of a collective or of the store went away: gloo's "Connection closed by
+# peer [ADDR]" / "Connection reset by peer", NCCL's remote error, c10d's network errors. Such a failure is a
+# consequence; the cause is on another node, often still being torn down by its torchrun.
+PEER_GONE = re.compile(r"Connection (?:closed|reset) by peer|ncclRemoteError|remote process exited|"
+                       r"DistNetworkError|RendezvousConnectionError")
+
+
+def peer_failure(text: str) -> bool:
+    """Whether ``text`` (a failed rank's error tail) says the rank failed because a peer went away."""
+    return PEER_GONE.search(capped(text)) is not None
+
+
 # ------------------------------------------------------------------------------ failures a retry cannot fix
 CANT_OPEN = re.compile(r"can't open file '([^']+)': \[Errno 2\]")
 NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Callable, Protocol, Sequence
 
-from clusterctl.model import budget
+from clusterctl.model import budget, causes
 from clusterctl.model.events import EventKind, Relaunch
 from clusterctl.store.ledger import Ledger, note
 from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store, StoreError
@@ -34,6 +34,7 @@ class Verdict(str, Enum):
 
 
 INFRA = (Verdict.NODE_LOST, Verdict.RDZV_LOST, Verdict.HANG)
+PEER_SETTLE = 4     # a rank that failed because a peer went away waits this many settle_s for the peer's node
 
 
 class Preempted(Exception):
@@ -98,7 +99,7 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
     A lost node wins over a non-zero exit: when a node dies, the survivors' ranks fail too (gloo "connection
     closed", c10d ``RendezvousConnectionError``), often before the dead node is seen. So a non-zero exit is a
     user error only once it has been seen for ``settle_s`` with every other node answering and none lost (or at
-    once when no node is left running).
+    once when no node is left running); ``PEER_SETTLE`` x ``settle_s`` when every failed rank says a peer went away.
     """
     for o in obs:
         if o.state != "probe_error":       # a bug of ours says nothing about the node: the count stands
@@ -122,8 +123,12 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
     if any(o.state in ("unreachable", "probe_error") for o in obs):
         return Decision(Verdict.CONTINUE)  # one failed probe is not a lost node (SkyPilot's lesson)
     if failed:
-        if any(o.state == "running" for o in obs) and now - health.failed_since < settle_s:
-            return Decision(Verdict.CONTINUE)   # is a peer about to be found dead? (then it is not a user error)
+        # is a peer about to be found dead? (then it is not a user error). When every failed rank says a peer went
+        # away (gloo "Connection closed by peer"), the cause is on a node still running: its torchrun may still be
+        # stopping its other ranks before it exits with the killed rank's signal. Wait longer for it (bounded).
+        wait = settle_s * (PEER_SETTLE if all(causes.peer_failure(o.error_tail) for o in failed) else 1)
+        if any(o.state == "running" for o in obs) and now - health.failed_since < wait:
+            return Decision(Verdict.CONTINUE)
         cfg = next((o for o in failed if o.config_error), None)
         if cfg is not None:
             return Decision(Verdict.CONFIG_ERROR, (), cfg.node, cfg.exit_code, cfg.signal, cfg.config_error,

@@ -1,6 +1,8 @@
 """causes: why a node's attempt ended, from recorded node output (golden fixtures)."""
 from pathlib import Path
 
+import pytest
+
 from clusterctl.model import causes
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "causes"
@@ -64,3 +66,17 @@ def test_error_file_in_reads_the_runners_copy():
     log = f"[0]: step 3\n{line}\nclusterctl: torchrun exited with status 1\n"
     assert causes.error_file_in(log).startswith("RuntimeError: CUDA out of memory")
     assert causes.error_file_in("[0]: step 3\nclusterctl: torchrun exited with status 1\n") is None
+
+
+@pytest.mark.parametrize("tail, peer", [
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+     "[10.220.0.12]:41234", True),
+    ("RuntimeError: [gloo/transport/tcp/pair.cc:598] Connection reset by peer", True),
+    ("torch.distributed.DistBackendError: NCCL error ... ncclRemoteError: A call failed possibly due to a network "
+     "error or a remote process exiting prematurely.", True),
+    ("torch.distributed.DistNetworkError: failed to recv, got 0 bytes", True),
+    ("ValueError: bad batch", False),
+    ("", False),
+])
+def test_peer_failure_is_a_rank_failed_because_a_peer_went_away(tail, peer):
+    assert causes.peer_failure(tail) is peer

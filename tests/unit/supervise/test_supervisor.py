@@ -10,6 +10,7 @@ from clusterctl.supervise.supervisor import (
     Health,
     NodeError,
     Observation,
+    PEER_SETTLE,
     Policy,
     Supervisor,
     Verdict,
@@ -195,6 +196,30 @@ def test_a_failed_rank_is_a_user_error_after_settling_or_when_nothing_runs():
     assert classify(obs(a=(E, 1), b=R), h, now=3, **kw).verdict == Verdict.CONTINUE
     assert classify(obs(a=(E, 1), b=R), h, now=4, **kw).verdict == Verdict.USER_ERROR
     assert classify(obs(a=(E, 1), b=(E, 1)), Health(0, 0), now=1, **kw).verdict == Verdict.USER_ERROR
+
+
+GLOO_PEER = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+             "Connection closed by peer [10.220.0.12]:41234")
+
+
+def test_a_rank_failed_by_its_peer_waits_longer_for_the_peers_node_then_charges_its_killed_rank():
+    """ci15: a rank SIGKILLed on b; a's rank fails at once with gloo's "Connection closed by peer" while b's
+    torchrun still stops b's other rank. The verdict waits (bounded) for b, and charges b's signal, not a."""
+    kw = dict(rdzv_host="a", probe_failures=2, hang_timeout_s=100, settle_s=3)
+    a_failed = Observation("a", E, exit_code=1, error_tail=GLOO_PEER, rank=0)
+    h = Health(0, 0)
+    assert classify([a_failed, Observation("b", R)], h, now=1, **kw).verdict == Verdict.CONTINUE
+    assert classify([a_failed, Observation("b", R)], h, now=5, **kw).verdict == Verdict.CONTINUE   # > settle_s
+    d = classify([a_failed, Observation("b", E, exit_code=1, signal="SIGKILL", rank=3)], h, now=6, **kw)
+    assert (d.verdict, d.node, d.signal, d.rank) == (Verdict.KILLED, "b", "SIGKILL", 3)
+    # bounded: a peer that never ends leaves the failed rank a user error after PEER_SETTLE x settle_s
+    assert classify([a_failed, Observation("b", R)], h, now=1 + 3 * PEER_SETTLE, **kw).verdict == \
+        Verdict.USER_ERROR
+    # a rank that failed on its own (no peer message) waits settle_s only, as before
+    own = Observation("a", E, exit_code=1, error_tail="ValueError: bad batch", rank=0)
+    h = Health(0, 0)
+    assert classify([own, Observation("b", R)], h, now=1, **kw).verdict == Verdict.CONTINUE
+    assert classify([own, Observation("b", R)], h, now=5, **kw).verdict == Verdict.USER_ERROR
 
 
 def test_unreachable_lost_node_is_not_stopped_now_but_cleaned_up_at_the_end_when_back(store):
