@@ -37,10 +37,12 @@ sub-section of ``## recovery``.
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -463,6 +465,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     exit_on_signals()
     base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-recovery-"))
+    atexit.register(shutil.rmtree, base, True)   # its testbed's dirs and the jobs' state, after tb.down()
     if args.series:
         text = series_section(run_series(base, args.series, args), args)
         print(text)

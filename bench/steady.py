@@ -12,9 +12,11 @@ step ``--skip`` (the first steps share the cores with the zygotes' start: torch 
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -86,6 +88,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     exit_on_signals()
     base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-steady-"))
+    atexit.register(shutil.rmtree, base, True)   # its testbed's dirs and the jobs' state, after tb.down()
     tb = Testbed(3, base / "tb", [profile(gpus=0)] * 3, prefix=args.prefix, subnet_octet=args.subnet,
                  docker=args.runtime == "docker")
     results = []
