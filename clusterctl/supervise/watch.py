@@ -29,6 +29,9 @@ from clusterctl.supervise.supervisor import Observation
 from clusterctl.transport.streams import OpenStream, StreamMux
 
 
+SILENCE_EPSILON_S = 0.02    # a round woken for a node's silence comes this long after it passed the limit
+
+
 class Handle(Protocol):
     """A stream kept open by a ``Mux`` (``streams.Stream``)."""
 
@@ -187,9 +190,13 @@ class Watches:
                 w.halt()
 
     def wait_for_change(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; wake early when a watched process ends (or a new checkpoint shows). True when
-        woken by a change."""
-        changed = self.changed.wait(seconds)
+        """Sleep up to ``seconds``; wake early when a watched process ends (or a new checkpoint shows): True then.
+        Also wake (False) just after a node's silence passes its limit, so that the round which counts its first
+        failed probe comes then, not up to ``seconds`` later; the next failed probe still comes a full round after
+        it (``probe_failures`` rounds apart, as before): a node is lost after silence limit + (K-1) x interval."""
+        now = self.now()
+        due = [w.last + self.limit(n) - now for n, w in list(self._watches.items()) if w.last is not None]
+        changed = self.changed.wait(min([seconds, *(d + SILENCE_EPSILON_S for d in due if d >= 0)]))
         self.changed.clear()
         return changed
 

@@ -325,6 +325,27 @@ def test_silence_beyond_the_limit_is_unreachable():
     assert o.state == "unreachable" and o.error_tail == "no heartbeat for 2.1s (limit 2.0s)"
 
 
+def test_the_wait_ends_when_a_nodes_silence_passes_its_limit_so_its_first_failed_probe_is_not_late():
+    """The round counting a silent node's first failed probe comes when the silence passes the limit (+20 ms),
+    not up to a whole probe interval later; a silence already past the limit does not cut the next wait short."""
+    ws, mux, clock, _ = _watches(heartbeat_timeout_s=2.0)
+    ws.watch(1, "n1", lambda: ["watch"])
+    ws.watch(1, "n2", lambda: ["watch"])
+    assert ws.wait_for_change(0.05) is False                          # no line yet: nothing is due
+    mux.feed("watch-n1", b"1\n")
+    clock.advance(1.0)
+    mux.feed("watch-n2", b"1\n")
+    clock.advance(0.85)                                               # n1 silent 1.85 s of its 2 s
+    t = time.monotonic()
+    assert ws.wait_for_change(5) is False
+    assert 0.12 <= time.monotonic() - t < 1.0                         # ~0.15 + 0.02 s, not 5 s
+    clock.advance(0.2)
+    assert ws.heard("n1").state == "unreachable" and ws.heard("n2").state == "running"
+    t = time.monotonic()                                              # n1 already past: the wait is n2's
+    ws.wait_for_change(5)
+    assert 0.8 <= time.monotonic() - t < 2.0                          # n2 has 2 - 1.05 = 0.95 s left
+
+
 def test_checkpoint_steps_are_hinted_and_a_new_one_wakes_the_supervisor():
     ws, mux, clock, _ = _watches()
     ws.watch(1, "n1", lambda: ["watch"])
