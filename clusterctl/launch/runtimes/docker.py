@@ -34,7 +34,7 @@ _STATE_ALIASES = {"stopped": "exited", "configured": "created", "initialized": "
 # container(s) (selected by label) and the warm dir(s). Ids are hex printed by -q.
 ZYGOTE_REMOVE = ('i=0; while :; do ids=$("$0" ps -aq --filter="label=' + LABEL_WARM + '=$1" ${2:+--filter="label='
                  + LABEL_NODE + '=$2"}) || exit 1; [ -z "$ids" ] && break; "$0" rm RMFLAGS $ids >/dev/null 2>&1 && break; '
-                 'i=$((i + 1)); [ "$i" -ge 20 ] && { "$0" rm RMFLAGS $ids >/dev/null; exit 1; }; sleep 0.5; done; '
+                 'i=$((i + 1)); [ "$i" -ge 20 ] && { "$0" rm RMFLAGS $ids >/dev/null; exit 1; }; [ "$i" -gt 1 ] && sleep 0.5; done; '
                  'if [ -n "$3" ]; then rm -rf -- "$3"; else rm -rf -- "' + WARM_ROOT + '/$1"_*; fi')
 # $1 the warm dir, then the runtime's run argv: a fresh dir holding zygote.py (stdin), then start the zygote.
 ZYGOTE_START = ('d=$1; shift; rm -rf -- "$d" && mkdir -p -m 1777 "' + WARM_ROOT + '" && mkdir -m 700 "$d" && '
@@ -153,11 +153,13 @@ class ContainerRuntime:
         # ids are hex container ids printed by -q; nothing user-controlled is expanded. Retried for up to 10 s: a
         # container whose conmon was killed can fail `rm -f` once ("container state improper") until podman syncs
         # its state, and dockerd refuses a second removal while one is in progress (the supervisor's and `stop`'s
-        # at once: "removal of container ... is already in progress"): the listing tells when it is gone
+        # at once: "removal of container ... is already in progress"): the listing tells when it is gone. The first
+        # retry comes at once: podman's refused rm has synced the state (a killed node's container: measured, the
+        # second rm succeeds 0.1 s after the first; the 0.5 s sleep was most of a killed node's gang stop)
         script = ('i=0; while ids=$("$0" ps -aq --filter="label=$1=$2"); do [ -z "$ids" ] && exit 0; '
                   '"$0" rm ' + " ".join(self.rm_flags()) + ' $ids 2>/dev/null && exit 0; i=$((i + 1)); '
                   '[ "$i" -ge 20 ] && { "$0" rm ' + " ".join(self.rm_flags()) + ' $ids; exit 1; }; '
-                  'sleep 0.5; done; exit 1')
+                  '[ "$i" -gt 1 ] && sleep 0.5; done; exit 1')
         return ["sh", "-c", script, self.program, LABEL_JOB_ID, job_id]
 
     def logs_argv(self, node: NodeRef, *, tail: int | None = None, follow: bool = False) -> list[str]:
