@@ -7,13 +7,16 @@ repository root there too (for ``clusterctl`` and ``tests.testbed``).
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import platform
 import resource
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +24,20 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def scratch(prefix: str) -> Path:
+    """A fresh dir under the temp dir for a bench's testbed and jobs. Removed at exit, unless an uncaught exception
+    ended the bench: then its jobs' state and logs stay for a look (the path is printed)."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+
+    def clean() -> None:
+        if hasattr(sys, "last_value"):      # set by the interpreter when an exception ended it
+            print(f"kept {base}: the failed run's testbed files and its jobs' state and logs", file=sys.stderr)
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+    atexit.register(clean)
+    return base
 
 
 def options(description: str, *, reps: int | None = None, prog: str | None = None) -> argparse.ArgumentParser:

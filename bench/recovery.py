@@ -37,17 +37,14 @@ sub-section of ``## recovery``.
 """
 from __future__ import annotations
 
-import atexit
 import datetime
 import json
 import os
 import platform
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -464,8 +461,7 @@ def main(argv=None) -> int:
                          "sub-table is written too (the main table keeps podman's runs and torchrun's)")
     args = ap.parse_args(argv)
     exit_on_signals()
-    base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-recovery-"))
-    atexit.register(shutil.rmtree, base, True)   # its testbed's dirs and the jobs' state, after tb.down()
+    base = common.scratch("clusterctl-bench-recovery-")   # removed at exit unless the bench failed
     if args.series:
         text = series_section(run_series(base, args.series, args), args)
         print(text)

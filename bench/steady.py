@@ -12,14 +12,11 @@ step ``--skip`` (the first steps share the cores with the zygotes' start: torch 
 """
 from __future__ import annotations
 
-import atexit
 import datetime
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -87,8 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runtime", default="podman")
     args = ap.parse_args(argv)
     exit_on_signals()
-    base = Path(tempfile.mkdtemp(prefix="clusterctl-bench-steady-"))
-    atexit.register(shutil.rmtree, base, True)   # its testbed's dirs and the jobs' state, after tb.down()
+    base = common.scratch("clusterctl-bench-steady-")   # removed at exit unless the bench failed
     tb = Testbed(3, base / "tb", [profile(gpus=0)] * 3, prefix=args.prefix, subnet_octet=args.subnet,
                  docker=args.runtime == "docker")
     results = []
