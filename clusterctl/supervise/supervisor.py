@@ -133,8 +133,10 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
         if cfg is not None:
             return Decision(Verdict.CONFIG_ERROR, (), cfg.node, cfg.exit_code, cfg.signal, cfg.config_error,
                             cfg.error_tail, cfg.rank)
-        # the culprit: a node whose rank was killed by a signal (the others failed because of it), else the first
-        f = next((o for o in failed if o.signal), failed[0])
+        # the culprit: a node whose rank was killed by a signal (the others failed because of it), else one whose
+        # rank failed on its own (not because a peer went away), else the first
+        f = (next((o for o in failed if o.signal), None)
+             or next((o for o in failed if not causes.peer_failure(o.error_tail)), failed[0]))
         where = f"node {f.node}" + (f" rank {f.rank}" if f.rank is not None else "")
         if f.signal and f.rank is not None:
             why = " by the OOM killer (out of memory)" if f.oom else ""

@@ -222,6 +222,16 @@ def test_a_rank_failed_by_its_peer_waits_longer_for_the_peers_node_then_charges_
     assert classify([own, Observation("b", R)], h, now=5, **kw).verdict == Verdict.USER_ERROR
 
 
+def test_a_user_error_is_charged_to_the_rank_that_failed_on_its_own_not_to_its_peers():
+    """b's rank raised; a's rank then failed with gloo's "Connection closed by peer" and a is first in the
+    listing: the verdict names b, its rank and its own error."""
+    kw = dict(rdzv_host="a", probe_failures=2, hang_timeout_s=100, settle_s=3)
+    a = Observation("a", E, exit_code=1, error_tail=GLOO_PEER, rank=0)
+    b = Observation("b", E, exit_code=1, error_tail="ValueError: bad batch", rank=2)
+    d = classify([a, b], Health(0, 0), now=1, **kw)
+    assert (d.verdict, d.node, d.rank, d.error_tail) == (Verdict.USER_ERROR, "b", 2, "ValueError: bad batch")
+
+
 def test_unreachable_lost_node_is_not_stopped_now_but_cleaned_up_at_the_end_when_back(store):
     ops = FakeOps([obs(a=R, b=R, c=R), obs(a=R, b=R, c=U), obs(a=R, b=R, c=U), obs(a=(E, 0), b=(E, 0))],
                   checkpoint=("/ck/step-000000020", 20))
