@@ -102,8 +102,9 @@ def _attach(ws, job_id, name, output, extra=None, from_start=True) -> int:
     from clusterctl.store.state import JobState
     from clusterctl.views.logs import for_terminal
 
+    stream = err if output == "json" else out    # -o json: stdout is the final view alone; the logs on stderr
     try:
-        ended = jobs.attach(ws, job_id, lambda line: out.print(for_terminal(line), markup=False),
+        ended = jobs.attach(ws, job_id, lambda line: stream.print(for_terminal(line), markup=False),
                             from_start=from_start)
     except KeyboardInterrupt:
         err.print(f"\ndetached; job {name} keeps running. Re-attach: clusterctl logs -f {name}   "
