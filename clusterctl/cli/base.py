@@ -24,6 +24,17 @@ class Globals:
     accept_new_host_keys: bool = False
 
 
+def nonempty(ctx, param, value):
+    """A selection option given an empty value (``-i "$INV" --limit "$HOSTS"`` with both unset) is a usage error
+    (exit 2): an empty value must never widen a command to every host or the default inventory."""
+    for v in value if isinstance(value, tuple) else (value,):
+        if v is not None and not str(v).strip(" ,"):
+            name = max(param.opts, key=len) if param.opts else param.name
+            raise click.BadParameter(f"empty value {v!r} (an unset variable?): name what to select, or leave "
+                                     "the option out", param_hint=name)
+    return value
+
+
 def load_hosts(path):
     """``-i``: an inventory file, ``slurm[:OVERLAY]`` or the embedded default."""
     from clusterctl.slurm.allocation import load_hosts as load
@@ -32,7 +43,7 @@ def load_hosts(path):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--state-dir", envvar="CLUSTERCTL_STATE_DIR", default=None,
+@click.option("--state-dir", envvar="CLUSTERCTL_STATE_DIR", default=None, callback=nonempty,
               help="State directory (jobs DB, logs). Default: $CLUSTERCTL_STATE_DIR, else platformdirs' user "
                    "state dir (e.g. ~/.local/state/clusterctl).")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
@@ -45,7 +56,7 @@ def app(ctx: click.Context, state_dir, debug, accept_new_host_keys) -> None:
 
 
 def inventory_option(f):
-    return click.option("-i", "--inventory", default=None,
+    return click.option("-i", "--inventory", default=None, callback=nonempty,
                         help="Inventory YAML (default: $CLUSTERCTL_INVENTORY, ./inventory.yaml, else this machine).")(f)
 
 

@@ -13,6 +13,7 @@ from clusterctl.cli.base import (
     connect_options,
     err,
     inventory_option,
+    nonempty,
     out,
     output_option,
     print_json,
@@ -158,8 +159,9 @@ def stop_cmd(ctx, job, grace, output, accept_new) -> int:
 
 @app.command("resume")
 @click.argument("job", shell_complete=complete_jobs)
-@click.option("--exclude", multiple=True, help="Do not use this host (repeatable).")
-@click.option("--checkpoint", default=None, help="Resume from this checkpoint instead of the latest valid one.")
+@click.option("--exclude", multiple=True, callback=nonempty, help="Do not use this host (repeatable).")
+@click.option("--checkpoint", default=None, callback=nonempty,
+              help="Resume from this checkpoint instead of the latest valid one.")
 @click.option("--detach", "-d", is_flag=True,
               help="Return once the job is relaunched (or re-attached); the supervisor runs on.")
 @output_option

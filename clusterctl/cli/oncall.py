@@ -14,6 +14,7 @@ from clusterctl.cli.base import (
     err,
     inventory_option,
     load_hosts,
+    nonempty,
     out,
     output_option,
     print_json,
@@ -28,9 +29,10 @@ def _job_nodes(ctx, job):
 
 @app.command("exec")
 @inventory_option
-@click.option("--limit", default=None, help="Hosts, groups, comma lists, globs (as preflight --limit).")
-@click.option("--job", default=None, help="Run on the nodes of this job's current attempt.")
-@click.option("--node", default=None, help="With --job: only this node.")
+@click.option("--limit", default=None, callback=nonempty,
+              help="Hosts, groups, comma lists, globs (as preflight --limit).")
+@click.option("--job", default=None, callback=nonempty, help="Run on the nodes of this job's current attempt.")
+@click.option("--node", default=None, callback=nonempty, help="With --job: only this node.")
 @click.option("--in-container", is_flag=True, help="With --job: inside the job's container (bare: in its directory).")
 @click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds the command may run on each host.")
@@ -74,7 +76,8 @@ def exec_cmd(ctx, inventory, limit, job, node, in_container, timeout, output, ac
 
 @app.command("shell")
 @click.argument("job", shell_complete=complete_jobs)
-@click.option("--node", default=None, help="This node (default: the current attempt's rendezvous host).")
+@click.option("--node", default=None, callback=nonempty,
+              help="This node (default: the current attempt's rendezvous host).")
 @accept_option
 @click.pass_context
 def shell_cmd(ctx, job, node, accept_new) -> int:
@@ -98,7 +101,7 @@ def shell_cmd(ctx, job, node, accept_new) -> int:
 
 @app.command("stacks")
 @click.argument("job", shell_complete=complete_jobs)
-@click.option("--node", default=None, help="Only the ranks on this node.")
+@click.option("--node", default=None, callback=nonempty, help="Only the ranks on this node.")
 @output_option
 @accept_option
 @click.pass_context

@@ -12,6 +12,7 @@ from clusterctl.cli.base import (
     connect_options,
     inventory_option,
     load_hosts,
+    nonempty,
     out,
     output_option,
     progress_bar,
@@ -21,8 +22,8 @@ from clusterctl.cli.base import (
 @app.command("preflight")
 @inventory_option
 @click.argument("job", required=False)
-@click.option("--limit", default=None, help="Hosts, groups, comma lists, the inventory's ranges (gpu[01:04]) and "
-                                             "globs (node*).")
+@click.option("--limit", default=None, callback=nonempty,
+              help="Hosts, groups, comma lists, the inventory's ranges (gpu[01:04]) and globs (node*).")
 @output_option
 @click.option("--strict", is_flag=True, help="Warnings fail too.")
 @click.option("--pull", is_flag=True, help="Pull the image where it is missing instead of failing.")

@@ -12,6 +12,7 @@ from clusterctl.cli.base import (
     complete_jobs,
     connect_options,
     err,
+    nonempty,
     out,
     output_option,
     print_json,
@@ -165,7 +166,7 @@ def events_cmd(ctx, job, follow, output) -> int:
 
 @app.command("logs")
 @click.argument("job", shell_complete=complete_jobs)
-@click.option("--node", default=None, help="Only this node.")
+@click.option("--node", default=None, callback=nonempty, help="Only this node.")
 @click.option("--rank", default=None, type=int, help="Only this global rank.")
 @click.option("--attempt", default=None, type=click.IntRange(min=1), help="Only this attempt.")
 @click.option("--tail", default=None, type=click.IntRange(min=0), help="Only the last N lines (0: none).")

@@ -23,10 +23,12 @@ def split(pattern: str) -> list[str]:
 
 
 def select(inventory: "Inventory", pattern: str | None) -> list["Host"]:
-    """The hosts ``pattern`` names (every host when it is None or empty). A part that names nothing is an error
-    (exit 2) that lists what exists."""
-    if not pattern or not pattern.strip():
+    """The hosts ``pattern`` names (every host when it is None). An empty pattern (an unset variable) is an error,
+    never "everywhere"; so is a part that names nothing (exit 2, listing what exists)."""
+    if pattern is None:
         return list(inventory.hosts)
+    if not split(pattern):
+        raise UserError(f"--limit {pattern!r} is empty (an unset variable?): name hosts or groups, or leave it out")
     names = [h.name for h in inventory.hosts]
     chosen: set[str] = set()
     for part in split(pattern):

@@ -33,3 +33,30 @@ def test_launch_attached_with_json_output_keeps_stdout_one_json_document(tmp_pat
     view = json.loads(r.stdout)
     assert view["state"] == "SUCCEEDED" and view["name"] == "hello"
     assert "[localhost/0] hello from the rank" in r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["exec", "-i", "", "--limit", "", "--", "true"],
+    ["exec", "--limit", "", "--", "true"],
+    ["exec", "--limit", " , ", "--", "true"],
+    ["exec", "-i", "", "--", "true"],
+    ["exec", "--job", "", "--", "true"],
+    ["exec", "--job", "j", "--node", "", "--", "true"],
+    ["preflight", "--limit", ""],
+    ["preflight", "-i", ""],
+    ["logs", "j", "--node", ""],
+    ["stacks", "j", "--node", ""],
+    ["shell", "j", "--node", ""],
+    ["resume", "j", "--exclude", ""],
+    ["nodes", "-i", ""],
+    ["--state-dir", "", "status"],
+])
+def test_an_empty_selection_value_is_a_usage_error_not_everywhere(tmp_path, args):
+    """Item 5: `exec -i "$INV" --limit "$HOSTS"` with both unset must not run on every host."""
+    marker = tmp_path / "ran"
+    if args[-1] == "true":
+        args = [*args[:-1], "touch", str(marker)]
+    r = cli(tmp_path, *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "empty" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not marker.exists()

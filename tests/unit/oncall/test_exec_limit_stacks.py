@@ -26,7 +26,6 @@ def inv() -> Inventory:
 
 @pytest.mark.parametrize("pattern,want", [
     (None, ["gpu1", "gpu2", "gpu10", "login"]),
-    ("", ["gpu1", "gpu2", "gpu10", "login"]),
     ("login,gpu1", ["gpu1", "login"]),                    # inventory order, not pattern order
     ("train", ["gpu1", "gpu2"]),
     ("gpu?", ["gpu1", "gpu2"]),
@@ -37,6 +36,12 @@ def inv() -> Inventory:
 ])
 def test_limit(pattern, want):
     assert [h.name for h in hostpattern.select(inv(), pattern)] == want
+
+
+@pytest.mark.parametrize("pattern", ["", " ", " , "])
+def test_an_empty_limit_is_a_usage_error_not_every_host(pattern):
+    with pytest.raises(UserError, match="is empty"):            # an unset variable must not widen the scope
+        hostpattern.select(inv(), pattern)
 
 
 def test_limit_that_matches_nothing_is_a_usage_error():
