@@ -109,6 +109,72 @@ def peer_failure(text: str) -> bool:
     return PEER_GONE.search(capped(text)) is not None
 
 
+# ------------------------------------------------------------------------------ a GPU that failed
+# What a rank prints when its GPU (not the job's code) failed. The CUDA runtime's error strings, as torch raises them
+# ("RuntimeError: CUDA error: <cudaGetErrorString>", c10/cuda/CUDAException.h) and NCCL reports them ("Cuda failure
+# '<string>'"); NVIDIA CUDA Runtime API reference, 6.38 Data types, enum cudaError: cudaErrorECCUncorrectable (214)
+# "uncorrectable ECC error encountered", cudaErrorLaunchFailure (719) "unspecified launch failure",
+# cudaErrorUnknown (999) "unknown error", cudaErrorSystemNotReady (802) "system not yet initialized" (Fabric Manager
+# down on an NVSwitch system). NVML's NVML_ERROR_GPU_IS_LOST: "GPU is lost" (NVML API reference, nvmlReturn_t).
+# NCCL's ncclUnhandledCudaError: "unhandled cuda error" (NCCL docs, ncclResult_t / ncclGetErrorString). "unknown
+# error" alone is too common: only in torch's "CUDA error: unknown error" form.
+GPU_ERROR = re.compile(r"uncorrectable ECC error encountered|unspecified launch failure|CUDA error: unknown error|"
+                       r"GPU is lost|unhandled cuda error|system not yet initialized|cudaErrorSystemNotReady|"
+                       r"CUDA_ERROR_SYSTEM_NOT_READY|\b(?:CUDA|cuda|cuInit)\b[^\n]{0,120}\b802\b", re.IGNORECASE)
+# The kernel log line of an Xid (NVIDIA, "Xid Errors", docs.nvidia.com/deploy/xid-errors: "NVRM: Xid (PCI:0000:3b:00):
+# 79, pid=..., GPU has fallen off the bus."), after dmesg's "[seconds since boot]". The Xids that mean the GPU (not
+# the job) failed: 48 double-bit ECC error, 74 NVLink error, 79 fallen off the bus, 94 contained / 95 uncontained
+# ECC error, 119 / 120 GSP RPC timeout / GSP error.
+XID_LINE = re.compile(r"^\s*(?:\[\s*(\d+(?:\.\d+)?)\]\s*)?.*?NVRM: Xid \((PCI:[0-9A-Fa-f:.]+)\): (\d{1,4})\b")
+GPU_XIDS = frozenset({48, 74, 79, 94, 95, 119, 120})
+
+
+def gpu_error(lines: list[str]) -> str | None:
+    """The first of a node's lines (``node_lines``) that says a GPU failed (``GPU_ERROR``), or None."""
+    return next((ln.strip()[:400] for ln in lines if GPU_ERROR.search(ln)), None)
+
+
+@dataclass(frozen=True)
+class Xid:
+    pci: str
+    code: int
+    line: str
+    uptime_s: float | None      # dmesg's [seconds since boot], when the line has it
+
+
+def parse_xid(kernel_log: str) -> list[Xid]:
+    """Every ``NVRM: Xid`` line of a kernel log (``dmesg``), in order. Linear: one anchored match per line."""
+    out = []
+    for line in capped(kernel_log).splitlines():
+        if "NVRM: Xid" not in line:
+            continue
+        m = XID_LINE.match(line)
+        if m:
+            out.append(Xid(m.group(2), int(m.group(3)), line.strip()[:400],
+                           float(m.group(1)) if m.group(1) is not None else None))
+    return out
+
+
+# the node-side command of ``recent_xid``: the node's uptime, then its kernel log's Xid lines (bounded: tail)
+XID_PROBE = ("cat /proc/uptime; dmesg 2>/dev/null | grep -F 'NVRM: Xid' | tail -n 200; "
+             "journalctl -k -q --no-pager -o short-monotonic -n 20000 2>/dev/null | grep -F 'NVRM: Xid' | tail -n 200; "
+             "true")
+XID_SLACK_S = 60.0
+
+
+def recent_xid(probe_output: str, within_s: float) -> Xid | None:
+    """The last GPU-failure Xid (``GPU_XIDS``) of ``XID_PROBE``'s output logged within the last ``within_s``
+    seconds (plus ``XID_SLACK_S``) by the kernel's clock; an Xid of an earlier day says nothing of this attempt."""
+    first = probe_output.split("\n", 1)[0].split()
+    try:
+        uptime = float(first[0])
+    except (IndexError, ValueError):
+        return None
+    found = [x for x in parse_xid(probe_output) if x.code in GPU_XIDS and x.uptime_s is not None
+             and uptime - x.uptime_s <= within_s + XID_SLACK_S]
+    return found[-1] if found else None
+
+
 # ------------------------------------------------------------------------------ failures a retry cannot fix
 CANT_OPEN = re.compile(r"can't open file '([^']+)': \[Errno 2\]")
 NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")

@@ -537,9 +537,25 @@ class ClusterOps:
         message = causes.error_file_in(text)   # torchrun's own error file (bare), when it wrote one
         if message:
             tail = f"{tail}\n[{node}/-] root cause (torchelastic error file): {message.splitlines()[0]}".lstrip()
+        gpu = None if cfg or oom else (causes.gpu_error(lines) or self._xid(node, attempt))
         return Observation(node, "exited", exit_code=code, signal=sig, progress=progress,
                            error_tail=tail, rank=rank,
-                           config_error=f"{cfg.message}. Fix: {cfg.fix}" if cfg else None, oom=oom)
+                           config_error=f"{cfg.message}. Fix: {cfg.fix}" if cfg else None, oom=oom, gpu_error=gpu)
+
+    def _xid(self, node: str, attempt: int) -> str | None:
+        """The kernel's GPU-failure Xid on ``node`` since ``attempt`` started (``causes.recent_xid``), as
+        evidence ("kernel: NVRM: Xid ..."), or None (none, a host without GPUs, or the log cannot be read)."""
+        if self.hosts[node].gpus == 0:
+            return None
+        started = next((a.started_at for a in self.store.attempts(self.job_id) if a.attempt == attempt), None)
+        if started is None:
+            return None
+        try:
+            r = self._run(node, ["sh", "-c", causes.XID_PROBE], timeout=self.probe_timeout_s)
+        except TransportError:
+            return None
+        xid = causes.recent_xid(r.stdout, self.store.now() - started)
+        return f"kernel: Xid {xid.code} on {xid.pci}: {xid.line}" if xid else None
 
     def _ref(self, node: str, attempt: int, name: str | None = None) -> runtimes.Ref:
         if self._plan is not None and self._plan.attempt == attempt and node in self._plan_nodes:

@@ -30,10 +30,11 @@ class Verdict(str, Enum):
     NODE_LOST = "node_lost"          # unreachable K times, container/process gone, killed by a signal
     RDZV_LOST = "rendezvous_lost"    # the lost node was the rendezvous host
     HANG = "hang"                    # no progress for hang_timeout
+    GPU_ERROR = "gpu_error"          # a rank died of its GPU (ECC, Xid, "GPU is lost", CUDA 802, ...): node left out
     STOPPED = "stopped"              # someone ran `clusterctl stop`
 
 
-INFRA = (Verdict.NODE_LOST, Verdict.RDZV_LOST, Verdict.HANG)
+INFRA = (Verdict.NODE_LOST, Verdict.RDZV_LOST, Verdict.HANG, Verdict.GPU_ERROR)
 PEER_SETTLE = 4     # a rank that failed because a peer went away waits this many settle_s for the peer's node
 
 
@@ -56,6 +57,7 @@ class Observation:
     rank: int | None = None          # the failing rank (torchrun's "Root Cause" summary), when known
     config_error: str | None = None  # what no retry can fix, and the fix (causes.config_error)
     oom: bool = False                # the OOM killer sent the signal
+    gpu_error: str | None = None     # the evidence that a GPU failed: the rank's error line or the kernel's Xid line
 
 
 def node_state(o: Observation) -> str:
@@ -122,6 +124,12 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
         health.failed_since = now
     if any(o.state in ("unreachable", "probe_error") for o in obs):
         return Decision(Verdict.CONTINUE)  # one failed probe is not a lost node (SkyPilot's lesson)
+    gpu = next((o for o in failed if o.gpu_error), None)
+    if gpu is not None:     # the evidence names the node: no need to wait for a peer (the others failed because of it)
+        where = f"node {gpu.node}" + (f" rank {gpu.rank}" if gpu.rank is not None else "")
+        return Decision(Verdict.GPU_ERROR, (gpu.node,), gpu.node, gpu.exit_code, gpu.signal,
+                        f"{where}: GPU error: {gpu.gpu_error} (the node is left out of the relaunch)",
+                        gpu.error_tail, gpu.rank)
     if failed:
         # is a peer about to be found dead? (then it is not a user error). When every failed rank says a peer went
         # away (gloo "Connection closed by peer"), the cause is on a node still running: its torchrun may still be
@@ -218,7 +226,7 @@ class Policy:
     settle_s: float = 3.0                # a non-zero exit waits this long for a dead peer before it is a user error
     window_s: float | None = 86400.0     # budgets count failures within this window; None: since the last progress
     progress_after_s: float = 600.0      # an attempt with output for this long made progress (resets the backoff)
-    cordon_after: int = 3                # node_lost/hang failures of one host within 24 h before it is cordoned (0: never)
+    cordon_after: int = 3                # node_lost/hang/gpu_error failures of a host in 24 h before it is cordoned (0: never)
     slurm_drain: bool = False            # a cordon also drains the node in Slurm (ops.slurm_drain)
 
 
@@ -636,7 +644,7 @@ class Supervisor:
         return out
 
     def _maybe_cordon(self, node: str, verdict: Verdict) -> None:
-        """Cordon ``node`` after ``cordon_after`` node_lost/hang failures within 24 h (every job counts)."""
+        """Cordon ``node`` after ``cordon_after`` node_lost/hang/gpu_error failures within 24 h (every job counts)."""
         n = self.policy.cordon_after
         if not n or node in self.store.cordons():
             return

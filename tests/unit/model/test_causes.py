@@ -80,3 +80,51 @@ def test_error_file_in_reads_the_runners_copy():
 ])
 def test_peer_failure_is_a_rank_failed_because_a_peer_went_away(tail, peer):
     assert causes.peer_failure(tail) is peer
+
+
+# What a rank prints when its GPU failed: torch's "CUDA error: <cudaGetErrorString>" (c10/cuda/CUDAException.cpp,
+# c10_cuda_check_implementation, with get_cuda_check_suffix) for the CUDA runtime's errors (NVIDIA CUDA Runtime API,
+# enum cudaError: cudaErrorECCUncorrectable, cudaErrorLaunchFailure, cudaErrorUnknown, cudaErrorSystemNotReady = 802),
+# NVML's "GPU is lost" (nvmlReturn_t NVML_ERROR_GPU_IS_LOST), NCCL's "unhandled cuda error" (ncclUnhandledCudaError).
+@pytest.mark.parametrize("line, gpu", [
+    ("[n3/2] RuntimeError: CUDA error: uncorrectable ECC error encountered", True),
+    ("[n3/0] RuntimeError: CUDA error: unspecified launch failure", True),
+    ("[n3/0] RuntimeError: CUDA error: unknown error", True),
+    ("[n3/0] torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
+     "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5", True),
+    ("[n3/-] Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  Reboot the system to recover "
+     "this GPU", True),
+    ("[n3/0] UserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run some cuda "
+     "functions before calling NumCudaDevices() that might have already set an error? Error 802: system not yet "
+     "initialized", True),
+    ("[n3/0] RuntimeError: unknown error", False),            # not the CUDA form: says nothing of a GPU
+    ("[n3/0] RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", False),   # the job's, not the GPU's
+    ("[n3/0] ValueError: step 802 went wrong", False),
+])
+def test_gpu_error_lines(line, gpu):
+    assert (causes.gpu_error(["[n3/0] step 1", line]) == line) is gpu
+
+
+def test_gpu_error_in_a_torchrun_log_names_the_line():
+    lines = causes.node_lines(text("torch_ecc_error.txt"), "n3")
+    assert causes.gpu_error(lines) == "[n3/2] RuntimeError: CUDA error: uncorrectable ECC error encountered"
+
+
+# dmesg lines in the format of NVIDIA's "Xid Errors" (docs.nvidia.com/deploy/xid-errors, "NVRM: Xid (PCI:...): N,
+# pid=..., name=..., <message>"), after the node's /proc/uptime (what causes.XID_PROBE prints first).
+def test_parse_xid_reads_pci_code_and_time():
+    xids = causes.parse_xid(text("dmesg_xid.txt"))
+    assert [(x.pci, x.code, x.uptime_s) for x in xids] == [
+        ("PCI:0000:3b:00", 13, 5501.004211), ("PCI:0000:86:00", 79, 5702.881903),
+        ("PCI:0000:3b:00", 13, 61201.417266), ("PCI:0000:af:00", 94, 61212.550087)]
+    assert causes.parse_xid("[1.0] eth0: link up\n") == []
+
+
+def test_recent_xid_only_gpu_failures_since_the_attempt_started():
+    t = text("dmesg_xid.txt")            # uptime 61234: the 94 was 22 s ago, the 79 about 15.5 h ago
+    x = causes.recent_xid(t, within_s=120)
+    assert (x.code, x.pci) == (94, "PCI:0000:af:00")
+    assert causes.recent_xid(t.replace("): 94,", "): 13,"), within_s=120) is None   # 13: the job's own fault
+    assert causes.recent_xid(t, within_s=1e6).code == 94                          # the last one
+    assert causes.recent_xid(t.replace("[61212.550087]", "[50000.0]"), within_s=120) is None   # an old one
+    assert causes.recent_xid("", within_s=120) is None

@@ -462,3 +462,50 @@ def test_a_probe_that_raises_is_a_probe_error_never_a_lost_node(capsys):
         d = classify([Observation("a", R, progress=True), o], h, rdzv_host="a", probe_failures=2,
                      hang_timeout_s=100, now=t)
         assert d.verdict == Verdict.CONTINUE
+
+
+ECC = "[c/2] RuntimeError: CUDA error: uncorrectable ECC error encountered"
+
+
+def gpu_failed(node, rank=2, evidence=ECC):
+    return Observation(node, E, exit_code=1, rank=rank, error_tail=evidence, gpu_error=evidence)
+
+
+def test_a_rank_that_died_of_its_gpu_is_a_gpu_error_at_once_naming_node_rank_and_evidence():
+    """The peers fail because of it (gloo/NCCL), before or after it: the evidence decides, no settling."""
+    kw = dict(rdzv_host="a", probe_failures=2, hang_timeout_s=100, settle_s=3)
+    peer = "[a/0] RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.3]:4242"
+    d = classify([Observation("a", E, exit_code=1, rank=0, error_tail=peer), Observation("b", R), gpu_failed("c")],
+                 Health(0, 0), now=1, **kw)
+    assert (d.verdict, d.node, d.rank, d.lost) == (Verdict.GPU_ERROR, "c", 2, ("c",))
+    assert "node c rank 2" in d.message and "uncorrectable ECC error encountered" in d.message
+    # without the evidence the same exit is a user error (after settling), as before
+    d = classify([Observation("a", R), Observation("c", E, exit_code=1, rank=2, error_tail=ECC)], Health(0, 0),
+                 now=10, **kw)
+    assert d.verdict != Verdict.GPU_ERROR
+    # a lost node still wins (its node is gone: the GPU error may be a consequence)
+    d = classify([Observation("a", M), gpu_failed("c")], Health(0, 0), now=1, **kw)
+    assert d.verdict == Verdict.RDZV_LOST
+
+
+def test_gpu_error_spends_the_node_budget_relaunches_without_the_node_and_counts_for_cordon(store):
+    xid = "kernel: Xid 79 on PCI:0000:86:00: [ 5702.8] NVRM: Xid (PCI:0000:86:00): 79, GPU has fallen off the bus."
+    ops = FakeOps([obs(a=R, b=R, c=R), [Observation("a", R), Observation("b", R), gpu_failed("c", 5, xid)],
+                   obs(a=(E, 0), b=(E, 0))], checkpoint=("/ck/step-000000010", 10))
+    job_id, state, _ = run(store, ops, cordon_after=1)
+    assert state == JobState.SUCCEEDED
+    assert [s[:3] for s in ops.started] == [(1, ("a", "b", "c"), "a"), (2, ("a", "b"), "a")]
+    job = store.get_job(job_id)
+    assert (job.node_failures_used, job.failures_used) == (1, 0)        # restarts.max_node_failures
+    v = next(e for e in store.events(job_id) if e.kind == "verdict")
+    assert (v.klass, v.node, v.rank) == ("gpu_error", "c", 5) and "Xid 79" in v.message
+    assert "c" in store.cordons()                                       # cordon_after counts it
+
+
+def test_gpu_error_node_comes_back_when_fewer_than_min_nodes_remain(store):
+    ops = FakeOps([obs(a=R, b=R), [Observation("a", R), gpu_failed("b")], obs(a=(E, 0), b=(E, 0))])
+    job_id = store.create_job("demo", "{}", None, None)
+    sup = Supervisor(job_id, store, ops, Policy(min_nodes=2, max_nodes=2, backoff_s=0), ["a", "b"],
+                     clock=iter(range(10**6)).__next__, sleep=lambda s: None)
+    assert sup.run() == JobState.SUCCEEDED
+    assert [s[1] for s in ops.started] == [("a", "b"), ("a", "b")]     # MIN 2: b is used again
