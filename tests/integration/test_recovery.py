@@ -238,3 +238,23 @@ def test_script_that_always_fails_stops_after_max_failures(job, rtb):
     assert st["restarts"]["failures_used"] == 3 and st["attempt"] == 3
     assert all(f["class"] == "user_error" and f["exit_code"] == 1 for f in st["failures"]), st["failures"]
     rh.check_clean(run)
+
+
+def test_a_node_whose_gpu_failed_is_left_out_and_the_job_finishes(job, rtb):
+    """Issue 35: the ranks of one node die of torch's "CUDA error: uncorrectable ECC error encountered": class
+    gpu_error (the node budget), the node and the evidence named, the relaunch without that node finishes."""
+    import yaml
+
+    run = job(nodes="2:3", script=JOBS / "gpu_error.py")
+    victim = rtb.hosts[2].name
+    spec = yaml.safe_load(run.job.read_text())
+    spec["env"] = {"GPU_ERROR_NODE": victim}
+    run.job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    run.launch()
+    st = finish(run, timeout=300)
+    f = failure_of(run, "gpu_error")
+    assert f["node"] == victim and "uncorrectable ECC error encountered" in f["message"], f
+    assert st["restarts"]["node_failures_used"] == 1 and st["restarts"]["failures_used"] == 0, st["restarts"]
+    assert st["attempt"] == 2 and victim not in [n["node"] for n in st["nodes"]], st["nodes"]
+    assert f"{victim} rank" in run.events_text() or f"node {victim}" in run.events_text()
+    rh.check_clean(run, timeout=60)
