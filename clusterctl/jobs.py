@@ -382,6 +382,18 @@ def stop(ws: Workspace, job_ref: str, options: ConnectOptions, *, grace_s: float
 
 
 # ---------------------------------------------------------------------------------------------- resume
+def elsewhere_refused(root: Path, job, command: str, now: float | None = None) -> None:
+    """``UserError`` (exit 2) when ``job`` is supervised on another host (a shared state dir, its heartbeat
+    fresh): only that supervisor may reconcile, stop its processes or relaunch the job."""
+    sup = controller.supervision(root, job, now)
+    if sup["elsewhere"] and sup["alive"]:
+        ago = max(0, int((time.time() if now is None else now) - (sup["last_seen"] or 0)))
+        raise UserError(f"job {job.name} ({job.job_id}) is supervised elsewhere: supervisor pid {sup['pid']} on "
+                        f"{sup['host']}, last heartbeat {ago}s ago (the state dir is shared); `{command}` did "
+                        f"nothing. Run it on {sup['host']}, or `clusterctl stop {job.name}` first; a supervisor "
+                        f"counts as gone once its heartbeat is older than {controller.STALE_S:g}s")
+
+
 @dataclass(frozen=True)
 class ResumeRequest:
     job_ref: str
@@ -415,6 +427,7 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
     def done(action: str, message: str, pid: int | None = None, excluded=()) -> Resumed:
         return Resumed(action, message, pid, job_id, job.name, tuple(excluded))
 
+    elsewhere_refused(root, job, "resume")
     pid = controller.live_supervisor(root, job)
     if pid:
         return done("already_supervised", f"already supervised (supervisor pid {pid}); nothing to do", pid)

@@ -14,6 +14,7 @@ ours. Files are opened with ``O_NOFOLLOW`` (``open_private``).
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Mapping
@@ -75,6 +76,41 @@ def open_private(path: str | os.PathLike[str], *, append: bool = True) -> int:
         os.close(fd)
         raise UserError(f"{path}: owned by another user: refusing to write it")
     return fd
+
+
+# File systems where SQLite's WAL does not work: its index is shared memory (``-shm``, mmap'ed), which no two hosts
+# share (https://sqlite.org/wal.html: "WAL does not work over a network filesystem"). The state database there uses
+# a rollback journal (``state.journal_mode``), whose locks are the file system's POSIX locks.
+NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
+                        "fuse.glusterfs", "fuse.sshfs", "fuse.cephfs", "9p", "afs", "ocfs2", "gfs2", "panfs",
+                        "fuse.juicefs", "wekafs", "virtiofs"})
+
+
+def filesystem_type(path: str | os.PathLike[str], mounts: str | None = None) -> str | None:
+    """The type of the file system holding ``path`` (``nfs4``, ``ext4``, ...) from ``/proc/self/mounts`` (the
+    mount point that is the longest prefix of its real path); None where that cannot be read (not Linux)."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text()
+        except OSError:
+            return None
+    real = os.path.realpath(path)
+    best, kind = -1, None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:
+            best, kind = len(point), fields[2]
+    return kind
+
+
+def on_network_fs(path: str | os.PathLike[str], mounts: str | None = None) -> str | None:
+    """The network file system type holding ``path`` (``nfs4``, ``lustre``, ...), or None when it is local."""
+    kind = filesystem_type(path, mounts)
+    return kind if kind in NETWORK_FS else None
 
 
 def write_private(path: str | os.PathLike[str], text: str) -> None:

@@ -1,9 +1,15 @@
-"""SQLite (WAL) store for jobs, attempts, nodes and events.
+"""SQLite store for jobs, attempts, nodes and events.
 
 One ``Store`` holds one connection, guarded by a lock, so threads may share it (the supervisor thread and the
-CLI). Several processes (a detached supervisor and ``clusterctl status``) may use the same file at once: WAL lets
-readers run beside the single writer, every write is a ``BEGIN IMMEDIATE`` transaction (so it waits on the busy
-timeout instead of failing on a lock upgrade), and a store used after ``fork`` reopens its connection.
+CLI). Several processes (a detached supervisor and ``clusterctl status``) may use the same file at once: on a local
+file system WAL lets readers run beside the single writer; on a network file system (NFS, Lustre, GPFS, ...: where
+``sbatch`` puts a shared state dir) WAL does not work (its index is memory the hosts do not share), so the database
+uses a rollback journal there (``journal_mode``: DELETE, synchronous FULL; its locks are the file system's POSIX
+locks). Every write is a ``BEGIN IMMEDIATE`` transaction (so it waits on the busy timeout instead of failing on a
+lock upgrade), and a store used after ``fork`` reopens its connection.
+
+The supervisor's claim records its host (hostname and boot id, ``this_host``) with its pid: a supervisor on another
+host (a shared state dir) is judged by its heartbeat, never by this machine's process table.
 
 Secret VALUES are never stored: ``spec_json`` holds secret names only (the caller's duty), and free text
 (event messages, node error tails, reasons) passes through ``redact`` with the secrets given to ``Store``.
@@ -14,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import secrets as _secrets
+import socket
 import sqlite3
 import threading
 import time
@@ -28,8 +35,10 @@ from clusterctl.config.ids import ID_RANDOM_BYTES, JOB_NAME_RE
 from clusterctl.errors import ClusterctlError, UserError
 from clusterctl.model.events import EventKind, kind_of
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 30.0
+# a supervisor whose last heartbeat is older than this is gone (it beats every 3 s: ``controller.HEARTBEAT_S``)
+SUPERVISOR_STALE_S = 10.0
 REDACTED = "***"
 
 
@@ -111,6 +120,8 @@ class Job:
     failures_used: int              # restarts spent on user errors
     node_failures_used: int         # restarts spent on lost nodes / infrastructure
     supervisor_seen_at: float | None = None   # the supervisor's last heartbeat (epoch s)
+    supervisor_host: str | None = None        # where the supervisor runs: its hostname ...
+    supervisor_boot: str | None = None        # ... and that host's boot id (None: claimed before schema 4)
 
     @property
     def terminal(self) -> bool:
@@ -173,7 +184,8 @@ class Event:
 
 
 JOB_FIELDS = frozenset({"spec_json", "inventory_path", "job_path", "attempt", "reason", "supervisor_pid",
-                        "failures_used", "node_failures_used", "supervisor_seen_at"})
+                        "failures_used", "node_failures_used", "supervisor_seen_at", "supervisor_host",
+                        "supervisor_boot"})
 NODE_FIELDS = ("address", "container", "state", "exit_code", "signal", "rank", "error_tail")
 EVENT_FIELDS = frozenset({"attempt", "klass", "node", "rank", "exit_code", "signal", "checkpoint_step", "oom"})
 
@@ -210,6 +222,10 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             by TEXT NOT NULL)""",
         "CREATE INDEX IF NOT EXISTS events_node ON events(node, time)",
     ),
+    (  # 3 -> 4: the supervisor's host (a shared state dir: a supervisor elsewhere is judged by its heartbeat)
+        "ALTER TABLE jobs ADD COLUMN supervisor_host TEXT",
+        "ALTER TABLE jobs ADD COLUMN supervisor_boot TEXT",
+    ),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
@@ -236,11 +252,34 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def this_host() -> tuple[str, str]:
+    """(hostname, boot id) of this machine: a pid means something only on the host and boot that recorded it.
+    The boot id is empty where the kernel has none to read (not Linux)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return socket.gethostname(), boot
+
+
+def journal_mode(path: str | os.PathLike[str], mounts: str | None = None) -> str:
+    """``wal`` on a local file system, ``delete`` on a network one (https://sqlite.org/wal.html: WAL needs memory
+    every process shares, so it "does not work over a network filesystem")."""
+    from clusterctl.store.paths import on_network_fs
+
+    return "delete" if on_network_fs(Path(path).parent, mounts) else "wal"
+
+
 class Store:
     def __init__(self, path: str | os.PathLike[str], *, secrets: Iterable[str] = (),
                  clock: Callable[[], float] = time.time, pid_alive: Callable[[int], bool] = pid_alive,
-                 busy_timeout_s: float = BUSY_TIMEOUT_S):
+                 busy_timeout_s: float = BUSY_TIMEOUT_S, host: tuple[str, str] | None = None,
+                 journal: str | None = None):
+        """``host``: (hostname, boot id) this store's claims record (default ``this_host()``); ``journal``: the
+        SQLite journal mode (default ``journal_mode(path)``: wal, or delete on a network file system)."""
         self.path = Path(path)
+        self.host = host or this_host()
+        self.journal = journal or journal_mode(self.path)
         self._secrets = tuple(s for s in secrets if s)
         self._clock, self._pid_alive, self._busy_timeout_s = clock, pid_alive, busy_timeout_s
         self._lock = threading.RLock()
@@ -273,10 +312,16 @@ class Store:
         conn.row_factory = sqlite3.Row
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if mode.lower() != "wal":
-                raise ClusterctlError(f"{self.path}: cannot switch the state database to WAL mode ({mode})")
-            conn.execute("PRAGMA synchronous = NORMAL")
+            mode = conn.execute(f"PRAGMA journal_mode = {self.journal.upper()}").fetchone()[0]
+            if mode.lower() != self.journal:
+                why = ("it is on a network file system, where WAL does not work, and another process still has it "
+                       "open in WAL mode (stop it, or keep the state dir on a local disk)"
+                       if self.journal != "wal" else "")
+                raise ClusterctlError(f"{self.path}: cannot switch the state database to {self.journal.upper()} "
+                                      f"mode ({mode})" + (f": {why}" if why else ""))
+            # WAL: NORMAL is durable enough (a commit may be lost at a power cut, never the database); a rollback
+            # journal needs FULL for that
+            conn.execute("PRAGMA synchronous = NORMAL" if self.journal == "wal" else "PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.DatabaseError as exc:
             conn.close()
@@ -301,7 +346,8 @@ class Store:
                                       f"clusterctl understands ({SCHEMA_VERSION}); upgrade clusterctl")
             for statements in _MIGRATIONS[version:]:
                 for statement in statements:
-                    db.execute(statement)
+                    if not _has_column(db, statement):     # a column added again: the step is idempotent
+                        db.execute(statement)
             if version != SCHEMA_VERSION:
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -614,36 +660,57 @@ class Store:
 
     # -- supervisor ownership -----------------------------------------------------------------------------------
 
-    def claim_supervisor(self, job_id: str, pid: int, *, is_live: Callable[[int], bool] | None = None) -> bool:
-        """Record ``pid`` as the job's supervisor unless another live one is recorded. Atomic across processes.
-        ``is_live(pid)``: is that pid still the job's supervisor (not a reused pid after a reboot)? Default: the
-        store's ``pid_alive``."""
+    def claim_supervisor(self, job_id: str, pid: int, *, is_live: Callable[[int], bool] | None = None,
+                         stale_s: float = SUPERVISOR_STALE_S) -> bool:
+        """Record ``pid`` on this store's host as the job's supervisor unless another live one is recorded. Atomic
+        across processes (and hosts sharing the database). A recorded supervisor on this host and boot is live when
+        ``is_live(pid)`` (is that pid still the job's supervisor, not a reused pid? default: the store's
+        ``pid_alive``); one on another host (or boot) when its heartbeat is at most ``stale_s`` old."""
+        hostname, boot = self.host
         with self._write() as db:
-            row = db.execute("SELECT supervisor_pid FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            row = db.execute("SELECT supervisor_pid, supervisor_host, supervisor_boot, supervisor_seen_at FROM jobs"
+                             " WHERE job_id = ?", (job_id,)).fetchone()
             if row is None:
                 raise JobNotFound(job_id)
             current = row["supervisor_pid"]
-            if current is not None and current != pid and (is_live or self._pid_alive)(current):
-                return False
             now = self._clock()
-            db.execute("UPDATE jobs SET supervisor_pid = ?, supervisor_seen_at = ?, updated_at = ? WHERE job_id = ?",
-                       (pid, now, now, job_id))
+            if current is not None:
+                here = row["supervisor_host"] is None or (row["supervisor_host"], row["supervisor_boot"]) == self.host
+                if here:
+                    live = current != pid and (is_live or self._pid_alive)(current)
+                else:
+                    live = row["supervisor_seen_at"] is not None and now - row["supervisor_seen_at"] <= stale_s
+                if live:
+                    return False
+            db.execute("UPDATE jobs SET supervisor_pid = ?, supervisor_host = ?, supervisor_boot = ?,"
+                       " supervisor_seen_at = ?, updated_at = ? WHERE job_id = ?",
+                       (pid, hostname, boot, now, now, job_id))
             return True
 
     def heartbeat(self, job_id: str, pid: int) -> bool:
-        """The supervisor ``pid`` is alive now (``status`` calls a job unsupervised when this gets old).
-        False when ``pid`` is no longer the job's supervisor."""
+        """The supervisor ``pid`` (on this store's host) is alive now (``status`` calls a job unsupervised when
+        this gets old). False when it is no longer the job's supervisor."""
         with self._write() as db:
-            cur = db.execute("UPDATE jobs SET supervisor_seen_at = ? WHERE job_id = ? AND supervisor_pid = ?",
-                             (self._clock(), job_id, pid))
+            cur = db.execute("UPDATE jobs SET supervisor_seen_at = ? WHERE job_id = ? AND supervisor_pid = ?"
+                             " AND supervisor_host IS ? AND supervisor_boot IS ?",
+                             (self._clock(), job_id, pid, *self.host))
             return cur.rowcount > 0
 
     def release_supervisor(self, job_id: str, pid: int) -> bool:
-        """Clear the supervisor pid if it is still ``pid``; returns whether it was."""
+        """Clear the supervisor pid if it is still ``pid`` on this host; returns whether it was."""
         with self._write() as db:
             cur = db.execute("UPDATE jobs SET supervisor_pid = NULL, updated_at = ?"
-                             " WHERE job_id = ? AND supervisor_pid = ?", (self._clock(), job_id, pid))
+                             " WHERE job_id = ? AND supervisor_pid = ? AND supervisor_host IS ?"
+                             " AND supervisor_boot IS ?", (self._clock(), job_id, pid, *self.host))
             return cur.rowcount > 0
+
+
+def _has_column(db: sqlite3.Connection, statement: str) -> bool:
+    """``statement`` is ``ALTER TABLE t ADD COLUMN c ...`` and ``t`` has ``c`` already."""
+    words = statement.split()
+    if words[:2] != ["ALTER", "TABLE"] or words[3:5] != ["ADD", "COLUMN"]:
+        return False
+    return any(r["name"] == words[5] for r in db.execute(f"PRAGMA table_info({words[2]})"))
 
 
 def _opt_str(value: Any) -> str | None:

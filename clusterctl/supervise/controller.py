@@ -20,7 +20,16 @@ from clusterctl.errors import UserError
 from clusterctl.launch.plan import read_secrets
 from clusterctl.store import paths
 from clusterctl.store.ledger import Ledger
-from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store, pid_alive, redact
+from clusterctl.store.state import (
+    ACTIVE_STATES,
+    SUPERVISOR_STALE_S,
+    InvalidTransition,
+    JobState,
+    Store,
+    pid_alive,
+    redact,
+    this_host,
+)
 from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
 from clusterctl.supervise.reconcile import Reconciled, reconcile
 from clusterctl.supervise.supervisor import Policy, Supervisor
@@ -35,7 +44,7 @@ def open_store(state_dir: str | None, secrets: Sequence[str] = ()) -> tuple[Path
 # the supervisor's heartbeat period: status calls a job unsupervised after STALE_S without one (3 beats). Each beat is
 # a wake and a SQLite write: at 1 s it was 0.5 ms of CPU a second, a sixth of a 3-node supervisor's (issue 15).
 HEARTBEAT_S = 3.0
-STALE_S = 10.0
+STALE_S = SUPERVISOR_STALE_S
 
 
 def spawn_supervisor(root: Path, job_id: str, *, accept_new: bool, adopt: bool = False) -> int:
@@ -178,7 +187,7 @@ def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *
             for line in complete.decode(errors="replace").splitlines():
                 echo(line)
         job = store.get_job(job_id)
-        done = stop_when_done and job.terminal and not (job.supervisor_pid and pid_alive(job.supervisor_pid))
+        done = stop_when_done and job.terminal and not live_supervisor(root, job)
         # an event waits until the log copy has caught up with it (the followers read each node once a second), so
         # "latest valid checkpoint ..." comes after the rank's own "checkpoint" line, not before it
         ripe = time.time() - LOG_LAG_S
@@ -192,8 +201,27 @@ def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *
         time.sleep(poll_s)
 
 
-def live_supervisor(root: Path, job) -> int | None:
-    """The pid of a live supervisor of ``job`` (from the DB claim or the pid file of one being started)."""
+def elsewhere(job, here: tuple[str, str] | None = None) -> str | None:
+    """The host of ``job``'s recorded supervisor when that is not this machine (another hostname, or this
+    hostname after a reboot: another boot id), else None. Its pid means nothing in this machine's /proc."""
+    if job.supervisor_pid is None or job.supervisor_host is None:
+        return None
+    if (job.supervisor_host, job.supervisor_boot) == (here or this_host()):
+        return None
+    return job.supervisor_host
+
+
+def beating(job, now: float | None = None) -> bool:
+    """The supervisor's last heartbeat is at most ``STALE_S`` old."""
+    now = time.time() if now is None else now
+    return job.supervisor_seen_at is not None and now - job.supervisor_seen_at <= STALE_S
+
+
+def live_supervisor(root: Path, job, now: float | None = None) -> int | None:
+    """The pid of a live supervisor of ``job``: a supervisor on another host with a fresh heartbeat (a shared
+    state dir), or a process here (from the DB claim or the pid file of one being started)."""
+    if elsewhere(job):
+        return job.supervisor_pid if beating(job, now) else None
     pid_file = paths.supervisor_pid_path(root, job.job_id)
     candidates = [job.supervisor_pid]
     if pid_file.exists():
@@ -223,16 +251,23 @@ def _is_supervisor(pid: int, job_id: str) -> bool:
 
 
 def supervision(root: Path, job, now: float | None = None) -> dict:
-    """Is clusterctl's own supervisor of ``job`` alive? ``{"pid", "alive", "last_seen", "supervised"}``.
-    An active job is supervised when a live process is its supervisor and its heartbeat is at most ``STALE_S``
-    old (a supervisor still starting up has a pid file but no heartbeat yet: it counts as alive)."""
+    """Is clusterctl's own supervisor of ``job`` alive? ``{"pid", "host", "elsewhere", "alive", "last_seen",
+    "supervised"}``. An active job is supervised when a live process is its supervisor and its heartbeat is at
+    most ``STALE_S`` old (a supervisor still starting up has a pid file but no heartbeat yet: it counts as alive).
+    A supervisor on another host (``elsewhere``: the state dir is shared) is alive while its heartbeat is fresh:
+    this machine's process table says nothing about it."""
     now = time.time() if now is None else now
-    live = live_supervisor(root, job)
+    other = elsewhere(job)
     seen = job.supervisor_seen_at
-    fresh = seen is None or now - seen <= STALE_S
-    alive = bool(live) and (fresh or job.supervisor_pid != live)
-    return {"pid": live or job.supervisor_pid, "alive": alive, "last_seen": seen,
-            "supervised": alive if not job.terminal else False}
+    if other:
+        alive = beating(job, now)
+        live = job.supervisor_pid
+    else:
+        live = live_supervisor(root, job)
+        fresh = seen is None or now - seen <= STALE_S
+        alive = bool(live) and (fresh or job.supervisor_pid != live)
+    return {"pid": live or job.supervisor_pid, "host": job.supervisor_host, "elsewhere": bool(other),
+            "alive": alive, "last_seen": seen, "supervised": alive if not job.terminal else False}
 
 
 def reconcile_job(root: Path, store: Store, job_id: str, options: ConnectOptions, *,

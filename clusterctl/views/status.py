@@ -60,7 +60,8 @@ def job_view(store: Store, job: Job, now: float | None = None, supervision: dict
                        for r in map(events_mod.relaunch_of, events) if r is not None],
         "restarts": budget_view(events, restarts, now),
         "supervised": sup["supervised"],
-        "supervisor": {"pid": sup["pid"], "alive": sup["alive"], "last_seen": sup["last_seen"]},
+        "supervisor": {"pid": sup["pid"], "alive": sup["alive"], "last_seen": sup["last_seen"],
+                       "host": sup.get("host", job.supervisor_host), "elsewhere": bool(sup.get("elsewhere"))},
         "supervisor_pid": job.supervisor_pid,
     }
 
@@ -121,8 +122,9 @@ def unsupervised(v: dict[str, Any]) -> bool:
 def unsupervised_line(v: dict[str, Any], now: float | None = None) -> str:
     sup = v["supervisor"]
     seen = f"last seen {_ago(sup['last_seen'], now)}" if sup["last_seen"] else "never seen"
+    where = f" on {sup['host']}" if sup.get("elsewhere") else ""
     return (f"UNSUPERVISED: job {v['job_id']} is {v['state']} but clusterctl's supervisor is not running "
-            f"(pid {sup['pid'] or '-'}, {seen}): nothing restarts it on failure. "
+            f"(pid {sup['pid'] or '-'}{where}, {seen}): nothing restarts it on failure. "
             f"Run: clusterctl resume {v['name']}")
 
 
@@ -140,7 +142,8 @@ def text(v: dict[str, Any], now: float | None = None) -> list[str]:
     p(f"job       {v['job_id']}  ({v['name']})")
     p(f"state     {v['state']}" + (f"  — {v['reason']}" if v["reason"] else ""))
     sup = v["supervisor"]
-    p(f"supervisor pid {sup['pid'] or '-'} " + ("alive" if sup["alive"] else "not running")
+    where = f" on {sup['host']} (supervised elsewhere: a shared state dir)" if sup.get("elsewhere") else ""
+    p(f"supervisor pid {sup['pid'] or '-'}{where} " + ("alive" if sup["alive"] else "not running")
       + (f", last heartbeat {_ago(sup['last_seen'], now)}" if sup["last_seen"] else ""))
     p(f"attempt   {v['attempt']}  started {_ago(v['started_at'], now)}  rendezvous {v['rendezvous_host'] or '-'}")
     p("nodes     " + ", ".join(_node_text(n) for n in v["nodes"]))

@@ -281,3 +281,44 @@ def test_resume_of_a_stopped_job_relaunches_from_the_start(env):
     assert job.state == JobState.RECOVERING
     assert record.from_job(job).checkpoint_override == "/ckpt/step-10"
     assert ws.store.events(out.job_id)[-1].kind == "resume"
+
+
+# ------------------------------------------------------------------------------------------- supervised elsewhere
+def _supervised_on(ws, job_id, host=("login2", "boot-of-login2"), pid=4242):
+    """The job claimed and beating by a supervisor on another host sharing this state dir."""
+    other = Store(ws.store.path, host=host)
+    assert other.claim_supervisor(job_id, pid)
+    assert other.heartbeat(job_id, pid)
+    other.close()
+
+
+@pytest.mark.parametrize("host", [("login2", "boot-of-login2"), None])   # None: this hostname, another boot id
+def test_a_supervisor_elsewhere_with_a_fresh_heartbeat_is_never_reconciled_or_relaunched(env, monkeypatch, host):
+    """Issue 34 item 3: a shared state dir. A supervisor on another host (or boot) is not in this machine's /proc:
+    while its heartbeat is fresh, `status` shows it supervised (where), reconciles nothing, and `resume` refuses
+    (exit 2) without touching a node."""
+    from clusterctl.supervise import controller
+    from clusterctl.views import status as status_mod
+
+    ws, world, spawn = env
+    out = launch(ws, world, spawn)
+    for s in (JobState.STARTING, JobState.RUNNING):
+        ws.store.set_state(out.job_id, s)
+    ws.store.start_attempt(out.job_id, 1, "n1", f"{out.job_id}-1", ["n1", "n2"])
+    host = host or (ws.store.host[0], "another-boot")
+    _supervised_on(ws, out.job_id, host)
+    monkeypatch.setattr(controller, "reconcile_job", lambda *a, **k: pytest.fail("reconciled a supervised job"))
+    world.connects.clear()
+    view = jobs.status(ws, "j", ConnectOptions(), connect=world.connect)
+    assert view["supervised"] is True and view["state"] == "RUNNING" and world.connects == []
+    assert view["supervisor"] == {"pid": 4242, "alive": True, "last_seen": view["supervisor"]["last_seen"],
+                                  "host": host[0], "elsewhere": True}
+    assert f"supervisor pid 4242 on {host[0]} (supervised elsewhere" in "\n".join(status_mod.text(view))
+    with pytest.raises(UserError, match=f"supervised elsewhere: supervisor pid 4242 on {host[0]}") as e:
+        jobs.resume(ws, jobs.ResumeRequest("j"), connect=world.connect, spawn=spawn)
+    assert e.value.exit_code == 2 and world.connects == [] and len(spawn.calls) == 1
+    assert ws.store.get_job(out.job_id).state == JobState.RUNNING
+    # its heartbeat gone stale: the supervisor is gone, wherever it ran: status reconciles again
+    stale = ws.store.get_job(out.job_id).supervisor_seen_at + controller.STALE_S + 1
+    assert controller.supervision(ws.root, ws.store.get_job(out.job_id), now=stale)["supervised"] is False
+    assert controller.live_supervisor(ws.root, ws.store.get_job(out.job_id), now=stale) is None

@@ -149,7 +149,8 @@ def test_supervision_says_unsupervised_when_the_pid_is_dead_or_the_heartbeat_is_
         store.set_state(job_id, JobState.STARTING)
         job = store.get_job(job_id)
         sup = controller.supervision(root, job, now=job.supervisor_seen_at + 1)
-        assert sup == {"pid": fake.pid, "alive": True, "last_seen": job.supervisor_seen_at, "supervised": True}
+        assert sup == {"pid": fake.pid, "alive": True, "last_seen": job.supervisor_seen_at, "supervised": True,
+                       "host": store.host[0], "elsewhere": False}
         old = controller.supervision(root, job, now=job.supervisor_seen_at + controller.STALE_S + 1)
         assert old["supervised"] is False          # alive but silent: a hung supervisor is no supervisor
     finally:

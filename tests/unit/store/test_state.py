@@ -17,6 +17,7 @@ from clusterctl.errors import ClusterctlError, UserError
 from clusterctl.store import paths
 from clusterctl.store.state import (
     SCHEMA_VERSION,
+    SUPERVISOR_STALE_S,
     TRANSITIONS,
     Attempt,
     Event,
@@ -424,3 +425,56 @@ def test_store_redacts_free_text(root: Path) -> None:
     store.close()
     stored = b"".join(f.read_bytes() for f in root.glob("state.db*"))
     assert secret.encode() not in stored
+
+
+def test_a_claim_records_the_host_and_a_supervisor_elsewhere_is_judged_by_its_heartbeat(root: Path) -> None:
+    """Issue 34 item 3: a shared state dir. The pid of a supervisor on another host (or an earlier boot) says
+    nothing here: its claim stands while its heartbeat is fresh, whatever this machine's /proc says."""
+    t = {"now": 1_800_000_000.0}
+    here = Store(paths.db_path(root), clock=lambda: t["now"], host=("login1", "boot-a"), pid_alive=lambda p: False)
+    there = Store(paths.db_path(root), clock=lambda: t["now"], host=("login2", "boot-b"),
+                  pid_alive=lambda p: pytest.fail("a pid of another host looked up here"))
+    job_id = here.create_job("llm", SPEC, None, None)
+    assert there.claim_supervisor(job_id, 77)
+    job = here.get_job(job_id)
+    assert (job.supervisor_pid, job.supervisor_host, job.supervisor_boot) == (77, "login2", "boot-b")
+    t["now"] += 8
+    assert not here.heartbeat(job_id, 77)            # the same pid here is another process: not its beat
+    assert there.heartbeat(job_id, 77)
+    t["now"] += 9
+    assert not here.claim_supervisor(job_id, 78)     # its beat is 9 s old: it lives (here its pid looks dead)
+    assert not here.release_supervisor(job_id, 77)   # only the holder, on its host, releases
+    t["now"] += SUPERVISOR_STALE_S
+    assert here.claim_supervisor(job_id, 78)         # silent for longer than the limit: gone
+    assert (here.get_job(job_id).supervisor_host, here.get_job(job_id).supervisor_boot) == ("login1", "boot-a")
+    rebooted = Store(paths.db_path(root), clock=lambda: t["now"], host=("login1", "boot-c"),
+                     pid_alive=lambda p: pytest.fail("a pid of an earlier boot looked up"))
+    assert not rebooted.claim_supervisor(job_id, 79)   # login1's earlier boot beat just now (clock unchanged)
+
+
+def test_the_journal_is_wal_on_a_local_disk_and_a_rollback_journal_on_a_network_file_system(tmp_path: Path) -> None:
+    """Issue 34 item 3: https://sqlite.org/wal.html -- WAL does not work over a network file system."""
+    from clusterctl.store.state import journal_mode
+
+    mounts = ("/dev/sda1 / ext4 rw 0 0\n"
+              "nas:/export /shared nfs4 rw,vers=4.2 0 0\n"
+              "mds@tcp:/lfs /lustre lustre rw,flock 0 0\n"
+              "tmpfs /shared/tmp tmpfs rw 0 0\n"
+              "nas:/x /mnt/with\\040space nfs rw 0 0\n")
+    assert journal_mode("/shared/u/state/state.db", mounts) == "delete"
+    assert journal_mode("/lustre/state/state.db", mounts) == "delete"
+    assert journal_mode("/mnt/with space/state.db", mounts) == "delete"
+    assert journal_mode("/shared/tmp/state.db", mounts) == "wal"       # a local mount below a network one
+    assert journal_mode("/home/u/state.db", mounts) == "wal"
+    assert journal_mode("/sharedx/state.db", mounts) == "wal"          # a prefix of the name is not the mount
+    assert paths.filesystem_type("/x", "") is None
+    db = tmp_path / "state.db"
+    store = Store(db, journal="delete")                                # what a network file system gets
+    job_id = store.create_job("llm", SPEC, None, None)
+    other = Store(db, journal="delete")
+    other.add_event(job_id, "x", "from another process")
+    assert [e.message for e in store.events(job_id)] == ["from another process"]
+    raw = sqlite3.connect(db)
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    raw.close()
+    assert not list(tmp_path.glob("state.db-wal")) and not list(tmp_path.glob("state.db-shm"))

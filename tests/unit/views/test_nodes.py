@@ -30,7 +30,7 @@ def test_schema_2_database_is_migrated(tmp_path):
     raw.close()
     s = Store(path)
     s.cordon("n1", "bad")
-    assert list(s.cordons()) == ["n1"] and SCHEMA_VERSION == 3
+    assert list(s.cordons()) == ["n1"] and SCHEMA_VERSION >= 3
     s.close()
 
 
