@@ -19,6 +19,9 @@ from clusterctl.errors import InputError, UserError
 CONNECTIONS = ("ssh", "local", "srun")
 RUNTIMES = ("docker", "podman", "bare")
 
+# clusterctl_infiniband's values -> Host.infiniband (None: auto, decided on the node at the job's first start)
+INFINIBAND: dict[Any, bool | None] = {"auto": None, True: True, False: False}
+
 # var name -> (python type(s), description). Unknown ansible_*/clusterctl_* keys are errors.
 KNOWN_VARS: dict[str, tuple[tuple[type, ...], str]] = {
     "ansible_host": ((str,), "address to connect to (default: the host's name)"),
@@ -30,6 +33,8 @@ KNOWN_VARS: dict[str, tuple[tuple[type, ...], str]] = {
     "clusterctl_runtime": ((str,), "docker (default) | podman | bare"),
     "clusterctl_gpus": ((int,), "expected GPU count; 0 = CPU host"),
     "clusterctl_interface": ((str,), "NIC for NCCL/Gloo traffic (default: the NIC carrying the address)"),
+    "clusterctl_infiniband": ((str, bool), "auto (default: on where /dev/infiniband/uverbs* exist) | true | false: "
+                                           "containers get /dev/infiniband, IPC_LOCK and an unlimited memlock"),
     "clusterctl_known_hosts": ((str,), "extra known_hosts file for this host"),
     "clusterctl_slurm_job_id": ((str, int), "srun connection: the allocation to run steps in (default: "
                                              "$SLURM_JOB_ID)"),
@@ -116,6 +121,7 @@ class Host:
     runtime: str = "docker"
     gpus: int | None = None
     interface: str | None = None
+    infiniband: bool | None = None       # clusterctl_infiniband: None = auto (on where /dev/infiniband/uverbs*)
     known_hosts: str | None = None
     proxy_jump: str | None = None
     groups: tuple[str, ...] = ()
@@ -354,7 +360,7 @@ class _Parser:
                     hint = difflib.get_close_matches(k, list(KNOWN_VARS), 1)
                     self.err(vars_, k, "unknown variable" + (f" (did you mean {hint[0]!r}?)" if hint else ""), dotted=k)
                 types, _ = KNOWN_VARS[k]
-                if isinstance(v, bool) or not isinstance(v, types):
+                if (isinstance(v, bool) and bool not in types) or not isinstance(v, types):
                     want = " or ".join(t.__name__ for t in types).replace("str", "string").replace("int", "integer")
                     self.err(vars_, k, f"must be {want}, got {type(v).__name__} {v!r}", dotted=k)
                 self.check_value(vars_, k, v)
@@ -368,6 +374,8 @@ class _Parser:
             self.err(vars_, k, f"must be a GPU count 0..{MAX_GPUS_PER_HOST}, got {v}", dotted=k)
         if k in ("clusterctl_connection", "ansible_connection") and v not in CONNECTIONS:
             self.err(vars_, k, f"must be one of {', '.join(CONNECTIONS)}, got {v!r}", dotted=k)
+        if k == "clusterctl_infiniband" and v not in INFINIBAND:
+            self.err(vars_, k, f"must be auto, true or false, got {v!r}", dotted=k)
         if k == "clusterctl_slurm_job_id" and not str(v).isdigit():
             self.err(vars_, k, f"must be a Slurm job id (digits), got {v!r}", dotted=k)
         if k == "clusterctl_runtime" and v not in RUNTIMES:
@@ -415,6 +423,7 @@ class _Parser:
                 runtime=merged.get("clusterctl_runtime", "docker"),
                 gpus=merged.get("clusterctl_gpus"),
                 interface=merged.get("clusterctl_interface"),
+                infiniband=INFINIBAND[merged.get("clusterctl_infiniband", "auto")],
                 known_hosts=self.path_from_here(merged.get("clusterctl_known_hosts")),
                 proxy_jump=merged.get("clusterctl_proxy_jump"),
                 groups=tuple(g for g in groups),
