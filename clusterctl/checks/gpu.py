@@ -98,6 +98,18 @@ def parse_nvidia_smi(output: str, rc: int = 0) -> dict[str, Any]:
     return {"error": error if (rc != 0 or not gpus) else None, "gpus": gpus}
 
 
+_LIST_RE = re.compile(r"^GPU (\d+): (.+?) \(UUID: ([^)]+)\)\s*$")
+
+
+def parse_nvidia_smi_list(output: str, rc: int = 0) -> dict[str, Any]:
+    """``nvidia-smi -L`` (``GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)``; MIG devices, indented ``MIG ...``
+    lines, are not GPUs) -> {"gpus": [{"index", "name", "uuid"}], "error"}."""
+    gpus = [{"index": int(m.group(1)), "name": m.group(2), "uuid": m.group(3)}
+            for m in map(_LIST_RE.match, output.splitlines()) if m]
+    error = None if rc == 0 and gpus else (first_line(output) or (f"exit {rc}" if rc else "no GPU listed"))
+    return {"gpus": gpus if rc == 0 else [], "error": error}
+
+
 def _smi(p: HostProbe) -> tuple[dict[str, Any] | None, CheckResult | None]:
     """(parsed, None) or (None, a fail/skip for gpu_driver)."""
     sec: Section | None = p.sections.get("nvidia_smi")

@@ -24,6 +24,7 @@ CHECKS: tuple[Check, ...] = (
 )
 PROBES: tuple[Probe, ...] = (
     cluster.HOSTNAME, gpu.NVIDIA_SMI, runtime.INFO, runtime.NVIDIA_CTK, runtime.CDI_LIST, runtime.IMAGE_PROBE,
+    runtime.NVIDIA_HOOK, runtime.GPU_RUN,
     network.SS, storage.DF_CHECKPOINT, storage.DF_RUNTIME, system.TIMEDATECTL, network.IP_ADDR, network.IP_LINK,
     network.SSH_CONN, network.GETENT, entry.ENTRY,
 )

@@ -267,9 +267,11 @@ def test_unknown_host_key_fails_ssh_with_a_hint_and_accept_new_records_it(pf, ho
 
 
 # ------------------------------------------------------------------------------------------------ a real dockerd
-# Two hosts, each with its own Docker Engine: node1 holds the image, node2 does not. Both have stub GPUs (the
-# daemon has no nvidia runtime and CDI off: docker 20.10), so nvidia_toolkit meets a real `docker info` too.
-DOCKER_PROFILES = [profile(gpus=2), profile(gpus=2, image=False)]
+# Two hosts, each with its own Docker Engine: node1 holds the image, node2 does not. Both have stub GPUs and no
+# registered nvidia runtime, CDI off (docker 20.10). node1's dockerd has the stub nvidia-container-runtime-hook on
+# its PATH (so it offers --gpus: moby daemon/nvidia_linux.go) and passes on a real GPU container; node2 has no hook
+# and no image to run, so nvidia_toolkit judges its configuration (a real `docker info`) and fails with both fixes.
+DOCKER_PROFILES = [profile(gpus=2), profile(gpus=2, image=False, hook=False)]
 
 
 @pytest.fixture(scope="module")
@@ -308,9 +310,14 @@ def test_docker_daemon_up_image_present_missing_and_pull(dpf, home):
         rt = by[n]["container_runtime"]
         assert rt["status"] == "pass" and rt["data"]["flavor"] == "docker", rt
         assert rt["detail"].startswith("docker 20.10") and "podman" not in rt["detail"], rt
-        tk = by[n]["nvidia_toolkit"]     # real `docker info`: no nvidia runtime, no CDI -> both fixes
-        assert tk["status"] == "fail" and "CDI not enabled" in tk["detail"], tk
-        assert "nvidia-ctk runtime configure --runtime=docker" in tk["hint"] and '"cdi": true' in tk["hint"], tk
+    tk = by["node1"]["nvidia_toolkit"]   # no nvidia runtime, but the hook on dockerd's PATH: a GPU container runs
+    assert tk["status"] == "pass" and "--gpus=all" in tk["detail"], tk
+    assert (tk["data"]["gpu_flags"], tk["data"]["container_gpus"], tk["data"]["host_gpus"]) == ("gpus", 2, 2), tk
+    assert "nvidia" not in tk["data"]["runtimes"], tk
+    tk = by["node2"]["nvidia_toolkit"]   # real `docker info`: no nvidia runtime, no hook, no CDI -> both fixes
+    assert tk["status"] == "fail" and "CDI not enabled" in tk["detail"], tk
+    assert "no nvidia-container-runtime-hook" in tk["detail"], tk
+    assert "nvidia-ctk runtime configure --runtime=docker" in tk["hint"] and '"cdi": true' in tk["hint"], tk
     assert by["node1"]["image"]["status"] == "pass", by["node1"]["image"]
     img = by["node2"]["image"]
     assert img["status"] == "fail" and "not present" in img["detail"], img

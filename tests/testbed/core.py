@@ -147,7 +147,7 @@ class Testbed:
             system.ensure_user(self.user, self.home)
             for h in self.hosts:              # the daemons start while the rest is built (they take seconds)
                 if h.daemon is not None:
-                    dockerd.spawn(h.daemon, h.ns, h.name)
+                    dockerd.spawn(h.daemon, h.ns, h.name, path=str(h.bin_dir))
             self._start_slurm()
             self._setup_images()
             for h in self.hosts:
@@ -306,7 +306,7 @@ class Testbed:
     def start_dockerd(self, host) -> None:
         h = self.host(host)
         if h.daemon is not None and dockerd.pid(h.daemon) is None:
-            dockerd.spawn(h.daemon, h.ns, h.name)
+            dockerd.spawn(h.daemon, h.ns, h.name, path=str(h.bin_dir))
             dockerd.wait_ready({h.name: h.daemon}, timeout=60)
 
     def docker_cli(self, host, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:

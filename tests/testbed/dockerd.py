@@ -56,16 +56,18 @@ def argv(d: Daemon) -> list[str]:
             "--log-level=warn"]
 
 
-def spawn(d: Daemon, ns: str, hostname: str) -> None:
+def spawn(d: Daemon, ns: str, hostname: str, path: str | None = None) -> None:
     """Start the daemon in the host's netns, detached (``setsid -f``: its own session, not our child, so no zombie
-    is left in this process when it stops), output to ``d.log``."""
+    is left in this process when it stops), output to ``d.log``. ``path``: put first on its PATH (the host's stub
+    bin: dockerd offers ``--gpus`` when nvidia-container-runtime-hook is on its PATH at start)."""
+    env = dict(os.environ, PATH=f"{path}:{os.environ.get('PATH', '')}") if path else None
     d.data_root.mkdir(parents=True, exist_ok=True)
     d.exec_root.mkdir(parents=True, exist_ok=True)
     script = 'hostname "$1" && shift && exec "$@"'
     with open(d.log, "ab") as log:
         subprocess.run(["setsid", "-f", "nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "sh", "-c", script,
                         "sh", hostname, *argv(d)], stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
-                       check=True, timeout=30)
+                       check=True, timeout=30, env=env)
 
 
 def pid(d: Daemon) -> int | None:

@@ -17,6 +17,9 @@ toolkit             True (False if gpus == 0)  nvidia-ctk + nvidia-container-cli
 toolkit_version     "1.14.6"                   ``nvidia-ctk --version``
 cdi                 True (False if gpus == 0)  ``nvidia-ctk cdi list`` lists the GPUs
 image               True                       ``localhost/pytorch-cuda:v2.7-ssh`` in the host's store
+hook                toolkit                    ``nvidia-container-runtime-hook`` in the stub bin (a docker
+                                               testbed's dockerd has the stub bin on its PATH, so ``--gpus``
+                                               works: see ``_HOOK``)
 docker              False                      a ``docker`` shim (``exec podman "$@"``) in the stub bin
                                                (without it, ``docker`` is whatever /usr/local/bin or /usr/bin
                                                hold: on the dev image a real docker CLI with no daemon)
@@ -74,11 +77,12 @@ import sys
 from pathlib import Path
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
+HOOK = "nvidia-container-runtime-hook"
 
 
 def profile(**overrides) -> dict:
     """A complete profile: defaults, then ``overrides``; per-GPU lists sized to ``gpus``."""
-    unknown = set(overrides) - set(_DEFAULTS) - {"ecc_uncorrectable", "retired_pending", "toolkit", "cdi"}
+    unknown = set(overrides) - set(_DEFAULTS) - {"ecc_uncorrectable", "retired_pending", "toolkit", "cdi", "hook"}
     if unknown:
         raise ValueError(f"unknown profile keys: {sorted(unknown)}")
     p = dict(_DEFAULTS)
@@ -86,6 +90,7 @@ def profile(**overrides) -> dict:
     n = int(p["gpus"])
     p.setdefault("toolkit", n > 0)
     p.setdefault("cdi", n > 0)
+    p.setdefault("hook", bool(p["toolkit"]))
     p["ecc_uncorrectable"] = list(p.get("ecc_uncorrectable") or [0] * n)
     p["retired_pending"] = [bool(x) for x in (p.get("retired_pending") or [False] * n)]
     if len(p["ecc_uncorrectable"]) != n or len(p["retired_pending"]) != n:
@@ -114,7 +119,7 @@ def gpu_uuid(host_index: int, gpu: int) -> str:
 def write_stubs(bin_dir: Path, prof: dict, host_index: int) -> None:
     """(Re)write the stub tools for one host into ``bin_dir``."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("nvidia-smi", "nvidia-ctk", "nvidia-container-cli", "docker"):
+    for name in ("nvidia-smi", "nvidia-ctk", "nvidia-container-cli", "docker", HOOK):
         (bin_dir / name).unlink(missing_ok=True)
     data = dict(prof, uuids=[gpu_uuid(host_index, i) for i in range(prof["gpus"])])
     (bin_dir / "profile.json").write_text(json.dumps(data, indent=1))
@@ -124,6 +129,10 @@ def write_stubs(bin_dir: Path, prof: dict, host_index: int) -> None:
     if prof["toolkit"]:
         _script(bin_dir / "nvidia-ctk", header + _NVIDIA_CTK)
         _script(bin_dir / "nvidia-container-cli", header + _NVIDIA_CONTAINER_CLI)
+    if prof["hook"]:
+        mounts = sorted({str(Path(sys.base_prefix).resolve()), str(bin_dir.resolve())} - {"/usr", "/"})
+        _script(bin_dir / HOOK, header + f"PYTHON = {os.path.realpath(sys.executable)!r}\nMOUNTS = {mounts!r}\n"
+                + _HOOK)
     if prof["docker"]:
         _script(bin_dir / "docker", '#!/bin/sh\nexec podman "$@"\n')
 
@@ -239,3 +248,41 @@ if "info" in args:
 sys.stderr.write("Usage: nvidia-container-cli [OPTION...] COMMAND\n")
 sys.exit(1)
 '''
+
+# nvidia-container-runtime-hook, as dockerd calls it (moby daemon/nvidia_linux.go: a prestart hook, argv
+# ``nvidia-container-runtime-hook prestart``, added when the container asks for the ``gpu`` capability, e.g.
+# ``--gpus=all``, which sets NVIDIA_VISIBLE_DEVICES). The OCI runtime passes the container's state on stdin
+# (runtime-spec config.md "Hooks": ociVersion, id, status, pid, bundle); like the real hook (libnvidia-container's
+# ``nvidia-container-cli configure``) it enters the container's mount namespace before pivot_root and mounts the
+# driver's files into the rootfs: here the stub nvidia-smi at /usr/bin/nvidia-smi, with what the stub needs to run
+# (the host's libraries, its Python, its profile). NVIDIA_VISIBLE_DEVICES=void/none or unset: nothing (as the real
+# hook does). A failure prints the real hook's error shape and exits 1 (the container does not start).
+_HOOK = r"""
+import json, os, subprocess, sys
+if sys.argv[1:2] != ["prestart"]:
+    sys.exit(0)
+state = json.load(sys.stdin)
+bundle = state["bundle"]
+cfg = json.load(open(os.path.join(bundle, "config.json")))
+env = dict(e.split("=", 1) for e in cfg.get("process", {}).get("env", []) if "=" in e)
+if env.get("NVIDIA_VISIBLE_DEVICES", "void") in ("", "void", "none"):
+    sys.exit(0)
+root = cfg["root"]["path"]
+root = root if os.path.isabs(root) else os.path.join(bundle, root)
+binds = [(d, d) for d in ("/usr/lib", "/usr/lib64", "/usr/lib32") if os.path.isdir(d)]
+binds += [(m, m) for m in MOUNTS] + [(PYTHON, PYTHON), (os.path.join(os.path.dirname(PROFILE), "nvidia-smi"),
+                                                       "/usr/bin/nvidia-smi")]
+script = ['set -e']
+for src, dst in binds:
+    t = root + dst
+    if os.path.isdir(src):
+        script.append('mkdir -p "%s"' % t)
+    else:
+        script.append('mkdir -p "%s" && { [ -e "%s" ] || : > "%s"; }' % (os.path.dirname(t), t, t))
+    script.append('mount --bind "%s" "%s"' % (src, t))
+r = subprocess.run(["nsenter", "--mount=/proc/%d/ns/mnt" % state["pid"], "--", "sh", "-c", "\n".join(script)],
+                   capture_output=True, text=True, timeout=20)
+if r.returncode != 0:
+    sys.stderr.write("nvidia-container-cli: mount error: %s\n" % (r.stderr.strip() or r.returncode))
+    sys.exit(1)
+"""

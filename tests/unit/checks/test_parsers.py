@@ -7,10 +7,16 @@ from pathlib import Path
 import pytest
 
 from clusterctl.checks.cluster import parse_listener, parse_peer
-from clusterctl.checks.gpu import parse_nvidia_smi
+from clusterctl.checks.gpu import parse_nvidia_smi, parse_nvidia_smi_list
 from clusterctl.checks.network import parse_ip_addr, parse_ip_link, parse_ss_listen
 from clusterctl.checks.probe import parse_sections
-from clusterctl.checks.runtime import parse_cdi_list, parse_image_inspect, parse_nvidia_ctk_version, parse_runtime_info
+from clusterctl.checks.runtime import (
+    parse_cdi_list,
+    parse_gpu_run,
+    parse_image_inspect,
+    parse_nvidia_ctk_version,
+    parse_runtime_info,
+)
 from clusterctl.checks.storage import parse_df
 from clusterctl.checks.system import parse_epoch, parse_timedatectl
 
@@ -19,7 +25,7 @@ PARSERS = {
     "nvidia_ctk_version": parse_nvidia_ctk_version, "cdi_list": parse_cdi_list, "image_inspect": parse_image_inspect,
     "ss_listen": parse_ss_listen, "ip_addr": parse_ip_addr, "ip_link": parse_ip_link, "df": parse_df,
     "epoch": parse_epoch, "timedatectl": parse_timedatectl, "sections": parse_sections,
-    "listener": parse_listener, "peer": parse_peer,
+    "listener": parse_listener, "peer": parse_peer, "nvidia_smi_list": parse_nvidia_smi_list, "gpu_run": parse_gpu_run,
 }
 ROOT = Path(__file__).resolve().parents[2] / "fixtures" / "checks"
 FIXTURES = sorted(ROOT.glob("*/*.json"))
