@@ -51,18 +51,21 @@ def parse_node_records(text: str) -> dict[str, dict[str, str]]:
     values never hold spaces in one-line mode except OS=, Reason= which are kept up to the next key)."""
     out: dict[str, dict[str, str]] = {}
     for line in text.splitlines():
-        fields: dict[str, str] = {}
+        fields: dict[str, list[str]] = {}     # words joined once at the end (+= per word was quadratic)
         key = None
         for word in line.split(" "):
-            m = re.match(r"^([A-Za-z][A-Za-z0-9_]*)=(.*)$", word)
+            m = _KEY.match(word)
             if m:
                 key = m.group(1)
-                fields[key] = m.group(2)
+                fields[key] = [word[m.end():]]
             elif key is not None and word:
-                fields[key] += " " + word
+                fields[key].append(word)
         if "NodeName" in fields:
-            out[fields["NodeName"]] = fields
+            out[" ".join(fields["NodeName"])] = {k: " ".join(v) for k, v in fields.items()}
     return out
+
+
+_KEY = re.compile(r"([A-Za-z][A-Za-z0-9_]*)=")
 
 
 def gres_gpus(gres: str | None) -> int | None:
@@ -71,7 +74,7 @@ def gres_gpus(gres: str | None) -> int | None:
         return None
     total, seen = 0, False
     for item in gres.split(","):
-        parts = re.sub(r"\(.*?\)", "", item).split(":")
+        parts = _without_parens(item).split(":")
         if parts[0] != "gpu":
             continue
         seen = True
@@ -80,6 +83,17 @@ def gres_gpus(gres: str | None) -> int | None:
         else:
             total += 1
     return total if seen else None
+
+
+def _without_parens(text: str) -> str:
+    """``text`` without its ``(...)`` parts, as ``re.sub(r"\\(.*?\\)", "", text)`` but linear (that regex
+    rescans the rest of the text from every unclosed ``(``: quadratic)."""
+    kept, pos = [], 0
+    while (i := text.find("(", pos)) >= 0 and (j := text.find(")", i)) >= 0:
+        kept.append(text[pos:i])
+        pos = j + 1
+    kept.append(text[pos:])
+    return "".join(kept)
 
 
 def gpus_on_node(env: Mapping[str, str]) -> int | None:

@@ -55,6 +55,19 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+# run(): each of stdout and stderr keeps at most its last MAX_OUTPUT bytes (a node printing without end must not
+# exhaust the controller's memory); the tail is where the errors are. Every transport's ``run`` keeps to it.
+MAX_OUTPUT = 8 << 20
+
+
+def append_bounded(buf: bytearray, data: bytes, limit: int | None = None) -> None:
+    """``buf += data``, keeping its last ``limit`` (default ``MAX_OUTPUT``) bytes."""
+    limit = MAX_OUTPUT if limit is None else limit
+    buf += data
+    if len(buf) > limit:
+        del buf[: len(buf) - limit]
+
+
 def readable(fd: int, timeout: float) -> bool:
     """Wait up to ``timeout`` s for ``fd`` to be readable. ``poll``, not ``select.select``: select refuses fds >=
     1024, which a controller holding a connection and a few pipes per node passes at about 200 nodes."""

@@ -3,17 +3,23 @@
 Each command is ``srun --overlap --nodes=1 --ntasks=1 -w HOST [--jobid=ID] -- ARGV`` run with subprocess on
 this machine: inside an allocation (``SLURM_JOB_ID`` set, e.g. under ``salloc`` or in an ``sbatch`` script) the
 step joins it, ``--overlap`` lets it share the allocation's CPUs with the training steps already running. The
-step runs as the submitting user in the node's environment (``srun`` exports ours, as Slurm does by default).
+step runs as the submitting user with only the variables ``EXPORT`` names (and Slurm's own ``SLURM_*``): not
+Slurm's default ``--export=ALL``, which gave every step the supervisor's whole environment (``secret_env``
+values, webhook URLs) to show in the nodes' ``/proc/PID/environ``. What a step needs of the job's environment
+travels as the command's argv or stdin, as over SSH.
 
 Semantics as SSH's (transport/ssh.py): a command's exit status is a value (``CommandResult``); a step that
 Slurm could not start (node down, not in the allocation, allocation gone) raises ``TransportError``; a command
 past its timeout raises ``CommandTimeout`` after the step is signalled (SIGTERM through srun, then SIGKILL).
+``run`` keeps the last ``MAX_OUTPUT`` bytes of each of stdout and stderr, as SSH does (a node printing without end
+must not exhaust the controller's memory).
 ``HOST`` is the inventory name, which must be the Slurm node name (``-i slurm`` makes it so).
 """
 from __future__ import annotations
 
 import os
 import re
+import selectors
 import signal
 import subprocess
 import threading
@@ -21,18 +27,36 @@ import time
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from clusterctl.errors import CommandTimeout, TransportError
-from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run, readable
+from clusterctl.transport.base import CommandResult, ConnectOptions, append_bounded, put_via_run, readable
 
 if TYPE_CHECKING:
     from clusterctl.config.inventory import Host
 
 SRUN = "srun"
+# What a step takes from our environment (``--export``; Slurm adds the ``SLURM_*`` variables; a name we do not
+# have is left out): what an SSH login session has, and the container engines' addresses.
+EXPORT = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "TZ", "TMPDIR", "XDG_RUNTIME_DIR",
+          "DOCKER_HOST", "CONTAINER_HOST")
 # srun's own failures (the step never ran), as opposed to the command's non-zero exit: srun prints them as
 # "srun: error: ..." and exits 1. These mean "the node cannot be reached", which SSH reports as a connect error.
-_STEP_FAILED = re.compile(
-    r"^srun: error: (Unable to create step|Unable to confirm allocation|Job allocation \d+ has been revoked|"
-    r"Invalid job id|Unable to allocate resources|.*[Nn]ode.* (not|is) (in|down|drain)|Requested node configuration"
-    r"|.*Slurm backup controller|.*Unable to contact slurm controller|Application launch failed)", re.M)
+# Matched line by line with prefixes and substrings (a regex of ``.*`` alternatives was quadratic in a line's
+# length: 1.1 s for 39 KB of stderr).
+_ERROR = "srun: error: "
+_STEP_FAILED_PREFIXES = ("Unable to create step", "Unable to confirm allocation", "Invalid job id",
+                         "Unable to allocate resources", "Requested node configuration", "Application launch failed")
+_STEP_FAILED_WORDS = ("Slurm backup controller", "Unable to contact slurm controller")
+_REVOKED = re.compile(r"Job allocation \d+ has been revoked")
+_NODE_STATE = re.compile(r" (?:not|is) (?:in|down|drain)")
+
+
+def _step_failed(message: str) -> bool:
+    """Is ``message`` (an ``srun: error:`` line without that prefix) one of srun's own failures? Linear."""
+    if message.startswith(_STEP_FAILED_PREFIXES) or any(w in message for w in _STEP_FAILED_WORDS):
+        return True
+    if _REVOKED.match(message):
+        return True
+    first = min((i for i in (message.find("node"), message.find("Node")) if i >= 0), default=-1)
+    return first >= 0 and _NODE_STATE.search(message, first + 4) is not None
 
 
 def job_id(env: Mapping[str, str] | None = None) -> str | None:
@@ -43,7 +67,8 @@ def job_id(env: Mapping[str, str] | None = None) -> str | None:
 
 def srun_argv(node: str, argv: Sequence[str], *, jobid: str | None, unbuffered: bool = False) -> list[str]:
     """The srun command line for one node command (pure; tested by equality)."""
-    out = [SRUN, "--overlap", "--nodes=1", "--ntasks=1", "-w", node, "--quiet", "--kill-on-bad-exit=0"]
+    out = [SRUN, "--overlap", "--nodes=1", "--ntasks=1", "-w", node, "--quiet", "--kill-on-bad-exit=0",
+           "--export=" + ",".join(EXPORT)]
     if jobid:
         out.append(f"--jobid={jobid}")
     if unbuffered:
@@ -63,8 +88,8 @@ def step_failure(exit_code: int, stderr: str) -> str | None:
     """The srun error line when srun itself failed to run the step, else None (the command's own exit)."""
     if exit_code == 0:
         return None
-    m = _STEP_FAILED.search(stderr)
-    return stderr[m.start():].splitlines()[0] if m else None
+    return next((line for line in stderr.split("\n")
+                 if line.startswith(_ERROR) and _step_failed(line[len(_ERROR):])), None)
 
 
 class SrunTransport:
@@ -86,10 +111,13 @@ class SrunTransport:
         except OSError as e:
             raise TransportError(self.host.name, f"cannot run {SRUN}: {e.strerror}") from None
         try:
-            out, err = p.communicate(stdin or b"", timeout=timeout)
+            out, err = _communicate(p, stdin or b"", start + timeout)
         except subprocess.TimeoutExpired:
             _end(p)
             raise CommandTimeout(self.host.name, f"command timed out after {timeout:g}s: {argv[0]}") from None
+        finally:
+            for f in (p.stdin, p.stdout, p.stderr):
+                f.close()
         stderr = err.decode(errors="replace")
         if (failed := step_failure(p.returncode, stderr)) is not None:
             raise TransportError(self.host.name, f"srun could not run a step on {self.host.name}: {failed}")
@@ -157,6 +185,48 @@ class SrunStream:
         if self.proc.poll() is None:
             _end(self.proc)
         self.proc.stdout.close()
+
+
+def _communicate(p: subprocess.Popen, stdin: bytes, deadline: float) -> tuple[bytes, bytes]:
+    """``p.communicate(stdin)`` until ``deadline`` (``time.monotonic``), keeping the last ``MAX_OUTPUT`` bytes of
+    each of stdout and stderr (``communicate`` keeps everything). ``subprocess.TimeoutExpired`` at the deadline."""
+    bufs = {p.stdout.fileno(): bytearray(), p.stderr.fileno(): bytearray()}
+    out, err = bufs.values()
+    left = memoryview(stdin)
+    with selectors.DefaultSelector() as sel:
+        for fd in bufs:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        if left:
+            os.set_blocking(p.stdin.fileno(), False)
+            sel.register(p.stdin.fileno(), selectors.EVENT_WRITE)
+        else:
+            p.stdin.close()
+        reading = len(bufs)
+        while reading or left:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                raise subprocess.TimeoutExpired(p.args, 0)
+            for key, _ in sel.select(wait):
+                if key.fd in bufs:
+                    data = os.read(key.fd, 65536)
+                    if data:
+                        append_bounded(bufs[key.fd], data)
+                    else:
+                        sel.unregister(key.fd)
+                        reading -= 1
+                    continue
+                try:
+                    left = left[os.write(key.fd, left[:65536]):]
+                except BlockingIOError:
+                    continue
+                except BrokenPipeError:     # the command does not read its input (it may have ended)
+                    left = left[:0]
+                if not left:
+                    sel.unregister(key.fd)
+                    p.stdin.close()
+    p.wait(max(0.0, deadline - time.monotonic()) or 0.01)
+    return bytes(out), bytes(err)
 
 
 def _end(p: subprocess.Popen, grace: float = 2.0) -> None:

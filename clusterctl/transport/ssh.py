@@ -35,7 +35,8 @@ from paramiko.hostkeys import HostKeyEntry, HostKeys
 from tenacity import Retrying, retry_if_exception, wait_random_exponential
 
 from clusterctl.errors import AuthError, CommandTimeout, ConnectError, HostKeyError, TransportError
-from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run, quote, readable
+from clusterctl.transport.base import (MAX_OUTPUT, CommandResult, ConnectOptions, append_bounded, put_via_run,
+                                      quote, readable)
 
 if TYPE_CHECKING:
     from clusterctl.config.inventory import Host
@@ -50,9 +51,6 @@ STREAM_WRAPPER = ('exec 3<&0; "$@" 3<&- </dev/null & p=$!; '
                   '{ cat <&3 >/dev/null 2>&1; kill "$p" 2>/dev/null; } & w=$!; '
                   'exec 3<&-; wait "$p"; rc=$?; kill "$w" 2>/dev/null; exit "$rc"')
 _known_hosts_lock = threading.Lock()
-# run(): each of stdout and stderr keeps at most its last MAX_OUTPUT bytes (a node printing without end must not
-# exhaust the controller's memory); the tail is where the errors are
-MAX_OUTPUT = 8 << 20
 # paramiko's transport thread wakes at its socket's timeout (0.1 s by default) to look for a close and a keepalive
 # due: ~0.6 ms of CPU per second per idle connection, 0.06 % of a core per supervised node. Once connected, a wake
 # a second is enough: keepalives are whole seconds, and close() shuts the socket down so the thread ends at once.
@@ -60,10 +58,7 @@ IDLE_WAKE_S = 1.0
 
 
 def _append_bounded(buf: bytearray, data: bytes, limit: int | None = None) -> None:
-    limit = MAX_OUTPUT if limit is None else limit
-    buf += data
-    if len(buf) > limit:
-        del buf[: len(buf) - limit]
+    append_bounded(buf, data, MAX_OUTPUT if limit is None else limit)   # ssh.MAX_OUTPUT: tests lower it
 
 
 @dataclass(frozen=True)

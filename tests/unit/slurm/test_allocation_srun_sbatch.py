@@ -95,7 +95,7 @@ def test_inventory_errors(tmp_path):
 def test_srun_argv():
     assert srun.srun_argv("gpu01", ["sh", "-c", "echo $1", "sh", "a b"], jobid="42") == [
         "srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", "gpu01", "--quiet", "--kill-on-bad-exit=0",
-        "--jobid=42", "--", "sh", "-c", "echo $1", "sh", "a b"]
+        "--export=" + ",".join(srun.EXPORT), "--jobid=42", "--", "sh", "-c", "echo $1", "sh", "a b"]
     assert "--jobid" not in " ".join(srun.srun_argv("n", ["true"], jobid=None))
     assert srun.job_id({"SLURM_JOB_ID": "12"}) == "12" and srun.job_id({"SLURM_JOB_ID": "x;y"}) is None
 
