@@ -56,9 +56,15 @@ def render_table(report: PreflightReport, console: Console) -> None:
         table.add_row(*row)
     if ids:
         console.print(table)
-    if report.cluster:
-        console.print(Text("cluster: ", style="bold") + Text("  ").join(
-            _cell(c.status) + Text(f" {c.id}") for c in report.cluster), soft_wrap=False, overflow="fold")
+    if report.cluster:   # packed here, not by rich: rich breaks a line between a mark and its label
+        lines = [Text("cluster:", style="bold")]
+        for c in report.cluster:
+            item = _cell(c.status) + Text(f" {c.id}")
+            if len(lines[-1]) + 2 + len(item) > console.width and len(lines[-1].plain.strip()) > len("cluster:"):
+                lines.append(Text(" " * len("cluster:")))
+            lines[-1] += Text(" " if lines[-1].plain.strip() in ("", "cluster:") else "  ") + item
+        for line in lines:
+            console.print(line, soft_wrap=True)
     problems = report.failures()
     if problems:
         console.print()

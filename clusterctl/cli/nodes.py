@@ -34,16 +34,17 @@ def nodes_cmd(ctx, inventory, output) -> int:
         return 0
     from clusterctl.views.columns import Column, fit
 
+    # host names and the last failure's job id whole (other commands take them); the cordon's reason spills
     cols = [Column("host"), Column("state"), Column("jobs", right=True), Column("failures 7d", min=11),
-            Column("last failure", min=12), Column("cordon", min=40)]
+            Column("last failure", min=12), Column("job"), Column("cordon", min=40)]
     table = []
     for r in rows:
         lf = r["last_failure"]
         table.append([r["host"] + ("" if r["in_inventory"] else " (not in inventory)"), r["state"], str(r["jobs"]),
                       ", ".join(f"{k} {v}" for k, v in sorted(r["failures_7d"].items())) or "-",
-                      f"{history.clock(lf['time'], now)} {lf['class']} {lf['job_id']}" if lf else "-",
+                      f"{history.clock(lf['time'], now)} {lf['class']}" if lf else "-", lf["job_id"] if lf else "-",
                       f"{r['reason']} (since {history.clock(r['since'], now)}, {r['by']})" if r["reason"] else ""])
-    for line in fit(cols, table, out.width, shrink_order=[(5, 30), (4, 30)], spill=5):
+    for line in fit(cols, table, out.width, shrink_order=[(6, 30), (3, 20)], spill=6):
         out.print(line, markup=False)
     return 0
 

@@ -72,23 +72,23 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
                       "from: `clusterctl init job.yaml`)", markup=False)
         return 0
     from clusterctl.views.columns import Column, fit
+    from clusterctl.views.history import short_reason
 
     unsupervised = [status.unsupervised(v) for v in views]
     for v, lost in zip(views, unsupervised):
         if lost:
             err.print(status.unsupervised_line(v, now), markup=False)
     cols = [Column("job"), Column("name", optional=True), Column("state"), Column("attempt", right=True, short="att"),
-            Column("nodes", min=5, max=40), Column("started", short="start"), Column("ended"),
+            Column("nodes", min=5, max=40, items=True), Column("started", short="start"), Column("ended"),
             Column("elapsed", right=True, short="took"),
-            Column("reason", min=16, max=60)]     # the full job id (holds the name: left out when narrow)
+            Column("reason", min=16)]   # the full job id (it holds the name: left out when narrow), whole host names
     table = [[r["job_id"], r["name"], r["state"], str(r["attempt"]),
               ",".join(r["nodes"]) or "-", history.clock(r["started_at"], now), history.clock(r["ended_at"], now),
               history.duration(r["elapsed_s"]),
-              (f"UNSUPERVISED: no supervisor; `clusterctl resume {r['name']}`" + (f" ({r['short_reason']})"
-                                                                                   if r["short_reason"] else ""))
-              if lost else r["short_reason"]]
-             for r, lost in zip(rows, unsupervised)]
-    for line in fit(cols, table, out.width, shrink_order=[(8, 24), (4, 12), (1, 8)], spill=8):
+              (f"UNSUPERVISED: no supervisor; `clusterctl resume {r['name']}`" + (f" ({reason})" if reason else ""))
+              if lost else reason]
+             for r, lost, reason in zip(rows, unsupervised, (short_reason(r["reason"], 300) for r in rows))]
+    for line in fit(cols, table, out.width, shrink_order=[(4, 12), (8, 24)], spill=8):
         out.print(line, markup=False)
     return 0
 

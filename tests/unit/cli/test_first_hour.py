@@ -60,3 +60,70 @@ def test_an_empty_selection_value_is_a_usage_error_not_everywhere(tmp_path, args
     assert r.returncode == 2, r.stdout + r.stderr
     assert "empty" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not marker.exists()
+
+
+def _jobs_in_history(tmp_path):
+    """Two finished jobs (the quick start on this machine; a long name on two long host names) and a failure on
+    localhost, as `status` and `nodes` list them."""
+    from clusterctl.store import paths
+    from clusterctl.store.state import JobState, Store
+
+    reasons = {"quickstart": "user_error: node localhost rank 0 exited with code 1: ValueError: the learning rate "
+                             "must be positive, got -0.1 (train.py line 42)",
+               "bert-finetune-large": "node gpu-node-018.example.org lost: unreachable for 30 s (ssh: connection "
+                                      "timed out after 5 s)"}
+    nodes = {"quickstart": ["localhost"], "bert-finetune-large": ["gpu-node-017.example.org",
+                                                                  "gpu-node-018.example.org"]}
+    ids = {}
+    with Store(paths.db_path(paths.ensure_state_dir(tmp_path / "state"))) as s:
+        for name in nodes:
+            j = ids[name] = s.create_job(name, json.dumps({"spec": {}, "hosts": []}), None, None)
+            s.start_attempt(j, 1, nodes[name][0], "r", nodes[name])
+            s.set_state(j, JobState.STARTING)
+            s.add_event(j, "verdict", reasons[name], klass="user_error", node=nodes[name][0], attempt=1)
+            s.set_state(j, JobState.FAILED, reasons[name])
+        s.cordon("localhost", "ECC errors on GPU 3 after the driver update of Tuesday, see ticket OPS-1234")
+    return ids, nodes, reasons
+
+
+@pytest.mark.parametrize("columns", [80, 120, 200])
+def test_status_and_nodes_keep_host_names_and_job_ids_whole_at_every_width(tmp_path, columns):
+    """Item 7: `localhost` was cut to `localho…` at 80 and `loca…` at 120, the reason stopped at ~60 characters
+    with 100 columns free, `nodes` cut the job id."""
+    ids, nodes, reasons = _jobs_in_history(tmp_path)
+    r = cli(tmp_path, "status", columns=columns)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert all(len(ln) <= columns for ln in lines), r.stdout
+    for name, job_id in ids.items():
+        assert any(ln.startswith(job_id) for ln in lines), r.stdout           # the id whole, at a line's start
+        row = r.stdout.split(job_id, 1)[1].split("\n")[0]
+        assert f" {nodes[name][0]}" in row or f"nodes: {nodes[name][0]}" in r.stdout, r.stdout
+    assert "localho…" not in r.stdout and "example.o…" not in r.stdout and "loca…" not in r.stdout
+    for reason in reasons.values():     # free columns go to the reason: whole, or cut only at the line's end
+        shown = next(ln for ln in lines if reason[:20] in ln)
+        assert reason in " ".join(r.stdout.split()) or (shown.endswith("…") and len(shown) >= columns - 1), r.stdout
+    n = cli(tmp_path, "nodes", columns=columns)
+    assert n.returncode == 0, n.stderr
+    assert all(len(ln) <= columns for ln in n.stdout.splitlines()), n.stdout
+    assert ids["quickstart"] in n.stdout and "localhost" in n.stdout.split()
+    assert "ECC errors on GPU 3 after the driver update" in n.stdout
+
+
+def test_preflights_cluster_line_keeps_each_mark_with_its_label():
+    from rich.console import Console
+
+    from clusterctl.checks.report import render_table
+    from clusterctl.checks.results import ClusterCheck, PreflightReport
+
+    cluster = [ClusterCheck(f"cluster_check_number_{i}", "warn" if i % 2 else "pass", "d") for i in range(8)]
+    for width in (40, 80, 120):
+        console = Console(width=width, record=True, file=open(os.devnull, "w"), color_system=None)
+        render_table(PreflightReport.build([], cluster, 0.1), console)
+        text = console.export_text()
+        block = text.split("cluster:", 1)[1].split("\n\n", 1)[0]
+        lines = ("cluster:" + block).splitlines()
+        assert all(len(ln) <= width for ln in lines), text
+        for ln in lines:
+            assert not ln.rstrip().endswith(("!", "✓")), text        # a mark never ends a line without its label
+        assert sum(f"cluster_check_number_{i}" in text for i in range(8)) == 8
