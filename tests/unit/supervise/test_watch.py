@@ -594,16 +594,18 @@ def test_wait_for_change_over_the_real_stream_mux_wakes_when_a_watched_process_e
     ops.adopt(1, list(HOSTS), "n1")
     try:
         ops.observe(1, list(HOSTS))
-        w = ops.watches.get("n2")
+        watches = {n: ops.watches.get(n) for n in HOSTS}
+        w = watches["n2"]
         deadline = time.monotonic() + 30
-        while not w.alive:                                # n2's "1" arrived
+        # every node's "1" arrived (each stream has a thread of its own: on a loaded box n1's may come after n2's
+        # "0" unless it is waited for; the test once failed so under `-n 2`)
+        while not all(x.alive for x in watches.values()):
             assert time.monotonic() < deadline
             ops.wait_for_change(0.05)
         transports["n2"].die.set()
-        while w.gone_at is None:                          # woken when n2's "0" arrives after its "1"
+        while not ops.wait_for_change(1):                 # woken (True) when n2's "0" arrives after its "1"
             assert time.monotonic() < deadline
-            ops.wait_for_change(1)
-        assert w.last is not None and not w.alive
-        assert ops.watches.get("n1").alive
+        assert w.gone_at is not None and w.last is not None and not w.alive
+        assert watches["n1"].alive and watches["n3"].alive   # only the watch of the process that ended says so
     finally:
         ops.close()
