@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from clusterctl.config.yamlfile import line_of, load_yaml_with_lines
+from clusterctl.config.yamlfile import MAX_VALUE_ITEMS, expanded_items, line_of, load_yaml_with_lines
 from clusterctl.errors import InputError, UserError
 
 CONNECTIONS = ("ssh", "local", "srun")
@@ -352,6 +352,9 @@ class _Parser:
         for k, v in vars_.items():
             if not isinstance(k, str):
                 self.err(vars_, k, f"variable name must be a string, got {k!r}")
+            if isinstance(v, (dict, list)) and expanded_items(v) > MAX_VALUE_ITEMS:
+                self.err(vars_, k, f"YAML aliases expand this value to more than {MAX_VALUE_ITEMS} items (an alias "
+                                   "repeated inside aliases?): write the value out, or keep it smaller", dotted=k)
             if k.startswith(("ansible_", "clusterctl_")):
                 if k in PASSWORD_VARS:
                     self.err(vars_, k, "passwords are not supported: use an SSH key "

@@ -176,6 +176,31 @@ def load_yaml_with_lines(path: str) -> Any:
     return loads(text, path)
 
 
+MAX_VALUE_ITEMS = 100_000   # items one value may hold once its YAML aliases are expanded (JSON output, records)
+
+
+def expanded_items(value: Any) -> float:
+    """How many keys and items ``value`` holds with every YAML alias written out, as JSON or a record would: each
+    mapping/list is counted once and its count reused, so a few hundred bytes of aliases (9 levels of 9: 9^9
+    items) are counted in linear time; a value that contains itself counts as infinite."""
+    counts: dict[int, float] = {}
+
+    def count(v: Any) -> float:
+        if not isinstance(v, (dict, list)):
+            return 1
+        if id(v) in counts:
+            return counts[id(v)]
+        counts[id(v)] = float("inf")          # while counting: a cycle back to it is infinite
+        children = [*v.keys(), *v.values()] if isinstance(v, dict) else v
+        counts[id(v)] = 1 + sum(count(c) for c in children)
+        return counts[id(v)]
+
+    try:
+        return count(value)
+    except RecursionError:
+        return float("inf")
+
+
 def line_of(node: Any, key: Any = None) -> int | None:
     """Line of ``key`` in mapping/sequence ``node`` (or of the node itself)."""
     if key is not None and isinstance(node, (LineDict, LineList)):

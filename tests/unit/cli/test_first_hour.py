@@ -127,3 +127,18 @@ def test_preflights_cluster_line_keeps_each_mark_with_its_label():
         for ln in lines:
             assert not ln.rstrip().endswith(("!", "✓")), text        # a mark never ends a line without its label
         assert sum(f"cluster_check_number_{i}" in text for i in range(8)) == 8
+
+
+def test_an_alias_bomb_in_an_inventory_user_var_is_refused_at_its_line(tmp_path):
+    """Item 12: 9 levels of 9 aliases in a free-form var: `inventory -o json` wrote 4.3 GB, `launch` hung."""
+    levels = ["    l0: &l0 [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 10):
+        levels.append(f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]")
+    write(tmp_path, "inventory.yaml", "all:\n  vars:\n" + "\n".join(levels)
+          + "\n  hosts:\n    localhost:\n      clusterctl_connection: local\n      clusterctl_runtime: bare\n")
+    for args in (["inventory", "-o", "json"], ["launch", "job.yaml", "--dry-run"]):
+        write(tmp_path, "job.yaml", "name: j\nscript: t.py\n")
+        r = cli(tmp_path, *args, timeout=30)
+        assert r.returncode == 2, (args, r.stdout[:300], r.stderr)
+        assert "inventory.yaml:" in r.stderr and "aliases" in r.stderr, r.stderr
+        assert len(r.stdout) < 10_000
