@@ -9,6 +9,7 @@ Exit codes: 0 success; 1 the operation found failures (a check failed, a job fai
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import traceback
 from typing import List, Optional
@@ -69,6 +70,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     except click.ClickException as e:
         e.show()
         code = e.exit_code
+    except BrokenPipeError:    # the reader of stdout went away (`| head -1`): as `cat | head`, not an error
+        reader_gone()
+        code = 0
     except (click.Abort, KeyboardInterrupt):
         err.print("interrupted", markup=False)
         code = 130
@@ -83,7 +87,21 @@ def main(argv: Optional[List[str]] = None) -> None:
         err.print(f"internal error: {e.__class__.__name__}: {e} (rerun with --debug for the traceback)",
                   markup=False)
         code = 1
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        reader_gone()
+        code = 0
     sys.exit(code)
+
+
+def reader_gone() -> None:
+    """stdout's reader went away: what is still buffered goes to /dev/null, not into an "Exception ignored" line
+    at exit."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

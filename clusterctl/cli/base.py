@@ -12,8 +12,15 @@ from rich.console import Console
 
 from clusterctl import __version__
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away (`clusterctl logs JOB | head -1`): rich would exit 1; ``main`` exits 0."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
+out = _Console(highlight=False, soft_wrap=True)
+err = _Console(stderr=True, highlight=False, soft_wrap=True)
 OUTPUT = click.Choice(["table", "json"])
 
 

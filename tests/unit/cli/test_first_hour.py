@@ -142,3 +142,28 @@ def test_an_alias_bomb_in_an_inventory_user_var_is_refused_at_its_line(tmp_path)
         assert r.returncode == 2, (args, r.stdout[:300], r.stderr)
         assert "inventory.yaml:" in r.stderr and "aliases" in r.stderr, r.stderr
         assert len(r.stdout) < 10_000
+
+
+def _finished(tmp_path, name="done", lines=0):
+    from clusterctl.store import paths
+    from clusterctl.store.state import JobState, Store
+
+    root = paths.ensure_state_dir(tmp_path / "state")
+    with Store(paths.db_path(root)) as s:
+        j = s.create_job(name, json.dumps({"spec": {"name": name, "script": "t.py"}, "hosts": []}), None, None)
+        s.start_attempt(j, 1, "localhost", "r", ["localhost"])
+        s.set_state(j, JobState.STARTING)
+        s.set_state(j, JobState.SUCCEEDED, "every node finished with exit code 0")
+    (paths.ensure_job_dir(root, j) / "output.log").write_text("".join(f"[localhost/0] line {i}\n"
+                                                                       for i in range(lines)))
+    return j
+
+
+def test_logs_into_a_closed_pipe_exits_0_without_a_traceback(tmp_path):
+    """Item 12: `clusterctl logs JOB | head -1` exited 1 (BrokenPipeError)."""
+    job = _finished(tmp_path, lines=200_000)
+    env = {**os.environ, "CLUSTERCTL_STATE_DIR": str(tmp_path / "state")}
+    r = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m clusterctl logs {job} | head -1"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout == "[localhost/0] line 0\n", (r.returncode, r.stdout, r.stderr)
+    assert r.stderr == "", r.stderr
