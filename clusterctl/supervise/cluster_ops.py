@@ -34,6 +34,7 @@ from clusterctl.supervise.observe import Confirm, Explain, interpret
 from clusterctl.supervise.supervisor import ErrorKind, NodeError, Observation
 from clusterctl.supervise.watch import Mux, Watch, Watches
 from clusterctl.transport import CommandResult, ConnectOptions, HostResult, Transport, connect, fan_out
+from clusterctl.transport.base import readable
 from clusterctl.transport.pool import Pool
 from clusterctl.transport.streams import StreamMux, open_stream
 
@@ -575,10 +576,23 @@ class ClusterOps:
             return []
         return causes.node_lines(r.stdout, node)
 
-    def read_log(self, node: str, attempt: int, timeout: float) -> CommandResult:
-        """The node's own log of ``attempt``, whole (stdout and stderr); what ``logs`` completes its copy from."""
+    def read_log(self, node: str, attempt: int, timeout: float, on_data: Callable[[bytes], None]) -> None:
+        """The node's own log of ``attempt``, whole (stdout and stderr), passed to ``on_data`` in pieces as it comes
+        (a stream: at most 64 KiB at a time in memory; ``run`` held it whole, or over SSH only its last 8 MiB):
+        what ``logs`` and ``resume`` complete the controller's copy from. ``CommandTimeout`` after ``timeout``."""
         argv = self._runtime(node).logs_argv(self._ref(node, attempt))
-        return self._run(node, ["sh", "-c", '"$@" 2>&1', "clusterctl-logs", *argv], timeout=timeout)
+        stream = open_stream(self.transport(node), ["sh", "-c", '"$@" 2>&1', "clusterctl-logs", *argv])
+        deadline = time.monotonic() + timeout
+        try:
+            while (data := stream.read()) != b"":
+                if data:
+                    on_data(data)
+                elif (left := deadline - time.monotonic()) <= 0:
+                    raise CommandTimeout(node, f"reading its log took over {timeout:g}s")
+                else:
+                    readable(stream.fileno(), min(left, 0.5))
+        finally:
+            stream.close()
 
     def _oom(self, node: str, name: str, pid: int | None) -> bool:
         """Did the OOM killer do it? bare: the kernel log names the rank's pid; containers: the runtime's

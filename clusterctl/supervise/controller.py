@@ -294,11 +294,8 @@ def complete_logs(ops: ClusterOps, store: Store, job_id: str, attempt: int | Non
     a = attempts[-1]
 
     def fetch(host) -> None:
-        r = ops.read_log(host.name, a.attempt, timeout=deadline_s)
-        if not r.ok and not r.stdout:
-            raise RuntimeError(r.stderr.strip()[-200:] or f"exit code {r.exit_code}")
-        ops.sink.begin(host.name, a.attempt)
-        ops.sink.feed(host.name, r.stdout.encode() if isinstance(r.stdout, str) else r.stdout)
+        ops.sink.begin(host.name, a.attempt)       # the sink drops the lines it holds, as the stream brings them
+        ops.read_log(host.name, a.attempt, deadline_s, lambda data: ops.sink.feed(host.name, data))
 
     from clusterctl.transport import fan_out
 
