@@ -24,6 +24,22 @@ err = _Console(stderr=True, highlight=False, soft_wrap=True)
 OUTPUT = click.Choice(["table", "json"])
 
 
+class Finite(click.FloatRange):
+    """A float option within its range and finite: click's FloatRange lets ``nan`` through (every comparison with
+    it is false) and ``inf`` where there is no upper bound."""
+
+    def convert(self, value, param, ctx):
+        import math
+
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return rv
+
+
+MAX_COUNT = 10**9      # --tail, --rank, --attempt: far above any real value, small enough for SQLite and slicing
+
+
 @dataclass
 class Globals:
     state_dir: Optional[str] = None

@@ -7,6 +7,7 @@ import dataclasses
 import click
 
 from clusterctl.cli.base import (
+    Finite,
     accept_option,
     app,
     complete_jobs,
@@ -137,7 +138,7 @@ def supervise_cmd(ctx, job_id, adopt) -> int:
 
 @app.command("stop")
 @click.argument("job", shell_complete=complete_jobs)
-@click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0, 3600),
+@click.option("--grace", default=10.0, show_default=True, type=Finite(0, 3600),
               help="Seconds between SIGTERM and kill (0-3600).")
 @output_option
 @accept_option

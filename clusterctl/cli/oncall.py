@@ -6,6 +6,7 @@ import sys
 import click
 
 from clusterctl.cli.base import (
+    Finite,
     accept_option,
     app,
     check_key_files,
@@ -34,7 +35,7 @@ def _job_nodes(ctx, job):
 @click.option("--job", default=None, callback=nonempty, help="Run on the nodes of this job's current attempt.")
 @click.option("--node", default=None, callback=nonempty, help="With --job: only this node.")
 @click.option("--in-container", is_flag=True, help="With --job: inside the job's container (bare: in its directory).")
-@click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=0.1),
+@click.option("--timeout", default=60.0, show_default=True, type=Finite(0.1, 86400),
               help="Seconds the command may run on each host.")
 @output_option
 @accept_option

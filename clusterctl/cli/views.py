@@ -7,6 +7,7 @@ import sys
 import click
 
 from clusterctl.cli.base import (
+    MAX_COUNT,
     accept_option,
     app,
     complete_jobs,
@@ -167,9 +168,10 @@ def events_cmd(ctx, job, follow, output) -> int:
 @app.command("logs")
 @click.argument("job", shell_complete=complete_jobs)
 @click.option("--node", default=None, callback=nonempty, help="Only this node.")
-@click.option("--rank", default=None, type=int, help="Only this global rank.")
-@click.option("--attempt", default=None, type=click.IntRange(min=1), help="Only this attempt.")
-@click.option("--tail", default=None, type=click.IntRange(min=0), help="Only the last N lines (0: none).")
+@click.option("--rank", default=None, type=click.IntRange(0, MAX_COUNT), help="Only this global rank.")
+@click.option("--attempt", default=None, type=click.IntRange(1, MAX_COUNT), help="Only this attempt.")
+@click.option("--tail", default=None, type=click.IntRange(0, MAX_COUNT),
+              help="Only the last N lines (0: none).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines and events until the job ends.")
 @accept_option
 @click.pass_context

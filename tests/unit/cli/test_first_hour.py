@@ -167,3 +167,20 @@ def test_logs_into_a_closed_pipe_exits_0_without_a_traceback(tmp_path):
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and r.stdout == "[localhost/0] line 0\n", (r.returncode, r.stdout, r.stderr)
     assert r.stderr == "", r.stderr
+
+
+@pytest.mark.parametrize("args,option", [
+    (["logs", "JOB", "--tail", "99999999999999999999"], "--tail"),
+    (["logs", "JOB", "--rank", "99999999999999999999"], "--rank"),
+    (["logs", "JOB", "--attempt", "99999999999999999999"], "--attempt"),
+    (["stop", "JOB", "--grace", "nan"], "--grace"),
+    (["stop", "JOB", "--grace", "inf"], "--grace"),
+    (["exec", "--timeout", "nan", "--", "true"], "--timeout"),
+    (["exec", "--timeout", "inf", "--", "true"], "--timeout"),
+])
+def test_out_of_range_numbers_on_the_command_line_are_usage_errors(tmp_path, args, option):
+    """Item 12: `--tail 99999999999999999999` was an internal error, `stop --grace nan` was accepted."""
+    job = _finished(tmp_path, lines=3)
+    r = cli(tmp_path, *[job if a == "JOB" else a for a in args])
+    assert r.returncode == 2 and option in r.stderr, (r.returncode, r.stdout, r.stderr)
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr
