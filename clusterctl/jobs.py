@@ -357,25 +357,25 @@ def stop(ws: Workspace, job_ref: str, options: ConnectOptions, *, grace_s: float
     job_id = store.get_job(job_ref).job_id
     job = store.get_job(job_id)
     ledger = Ledger(store)
+    # the nodes that had ended before this stop keep how they ended; the others read stopped, whatever their
+    # processes made of the SIGTERM meanwhile (a supervisor may record torchrun's exit 1 before this ends)
+    attempts = store.attempts(job_id)
+    ended = {n.node: n.state for n in store.nodes(job_id, attempts[-1].attempt)} if attempts else {}
     if not job.terminal:
         ledger.stop_requested(job_id)
     ops, _, nodes = controller.build_ops(ws.root, store, job_id, options, starts=False,   # stopping needs no secrets
                                          connect=connect)
     try:
-        attempts = store.attempts(job_id)
         if attempts:
             a = attempts[-1]
             ops.adopt(a.attempt, list(a.nodes), a.rdzv_host)
         errors = ops.stop(None, nodes, grace_s=grace_s)
         if attempts:
             a = attempts[-1]
-            ended = {n.node: n.state for n in store.nodes(job_id, a.attempt)}
             rows = {node: {"state": "stopped"} for node in a.nodes
                     if node not in errors and ended.get(node) not in ("exited", "killed", "gone")}
-            if a.ended_at is None:
-                ledger.attempt_ended(job_id, a.attempt, "stopped", nodes=rows)
-            else:
-                ledger.nodes_changed(job_id, a.attempt, rows)
+            # the attempt's result is recorded once: a supervisor that saw the stop first wrote it already
+            ledger.attempt_ended(job_id, a.attempt, "stopped", nodes=rows)
     finally:
         ops.close()
     return Stopped(job_id, store.get_job(job_id).state, dict(errors))
@@ -440,6 +440,7 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
     if unknown:
         raise UserError(f"--exclude: {', '.join(unknown)} not among the job's hosts {', '.join(rec.host_names)}")
     attempts = store.attempts(job_id)
+    found = None
     ops, _, nodes = controller.build_ops(root, store, job_id, options, connect=connect)
     accept_new = options.accept_new_host_keys
     try:
@@ -451,7 +452,8 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
                 controller.complete_logs(ops, store, job_id, a.attempt)
                 return done("succeeded", f"attempt {a.attempt} had finished with exit code 0 on every node while "
                                          "unsupervised: the job is SUCCEEDED, nothing relaunched", excluded=excluded)
-            if found is not None and found.decision is None and not exclude and not checkpoint:
+            if found is not None and found.decision is None and not found.state.terminal and not exclude \
+                    and not checkpoint:
                 # a second look a moment later: a container whose processes were just killed can still be listed
                 # as running for a second, and re-attaching to a dead attempt would wait for nothing
                 wait(2.0)
@@ -462,7 +464,10 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
                                               f"re-attached (supervisor pid {pid})", pid, excluded)
         if attempts:
             controller.complete_logs(ops, store, job_id, attempts[-1].attempt)
-        errors = ops.stop(None, nodes)
+        if found is not None and found.state.terminal:     # its reconcile ended the job and cleaned up: the rest
+            errors = ops.stop(None, list(found.leftovers)) if found.leftovers else {}
+        else:
+            errors = ops.stop(None, nodes)
         for node, e in errors.items():
             Ledger(store).event(job_id, EventKind.CLEANUP_PENDING, f"could not clean up {node}: {e.message}",
                                 node=node)

@@ -549,32 +549,58 @@ class Store:
             return _attempt(db.execute("SELECT * FROM attempts WHERE job_id = ? AND attempt = ?",
                                        (job_id, attempt)).fetchone())
 
-    def end_attempt(self, job_id: str, attempt: int, result: str) -> None:
+    def end_attempt(self, job_id: str, attempt: int, result: str) -> bool:
+        """Record the attempt's end and result, once: an attempt that has ended keeps its recorded result (a
+        later writer, e.g. a supervisor that saw a `stop`'s effect, or a reconcile, never overwrites it).
+        Returns whether this call recorded it."""
         with self._write() as db:
-            cur = db.execute("UPDATE attempts SET ended_at = ?, result = ? WHERE job_id = ? AND attempt = ?",
-                             (self._clock(), result, job_id, attempt))
-            if cur.rowcount == 0:
+            cur = db.execute("UPDATE attempts SET ended_at = ?, result = ? WHERE job_id = ? AND attempt = ?"
+                             " AND ended_at IS NULL", (self._clock(), result, job_id, attempt))
+            if cur.rowcount == 0 and db.execute("SELECT 1 FROM attempts WHERE job_id = ? AND attempt = ?",
+                                                (job_id, attempt)).fetchone() is None:
                 raise ClusterctlError(f"job {job_id}: no attempt {attempt}")
+            return cur.rowcount > 0
 
     def attempts(self, job_id: str) -> list[Attempt]:
         return [_attempt(r) for r in self._read("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt",
                                                 (job_id,))]
 
     def set_node(self, job_id: str, attempt: int, node: str, **fields: Any) -> NodeStatus:
-        """Insert or update one node of an attempt; only the given ``NODE_FIELDS`` change."""
+        """Insert or update one node of an attempt; only the given ``NODE_FIELDS`` change. Two states settle:
+        a node that reads ``stopped`` stays stopped (a `stop` ended it: the exit its processes made of the SIGTERM
+        is not a failure), and no node reads ``running`` under an attempt that has ended (a start that finished
+        after a `stop` ended the attempt)."""
         unknown = set(fields) - set(NODE_FIELDS)
         if unknown:
             raise TypeError(f"set_node: cannot set {', '.join(sorted(unknown))}")
         if "error_tail" in fields:
             fields["error_tail"] = self._redact(fields["error_tail"])
-        columns = ["job_id", "attempt", "node", *fields, "updated_at"]
-        updates = ", ".join(f"{c} = excluded.{c}" for c in [*fields, "updated_at"])
         with self._write() as db:
+            if fields.get("state") is not None:
+                fields = self._settled(db, job_id, attempt, node, fields)
+            columns = ["job_id", "attempt", "node", *fields, "updated_at"]
+            updates = ", ".join(f"{c} = excluded.{c}" for c in [*fields, "updated_at"])
             db.execute(f"INSERT INTO nodes ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
                        f" ON CONFLICT (job_id, attempt, node) DO UPDATE SET {updates}",
                        (job_id, attempt, node, *fields.values(), self._clock()))
             return _row(NodeStatus, db.execute("SELECT * FROM nodes WHERE job_id = ? AND attempt = ? AND node = ?",
                                                (job_id, attempt, node)).fetchone())
+
+    @staticmethod
+    def _settled(db: sqlite3.Connection, job_id: str, attempt: int, node: str, fields: dict) -> dict:
+        """``fields`` without a state change that ``set_node``'s rules refuse."""
+        prev = db.execute("SELECT state FROM nodes WHERE job_id = ? AND attempt = ? AND node = ?",
+                          (job_id, attempt, node)).fetchone()
+        if prev is not None and prev["state"] == "stopped":
+            return {k: v for k, v in fields.items() if k not in ("state", "exit_code", "signal")}
+        if fields["state"] == "running":
+            ended = db.execute("SELECT result FROM attempts WHERE job_id = ? AND attempt = ? AND ended_at IS NOT"
+                               " NULL", (job_id, attempt)).fetchone()
+            if ended is not None:
+                fields = {k: v for k, v in fields.items() if k != "state"}
+                if ended["result"] == "stopped" and (prev is None or prev["state"] is None):
+                    fields["state"] = "stopped"
+        return fields
 
     def nodes(self, job_id: str, attempt: int | None = None) -> list[NodeStatus]:
         """Nodes of ``attempt`` (default: the job's current attempt), by rank then name."""

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from clusterctl.model.events import EventKind
 from clusterctl.store.ledger import Ledger, note
-from clusterctl.store.state import JobState, Store
+from clusterctl.store.state import InvalidTransition, JobState, Store
 from clusterctl.supervise.supervisor import Decision, Health, Observation, Verdict, classify, node_state
 
 
@@ -38,16 +38,19 @@ def judge(obs: Sequence[Observation], *, rdzv_host: str, now: float) -> Decision
 class Reconciled:
     attempt: int
     nodes: tuple[tuple[str, str], ...]        # (node, state now: running | exited | killed | gone | unreachable)
-    decision: Decision | None                 # None: the attempt may still be healthy
+    decision: Decision | None                 # None: the attempt may still be healthy (or it had ended before)
     state: JobState                           # the job's state after reconciling
     checkpoint: tuple[str, int] | None = None  # the latest valid checkpoint, when the attempt failed
+    leftovers: tuple[str, ...] = ()           # nodes where this look could not remove the job's leftovers
 
 
 def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.time,
               withheld_tail: str | None = None) -> Reconciled | None:
     """One look at the current attempt's nodes (``ops``: a ``launcher.ClusterOps``), recorded. None when the
     job has no attempt yet or is no longer active. Error tails reach the store redacted (the store's secrets);
-    ``withheld_tail``: recorded instead of every tail (the caller cannot redact them: a secret value unknown)."""
+    ``withheld_tail``: recorded instead of every tail (the caller cannot redact them: a secret value unknown).
+    An attempt whose end is recorded is never judged again (its result stands). A look that ends the job removes
+    its leftovers on every node (``clean_up``)."""
     ledger = Ledger(store)
     job = store.get_job(job_id)
     attempts = store.attempts(job_id)
@@ -60,7 +63,19 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
                              notes=[note(EventKind.RECONCILED, f"attempt {a.attempt} had succeeded; the job is "
                                                                "SUCCEEDED", attempt=a.attempt, klass="success")])
         return Reconciled(a.attempt, (), Decision(Verdict.SUCCESS, message="every node finished with exit code 0"),
-                          JobState.SUCCEEDED)
+                          JobState.SUCCEEDED, leftovers=clean_up(ledger, job_id, ops))
+    if a.ended_at is not None:        # it ended (recorded: verdict, stop, start failure); no next attempt began
+        try:
+            ledger.state_changed(job_id, JobState.FAILED,
+                                 f"attempt {a.attempt} had ended ({a.result}) and the supervisor was gone before the "
+                                 f"next attempt; `clusterctl resume {job.name}` relaunches from the latest "
+                                 "valid checkpoint", expect=(job.state,),
+                                 notes=[note(EventKind.RECONCILED, f"attempt {a.attempt} had ended ({a.result}) "
+                                             "before the supervisor was gone: not judged again; the job is FAILED",
+                                             attempt=a.attempt)])
+        except InvalidTransition:     # a new supervisor (or a stop) moved the job meanwhile: theirs
+            return Reconciled(a.attempt, (), None, store.get_job(job_id).state)
+        return Reconciled(a.attempt, (), None, JobState.FAILED, leftovers=clean_up(ledger, job_id, ops))
     obs = ops.observe(a.attempt, list(a.nodes), watch=False, deadline_s=deadline_s)
     d = judge(obs, rdzv_host=a.rdzv_host or "", now=clock())
     ledger.nodes_changed(job_id, a.attempt, {o.node: dict(
@@ -77,7 +92,7 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
                              notes=[note(EventKind.RECONCILED, f"attempt {a.attempt} finished with exit code 0 on "
                                          "every node while no supervisor watched it", attempt=a.attempt,
                                          klass="success")])
-        return Reconciled(a.attempt, states, d, JobState.SUCCEEDED)
+        return Reconciled(a.attempt, states, d, JobState.SUCCEEDED, leftovers=clean_up(ledger, job_id, ops))
     healthy = [o.node for o in obs if o.state in ("running", "exited")]
     checkpoint = ops.latest_checkpoint(healthy) if healthy else None
     step = f"checkpoint step {checkpoint[1]}" if checkpoint and checkpoint[0] else (
@@ -89,4 +104,22 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
                                      klass=d.verdict.value, node=d.node, rank=d.rank, exit_code=d.exit_code,
                                      signal=d.signal, oom=d.oom or None,
                                      checkpoint_step=checkpoint[1] if checkpoint and checkpoint[0] else None)])
-    return Reconciled(a.attempt, states, d, JobState.FAILED, checkpoint)
+    return Reconciled(a.attempt, states, d, JobState.FAILED, checkpoint, clean_up(ledger, job_id, ops))
+
+
+def clean_up(ledger: Ledger, job_id: str, ops) -> tuple[str, ...]:
+    """The job ended while nobody supervised it: remove what it left on every node it ran on (the survivors'
+    containers or processes, the zygotes, the warm dirs), or say what is left where: a ``cleanup`` event naming
+    the nodes cleaned, a ``cleanup_pending`` event per node that could not be (unreachable, the runtime refused).
+    Returns those nodes."""
+    nodes = sorted({n for a in ledger.store.attempts(job_id) for n in a.nodes})
+    errors = ops.stop(None, nodes)
+    done = [n for n in nodes if n not in errors]
+    if done:
+        ledger.event(job_id, EventKind.CLEANUP, f"the job ended while unsupervised: removed its containers, "
+                                                f"processes, zygotes and warm dirs on {', '.join(done)}")
+    for node, e in errors.items():
+        ledger.event(job_id, EventKind.CLEANUP_PENDING,
+                     f"{node}: the job's leftovers (containers, processes, zygote, warm dir) may still be there: "
+                     f"{e.message}; `clusterctl stop {job_id}` removes them once the node answers", node=node)
+    return tuple(errors)

@@ -377,3 +377,89 @@ def test_status_error_tails_are_shown_neutralised():
                        "signal": None, "message": "m", "error_tail": HOSTILE_LINE}]}
     text = "\n".join(status.text(v))
     assert "\x1b" not in text and "\\x1b]0;owned" in text
+
+
+# ------------------------------------------------------------------------------------------- a reconcile's end
+class _Ops:
+    """The nodes of an unsupervised job: what they say, and what removing the job's leftovers does."""
+
+    def __init__(self, obs=None, errors=None):
+        self.obs, self.errors, self.stopped = obs, errors or {}, []
+
+    def observe(self, attempt, nodes, **kw):
+        assert self.obs is not None, "an attempt whose end is recorded was looked at again"
+        return self.obs
+
+    def latest_checkpoint(self, nodes):
+        return ("/ck/step-000000020", 20)
+
+    def stop(self, attempt, nodes, grace_s=0.0):
+        self.stopped.append((attempt, list(nodes)))
+        return self.errors
+
+
+def _running_job(tmp_path, nodes=("n1", "n2", "n3")):
+    store, job_id = _store_with_job(tmp_path)
+    Ledger(store).attempt_started(job_id, 1, nodes[0], list(nodes), None, "attempt 1")
+    store.set_state(job_id, JobState.RUNNING)
+    return store, job_id
+
+
+def test_a_reconcile_that_ends_a_warm_job_removes_its_leftovers_or_says_what_it_left(tmp_path):
+    """Issue 34 item 5: the zygotes (~300 MB each), warm dirs and the survivors' containers of a job that `status`
+    ended go on every node (``stop(None, ...)``: every attempt, the zygote too), or a ``cleanup_pending`` event
+    names each node that still has them."""
+    from clusterctl.supervise.reconcile import reconcile
+    from clusterctl.supervise.supervisor import NodeError
+
+    store, job_id = _running_job(tmp_path)
+    ops = _Ops([Observation("n1", "running"), Observation("n2", "running"), Observation("n3", "running")])
+    assert reconcile(store, job_id, ops, deadline_s=1).state == JobState.RUNNING
+    assert ops.stopped == []                            # a look that ends nothing removes nothing
+    ops.obs = [Observation("n1", "running"), Observation("n2", "exited", exit_code=1, signal="SIGKILL", rank=1),
+               Observation("n3", "running")]
+    ops.errors = {"n3": NodeError("n3", "unreachable", "connection timed out")}
+    found = reconcile(store, job_id, ops, deadline_s=1)
+    assert found.state == JobState.FAILED and found.leftovers == ("n3",)
+    assert ops.stopped == [(None, ["n1", "n2", "n3"])]
+    events = store.events(job_id)
+    done = [e for e in events if e.kind == "cleanup"]
+    assert len(done) == 1 and "n1, n2" in done[0].message and "zygotes and warm dirs" in done[0].message
+    pending = [e for e in events if e.kind == "cleanup_pending"]
+    assert [(e.node, "connection timed out" in e.message) for e in pending] == [("n3", True)]
+
+
+def test_reconcile_never_judges_an_attempt_that_has_ended_again(tmp_path):
+    """Issue 34 item 11: the supervisor recorded attempt 1's end (node_lost) and died before attempt 2: a later
+    look does not observe it again nor overwrite its result (nodes that now read exit 0 do not make it a
+    success); the job is FAILED with the recorded cause, and its leftovers go."""
+    from clusterctl.supervise.reconcile import reconcile
+
+    store, job_id = _running_job(tmp_path, ("n1", "n2"))
+    Ledger(store).attempt_ended(job_id, 1, "node_lost", to=JobState.RECOVERING)
+    ops = _Ops(None)
+    found = reconcile(store, job_id, ops, deadline_s=1)
+    assert found.state == JobState.FAILED and found.decision is None
+    assert store.attempts(job_id)[-1].result == "node_lost"
+    assert "attempt 1 had ended (node_lost)" in store.get_job(job_id).reason
+    assert ops.stopped == [(None, ["n1", "n2"])]
+    # nor does anyone else overwrite a recorded result: the store writes an attempt's end once
+    assert not store.end_attempt(job_id, 1, "success")
+    assert store.attempts(job_id)[-1].result == "node_lost"
+
+
+def test_a_stop_during_a_start_leaves_no_node_running_and_a_stopped_node_stays_stopped(tmp_path):
+    """Issue 34 item 11 / issue 39 item 4: `stop` ends attempt 1 while its start still runs; a node that then
+    reports itself started does not read `running` under the STOPPED job, and the exit 1 that torchrun made of
+    the stop's SIGTERM (recorded by a supervisor after the stop) does not turn a stopped node into exited(1)."""
+    store, job_id = _running_job(tmp_path, ("n1", "n2"))
+    ledger = Ledger(store)
+    ledger.stop_requested(job_id)
+    ledger.attempt_ended(job_id, 1, "stopped", nodes={"n1": {"state": "stopped"}})
+    ledger.nodes_changed(job_id, 1, {"n1": {"state": "running", "address": "10.0.0.1"},     # the late start
+                                     "n2": {"state": "running", "address": "10.0.0.2"}})
+    ledger.nodes_changed(job_id, 1, {"n1": {"state": "exited", "exit_code": 1}})           # the SIGTERM's exit
+    rows = {n.node: (n.state, n.exit_code, n.address) for n in store.nodes(job_id, 1)}
+    assert rows == {"n1": ("stopped", None, "10.0.0.1"), "n2": ("stopped", None, "10.0.0.2")}
+    ledger.attempt_ended(job_id, 1, "node_lost")            # a supervisor's later verdict: the stop's stands
+    assert store.attempts(job_id)[-1].result == "stopped"
