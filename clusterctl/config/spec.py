@@ -317,6 +317,7 @@ class Container(_Model):
     ipc: Literal["host", "private", "shareable", "none"] = "host"
     shm_size: str | None = None
     ulimits: dict[UlimitName, UlimitValue] = Field(default_factory=lambda: {"memlock": "-1", "stack": "67108864"})
+    pids_limit: int = Field(-1, ge=-1)      # --pids-limit of every container (-1: unlimited; podman's 2048 is too few)
     extra_args: list[LineArg] = Field(default_factory=list)
 
     @field_validator("shm_size", mode="before")
@@ -329,6 +330,13 @@ class Container(_Model):
         if isinstance(v, str) and SHM_RE.match(v):
             return v
         raise ValueError(f"must be a size like 16g, 512m or a byte count, got {_kind(v)}")
+
+    @field_validator("pids_limit")
+    @classmethod
+    def _pids(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("must be -1 (unlimited) or a number of processes and threads >= 1, got 0")
+        return v
 
     @field_validator("shm_size")
     @classmethod

@@ -231,6 +231,22 @@ def node_env(spec: JobSpec, host: Host, *, job_id: str, attempt: int, interface:
     return env
 
 
+def infiniband_on(host: Host, found: bool | None) -> bool:
+    """Does ``host`` use InfiniBand? Its ``clusterctl_infiniband`` (true/false), else (auto) whether the node has
+    /dev/infiniband/uverbs* (``found``; unknown: no)."""
+    return host.infiniband if host.infiniband is not None else bool(found)
+
+
+def container_ulimits(spec: JobSpec, infiniband: bool) -> tuple[tuple[str, str], ...]:
+    """The containers' ``--ulimit``s: core dumps off (``core=0``: a GPU rank's core is tens of GB on the node's
+    disk; lowering a limit needs no privilege) unless the job names ``core``, the job's ``container.ulimits``, and
+    with InfiniBand an unlimited ``memlock`` (RDMA pins memory) unless the job names it."""
+    limits = {"core": "0", **spec.container.ulimits}
+    if infiniband:
+        limits.setdefault("memlock", "-1")
+    return tuple(limits.items())
+
+
 def warm_unavailable(spec: JobSpec, runtime: str) -> str:
     """Why a node of this job has no warm path ("" when it has one)."""
     if spec.recovery != "warm":
@@ -254,7 +270,8 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
     Rendezvous host: ``rdzv_host``, else ``spec.rendezvous.host``, else ``hosts[0]``; it must be one of ``hosts``.
     ``interfaces``: host name -> NIC (from preflight), else ``host.interface``; unknown -> no *_SOCKET_IFNAME.
     ``secret_names``: default ``spec.secret_env``. ``pkg_path``: where clusterctl lives on the nodes (PYTHONPATH).
-    ``infiniband``: host name -> /dev/infiniband present (containers get ``--device=/dev/infiniband``).
+    ``infiniband``: host name -> /dev/infiniband/uverbs* found on the node: decides the hosts whose
+    ``clusterctl_infiniband`` is auto (``infiniband_on``).
     ``gpu_flags``: host name -> "gpus" | "cdi" (preflight's nvidia_toolkit); absent: the runtime's default.
     """
     if not hosts:
@@ -305,9 +322,10 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
             job=spec.name, job_id=job_id, attempt=attempt, node=h.name, name=name, image=spec.image,
             workdir=spec.workdir or (spec.source_dir if bare else None), node_dir=ndir, command=tuple(targv),
             mounts=tuple(spec.mounts), gpus=h.gpus, gpu_flags=gpu_flags.get(h.name),
-            infiniband=bool(infiniband.get(h.name)),
-            ipc=spec.container.ipc, shm_size=spec.container.shm_size,
-            ulimits=tuple(spec.container.ulimits.items()), extra_args=tuple(spec.container.extra_args))
+            infiniband=infiniband_on(h, infiniband.get(h.name)),
+            ipc=spec.container.ipc, shm_size=spec.container.shm_size, pids_limit=spec.container.pids_limit,
+            ulimits=container_ulimits(spec, infiniband_on(h, infiniband.get(h.name))),
+            extra_args=tuple(spec.container.extra_args))
         cold_why = warm_unavailable(spec, h.runtime)
         warm: dict[str, Any] = {"cold_why": cold_why}
         if not cold_why:

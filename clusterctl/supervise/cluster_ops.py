@@ -40,6 +40,8 @@ from clusterctl.transport.streams import StreamMux, open_stream
 
 ZYGOTE_SOURCE = Path(zygote.__file__).read_bytes()   # written into each node's warm dir
 WARM_PING_S = 5.0       # a survivor's zygote must answer within this, else its relaunch is cold
+# exit 0 when the node has InfiniBand verbs devices (clusterctl_infiniband: auto); a glob, no process per file
+HAS_INFINIBAND = 'for f in /dev/infiniband/uverbs*; do [ -e "$f" ] && exit 0; done; exit 1'
 
 
 def _what_failed(r: CommandResult) -> str:
@@ -327,6 +329,7 @@ class ClusterOps:
         self._unhealthy: set[str] = set()     # nodes whose last probe failed (asked for nothing else meanwhile)
         self.recovery: dict[str, tuple[str, str]] = {}   # node -> ("warm" | "cold", why) of the last start
         self._removed: set[str] = set()       # nodes whose job containers ``stop`` removed, nothing started since
+        self._infiniband: dict[str, bool] = {}  # node -> /dev/infiniband/uverbs* there (asked once per node)
 
     @property
     def plan(self) -> LaunchPlan | None:
@@ -374,6 +377,7 @@ class ClusterOps:
     def make_plan(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> LaunchPlan:
         return build_plan(self.spec, [self.hosts[n] for n in nodes], job_id=self.job_id, attempt=attempt,
                           rdzv_host=self.hosts[rdzv_host], interfaces=self.interfaces, gpu_flags=self.gpu_flags,
+                          infiniband=self._infiniband,
                           resume_from=resume[0],
                           resume_step=resume[1])
 
@@ -391,6 +395,7 @@ class ClusterOps:
 
     def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str,
               resume: tuple[str, int]) -> dict[str, NodeError]:
+        self._ask_infiniband(nodes)
         self._set_plan(self.make_plan(attempt, nodes, rdzv_host, resume))
 
         # each command's bound is the job's (a slow node, a saturated host gets what the job allows); a node's
@@ -439,6 +444,22 @@ class ClusterOps:
             return errors
         self.attach(attempt)
         return {}
+
+    def _ask_infiniband(self, nodes: Sequence[str]) -> None:
+        """``clusterctl_infiniband: auto``: does each container node not asked yet have /dev/infiniband/uverbs*?
+        One short command per node, once (a node that does not answer is asked again at its next start). Not asked
+        of CPU hosts (``clusterctl_gpus: 0``): gloo does not use the verbs devices."""
+        todo = [self.hosts[n] for n in nodes if n not in self._infiniband and self.hosts[n].infiniband is None
+                and self.hosts[n].gpus != 0 and self._runtime(n).containerized]
+        if not todo:
+            return
+
+        def ask(host: Host) -> bool:
+            return self._run(host.name, ["sh", "-c", HAS_INFINIBAND], timeout=self.probe_timeout_s).exit_code == 0
+
+        for r in fan_out(todo, ask, host_timeout=self.options.connect_timeout + self.probe_timeout_s + 5):
+            if r.ok:
+                self._infiniband[r.host.name] = r.value
 
     def _warm_or_cold(self, node: str, plan_node, attempt: int) -> tuple[str, str]:
         """("warm", why) when ``node``'s zygote answers (its relaunch is forked from it), else ("cold", why)."""

@@ -126,10 +126,13 @@ class RunRequest:
     gpus: int | None = None                # 0: no GPU flags; None (unknown) or >0: all GPUs
     gpu_flags: str | None = None           # "gpus" (--gpus=all) | "cdi" (CDI device), from preflight; None: the
                                            # runtime's default (docker: gpus, podman: cdi)
-    infiniband: bool = False
+    infiniband: bool = False               # containers: --device=/dev/infiniband --cap-add=IPC_LOCK (the plan adds
+                                           # memlock=-1 to the ulimits)
     ipc: str = "host"
     shm_size: str | None = None
     ulimits: tuple[tuple[str, str], ...] = (("memlock", "-1"), ("stack", "67108864"))
+    pids_limit: int = -1                   # containers: --pids-limit (-1: unlimited; podman's default 2048 counts
+                                           # threads: 8 GPU ranks exhaust it, podman#25703)
     extra_args: tuple[str, ...] = ()
 
     @property

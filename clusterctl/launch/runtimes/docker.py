@@ -94,14 +94,15 @@ class ContainerRuntime:
         return argv
 
     def _run_options(self, req: RunRequest) -> list[str]:
-        argv = ["--network=host", f"--ipc={req.ipc}", *self.init_args(), "--restart=no"]
+        argv = ["--network=host", f"--ipc={req.ipc}", *self.init_args(), "--restart=no",
+                f"--pids-limit={req.pids_limit}"]
         argv += [f"--ulimit={k}={v}" for k, v in req.ulimits]
         if req.shm_size is not None and req.ipc != "host":
             argv.append(f"--shm-size={req.shm_size}")
         if req.gpus != 0:
             argv += self.gpu_args(req.gpu_flags)
-        if req.infiniband:
-            argv.append("--device=/dev/infiniband")
+        if req.infiniband:     # RDMA: the verbs devices, and pinning memory (the plan adds memlock=-1)
+            argv += ["--device=/dev/infiniband", "--cap-add=IPC_LOCK"]
         argv += [f"--volume={m}" for m in req.mounts]
         if req.workdir:
             argv.append(f"--workdir={req.workdir}")

@@ -411,3 +411,45 @@ def test_render_is_readable():
     text = plan.render()
     assert "WANDB_API_KEY=***" in text and "(rendezvous host)" in text
     assert shlex.split(text.split("  torchrun ", 1)[1].splitlines()[0])[0] == "torchrun"
+
+
+# ------------------------------------------------------------------ issue 35: pids limit, InfiniBand, core dumps
+
+def test_every_container_of_a_podman_or_docker_plan_carries_the_pids_limit():
+    """podman's default pids_limit (2048, threads counted) is exhausted by 8 GPU ranks (podman#25703); in warm mode
+    every rank lives in the zygote's container: the attempt's, the warm attempt's and the zygote's all carry it."""
+    for rt in ("podman", "docker"):
+        for job, flag in (("", "--pids-limit=-1"), ("container: {pids_limit: 65536}\n", "--pids-limit=65536")):
+            spec = loads_job(f"name: a\nnodes: 2\nscript: t.py\n{job}")
+            plan = build_plan(spec, _hosts(rt, 2), job_id="a1", attempt=2)
+            for n in plan.nodes:
+                assert n.warm_argv and n.zygote_argv
+                for argv in (n.runtime_argv, n.warm_argv, n.zygote_argv):
+                    assert argv.count(flag) == 1, (rt, argv)
+                assert flag in plan.render()
+    bare = build_plan(loads_job("name: a\nscript: t.py\n"), _hosts("bare", 1), job_id="a1", attempt=1)
+    assert not any("--pids-limit" in a for a in bare.nodes[0].runtime_argv)      # no container
+
+
+def test_infiniband_from_the_inventory_var_else_what_the_node_has():
+    spec = loads_job("name: a\nnodes: 3\nscript: t.py\ncontainer: {ulimits: {}}\n")
+    hosts = [Host(name=n, address=f"10.1.0.{i}", runtime="podman", gpus=8, infiniband=ib)
+             for i, (n, ib) in enumerate((("auto", None), ("forced", True), ("off", False)), 1)]
+    plan = build_plan(spec, hosts, job_id="a1", attempt=1, infiniband={"auto": True, "off": True})
+    ib = ["--device=/dev/infiniband", "--cap-add=IPC_LOCK", "--ulimit=memlock=-1"]
+    for name, on in (("auto", True), ("forced", True), ("off", False)):
+        argv = plan.node(name).runtime_argv
+        assert all((f in argv) is on for f in ib), (name, argv)
+        assert "--ulimit=core=0" in argv                      # core dumps off in containers by default
+    plan = build_plan(spec, hosts, job_id="a1", attempt=1)   # auto without a fact: off
+    assert "--device=/dev/infiniband" not in plan.node("auto").runtime_argv
+    # the job's own limits win: its memlock, its core
+    spec = loads_job("name: a\nnodes: 3\nscript: t.py\ncontainer: {ulimits: {memlock: 1024, core: -1}}\n")
+    argv = build_plan(spec, hosts, job_id="a1", attempt=1).node("forced").runtime_argv
+    assert "--ulimit=memlock=1024" in argv and "--ulimit=core=-1" in argv
+    assert "--ulimit=memlock=-1" not in argv and "--ulimit=core=0" not in argv
+
+
+def test_pids_limit_zero_is_refused():
+    with pytest.raises(Exception, match="pids_limit"):
+        loads_job("name: a\nscript: t.py\ncontainer: {pids_limit: 0}\n")

@@ -1,0 +1,79 @@
+"""Issue 35 on the supervisor's side of ``ClusterOps`` (fake transports): InfiniBand asked of the nodes once
+(``clusterctl_infiniband: auto``), and the kernel's Xid of a node whose rank failed as GPU evidence."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from clusterctl.config.inventory import Host
+from clusterctl.config.spec import loads_job
+from clusterctl.model import causes
+from clusterctl.supervise.cluster_ops import HAS_INFINIBAND, ClusterOps, LogSink
+from clusterctl.transport.base import CommandResult
+from tests.unit.supervise.test_cluster_ops import JOB, Mux, Store
+
+FIX = __import__("pathlib").Path(__file__).resolve().parents[2] / "fixtures" / "causes"
+
+
+class Node:
+    """Answers HAS_INFINIBAND with ``ib`` (exit 0/1) and causes.XID_PROBE with ``kernel``; everything else: 0."""
+
+    def __init__(self, ib=False, kernel=""):
+        self.ib, self.kernel, self.runs = ib, kernel, []
+
+    def run(self, argv, *, timeout, stdin=None) -> CommandResult:
+        self.runs.append(list(argv))
+        if list(argv) == ["sh", "-c", HAS_INFINIBAND]:
+            return CommandResult(tuple(argv), 0 if self.ib else 1, "", "", 0.01)
+        if list(argv) == ["sh", "-c", causes.XID_PROBE]:
+            return CommandResult(tuple(argv), 0, self.kernel, "", 0.01)
+        return CommandResult(tuple(argv), 0, "[]", "", 0.01)
+
+    def close(self):
+        pass
+
+
+def _ops(tmp_path, hosts, nodes, store=None) -> ClusterOps:
+    return ClusterOps(spec=loads_job(JOB, "job.yaml"), hosts=hosts, job_id="j-1", store=store or Store(),
+                      sink=LogSink(tmp_path / "o.log"), connect=lambda host, options: nodes[host.name], mux=Mux)
+
+
+def test_infiniband_auto_is_asked_of_each_gpu_node_once_and_passed_to_its_container(tmp_path):
+    hosts = {"ib": Host("ib", "10.0.0.1", runtime="podman", gpus=8),
+             "eth": Host("eth", "10.0.0.2", runtime="podman", gpus=8),
+             "off": Host("off", "10.0.0.3", runtime="podman", gpus=8, infiniband=False)}
+    nodes = {"ib": Node(ib=True), "eth": Node(), "off": Node(ib=True)}
+    ops = _ops(tmp_path, hosts, nodes)
+    try:
+        assert ops.start(1, list(hosts), "ib", ("", 0)) == {}
+        argv = {n: ops.plan.node(n).runtime_argv for n in hosts}
+        assert "--device=/dev/infiniband" in argv["ib"] and "--cap-add=IPC_LOCK" in argv["ib"]
+        assert "--ulimit=memlock=-1" in argv["ib"]
+        assert not any("infiniband" in a for a in argv["eth"] + argv["off"])
+        asked = {n: sum(r == ["sh", "-c", HAS_INFINIBAND] for r in nodes[n].runs) for n in hosts}
+        assert asked == {"ib": 1, "eth": 1, "off": 0}          # `false` in the inventory: never asked
+        ops.start(2, list(hosts), "ib", ("", 0))
+        assert sum(r == ["sh", "-c", HAS_INFINIBAND] for r in nodes["ib"].runs) == 1     # once per node
+        assert "--device=/dev/infiniband" in ops.plan.node("ib").runtime_argv
+    finally:
+        ops.close()
+
+
+def test_a_failed_node_whose_kernel_logged_a_gpu_xid_since_the_attempt_started_has_gpu_evidence(tmp_path):
+    kernel = (FIX / "dmesg_xid.txt").read_text()       # uptime 61234 s; Xid 94 at 61212 s, Xid 79 at 5702 s
+    attempts = [SimpleNamespace(attempt=1, started_at=1000.0)]
+    store = Store()
+    store.attempts, store.now = (lambda job_id: attempts), (lambda: 1100.0)    # the attempt ran 100 s
+    hosts = {"g": Host("g", "10.0.0.1", runtime="podman", gpus=8), "cpu": Host("cpu", "10.0.0.2", runtime="podman",
+                                                                                gpus=0)}
+    nodes = {"g": Node(kernel=kernel), "cpu": Node(kernel=kernel)}
+    ops = _ops(tmp_path, hosts, nodes, store)
+    try:
+        got = ops._xid("g", 1)
+        assert got.startswith("kernel: Xid 94 on PCI:0000:af:00:") and "Contained" in got
+        assert ops._xid("cpu", 1) is None and nodes["cpu"].runs == []           # a CPU host: not asked
+        nodes["g"].kernel = kernel.replace("[61212.550087]", "[50000.000000]")  # logged before the attempt
+        assert ops._xid("g", 1) is None
+        nodes["g"].kernel = kernel.replace("): 94,", "): 13,")                 # Xid 13: the job's own fault
+        assert ops._xid("g", 1) is None
+    finally:
+        ops.close()
