@@ -36,7 +36,7 @@ class NodePlan:
     is_rdzv_host: bool
     job_id: str = ""                      # the job id its containers are labelled with (not in to_dict: the plan has it)
     # warm recovery (docker, podman; recovery: warm): not in to_dict/render (the first attempt runs runtime_argv)
-    warm_dir: str = ""                    # the node's zygote dir (runtimes.warm_dir); "" : no warm path
+    warm_dir: str = ""                    # the node's warm key (runtimes.warm_key: its dir in the warm root); "": none
     warm_argv: tuple[str, ...] = ()       # runtime_argv, torchrun and its ranks forked by the zygote
     zygote_argv: tuple[str, ...] = ()     # starts the node's zygote container (stdin: zygote.py)
     cold_why: str = ""                    # why this node has no warm path ("" when it has one)
@@ -329,12 +329,12 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
         cold_why = warm_unavailable(spec, h.runtime)
         warm: dict[str, Any] = {"cold_why": cold_why}
         if not cold_why:
-            wdir = runtimes.warm_dir(job_id, h.name)
+            key = runtimes.warm_key(job_id, h.name)
             wargv = torchrun_argv(spec, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, is_host=is_host,
-                                  local_addr=h.address, nproc=nproc, nnodes_arg=nnodes_arg, warm_dir=wdir)
-            warm.update(warm_dir=wdir, zygote_argv=tuple(rt.zygote_start_argv(req, wdir)),
-                        warm_argv=tuple(rt.run_argv(replace(req, command=tuple(wargv),
-                                                            mounts=(*req.mounts, f"{wdir}:{wdir}")))))
+                                  local_addr=h.address, nproc=nproc, nnodes_arg=nnodes_arg,
+                                  warm_dir=runtimes.warm_path(key, rt.containerized))
+            warm.update(warm_dir=key, zygote_argv=tuple(rt.zygote_start_argv(req, key)),
+                        warm_argv=tuple(rt.warm_run_argv(replace(req, command=tuple(wargv)), key)))
         nodes.append(NodePlan(
             host=h.name, address=h.address, runtime=h.runtime, container_name=name,
             runtime_argv=tuple(rt.run_argv(req)), torchrun_argv=tuple(targv), env=env, secret_names=secret_names,

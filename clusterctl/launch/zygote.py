@@ -23,15 +23,19 @@ Command line: ``python zygote.py serve SOCK`` / ``python -S zygote.py client SOC
 """
 from __future__ import annotations
 
-import array
-import json
 import os
-import select
-import signal
-import socket
-import struct
 import sys
-import time
+
+if __name__ == "__main__":      # run as a script: nothing beside it is imported (clients run with -I anyway)
+    sys.path[:] = [p for p in sys.path if p and p != os.path.dirname(os.path.abspath(__file__))]
+
+import array  # noqa: E402 - after the sys.path fix above
+import json  # noqa: E402
+import select  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
+import time  # noqa: E402
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.distributed.elastic.agent.server.local_elastic_agent",
            "torch.nn.parallel", "torch.optim", "torch._dynamo")
@@ -43,7 +47,7 @@ READY = "clusterctl-zygote ready"
 def _send(conn: socket.socket, payload: dict, fds: list[int]) -> None:
     data = json.dumps(payload).encode()
     conn.sendmsg([struct.pack("!I", len(data)) + data],
-                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
 
 
 def client(sock: str, kind: str, argv: list[str], connect_timeout_s: float = 5.0) -> int:
@@ -53,7 +57,10 @@ def client(sock: str, kind: str, argv: list[str], connect_timeout_s: float = 5.0
     conn.settimeout(connect_timeout_s)
     try:
         conn.connect(sock)
-        _send(conn, {"kind": kind, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}, [0, 1, 2])
+        if kind == "ping":      # nothing of this process (the host's SSH session) goes to the zygote
+            _send(conn, {"kind": kind, "argv": [], "env": {}, "cwd": "/"}, [])
+        else:
+            _send(conn, {"kind": kind, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}, [0, 1, 2])
         conn.settimeout(None)
         f = conn.makefile("r")
         first = f.readline()
@@ -85,11 +92,35 @@ def client(sock: str, kind: str, argv: list[str], connect_timeout_s: float = 5.0
         return int(line[2:])
     if line.startswith("S "):
         sig = int(line[2:])
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
+        die_of(sig)
         return 128 + sig
     print("clusterctl-zygote: lost the zygote before the child ended", file=sys.stderr)
     return 125
+
+
+def die_of(sig: int) -> None:
+    """End this process by signal ``sig``, as its child ended: whoever waits for it (torchrun's agent, the runner)
+    sees the wait status of a cold rank (killed by SIGKILL: the OOM killer's signal). The default action is
+    restored first where a handler can be set at all (SIGKILL and SIGSTOP have none to restore)."""
+    try:
+        signal.signal(sig, signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+    os.kill(os.getpid(), sig)
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of unix socket ``conn`` (``SO_PEERCRED``, as the kernel saw it at
+    ``connect``; in this process's user namespace)."""
+    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+    return uid
+
+
+def may_fork_for(uid: int) -> bool:
+    """Only this zygote's own uid, or root, may have it fork (anyone who reaches the socket may ping it)."""
+    return uid in (0, os.getuid())
 
 
 # ------------------------------------------------------------------------------------------------ server
@@ -375,11 +406,14 @@ def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
                     conn, _ = listener.accept()
                     fds: list[int] = []
                     try:
+                        uid = peer_uid(conn)
                         req, fds = _recv(conn)
                         if req["kind"] == "ping":
                             conn.sendall(b"X 0\n")
                             conn.close()
                             continue
+                        if not may_fork_for(uid):
+                            raise PermissionError(f"uid {uid} may not have the zygote of uid {os.getuid()} fork")
                         attempt = str(req["env"].get("CLUSTERCTL_ATTEMPT", ""))
                         if req["kind"] == "torchrun":
                             kill_attempts(keep=attempt)    # no two generations on one node

@@ -8,7 +8,7 @@ On the node, ``NODE_SCRIPT`` finds the attempt's rank processes by their environ
 ``CLUSTERCTL_ATTEMPT``, ``CLUSTERCTL_NODE`` and torchrun's ``RANK``; a rank's own children, e.g. DataLoader workers, are skipped) in
 ``/proc`` -- host PIDs, so containerized ranks are found the same way -- and dumps each with py-spy. A rank forked
 by a warm zygote (clusterctl/launch/zygote.py) has the zygote's environment in ``/proc``: it is found by the marker its
-zygote wrote, ``/tmp/clusterctl-warm/<job_id>_<node>/ranks/<its pid in the zygote's namespace>`` ("ATTEMPT RANK"). A node without
+zygote wrote, ``<warm root>/<warm key>/s/ranks/<its pid in the zygote's namespace>`` ("ATTEMPT RANK"). A node without
 ``py-spy`` on its PATH gets the static binary from this machine's py-spy wheel on the command's stdin: it is
 written to a private ``mktemp -d`` directory (0700) and removed when the command ends.
 """
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from clusterctl.errors import UserError
+from clusterctl.launch.runtimes import WARM_ROOT_SH, warm_key
 
 ARROW = "\u2190"          # "all_reduce <- train_step train.py:88"
 DUMP_TIMEOUT_S = 20       # per rank, on the node
@@ -31,8 +32,12 @@ MARK = "@@clusterctl-"
 
 # $1 JOB_ID  $2 ATTEMPT  $3 py-spy to run ("-": the binary comes on stdin)  $4 timeout per rank  $5 NODE (the
 # inventory name: CLUSTERCTL_NODE tells this node's ranks apart where nodes share a PID namespace, as test hosts
-# on one machine do). Fixed text; values only as argv.
-NODE_SCRIPT = r'''jid=$1 att=$2 spy=$3 node=$5
+# on one machine do)  $6 the node's warm key (runtimes.warm_key). Only this user's processes are looked at (as
+# root: not a process another user started with the job's CLUSTERCTL_* environment); a warm rank's client proxy
+# (its command line names the warm dir's zygote.py) is not a rank: the rank is its fork by the zygote.
+# Fixed text; values only as argv.
+NODE_SCRIPT = WARM_ROOT_SH + r'''
+jid=$1 att=$2 spy=$3 node=$5
 if [ "$spy" = - ]; then
   d=$(umask 077 && mktemp -d) || exit 125
   trap 'rm -rf -- "$d"' EXIT
@@ -44,26 +49,29 @@ elif ! command -v "$spy" >/dev/null 2>&1; then
 fi
 T=; command -v timeout >/dev/null 2>&1 && T="timeout $4"
 found=
-w=/tmp/clusterctl-warm/${jid}_$node
+w=
+warm_root 2>/dev/null && [ -d "$r/$6/s/ranks" ] && w=$r/$6/s/ranks
 for e in /proc/[0-9]*/environ; do
+  p=${e#/proc/}; p=${p%/environ}
+  [ -O "/proc/$p" ] || continue
   v=$(exec 2>/dev/null; tr '\0' '\n' <"$e") || continue
-  if [ -d "$w/ranks" ] && ! printf '%s\n' "$v" | grep -qxF "CLUSTERCTL_JOB_ID=$jid"; then
-    p=${e#/proc/}; p=${p%/environ}
-    grep -qF "$w/zygote.py" "/proc/$p/cmdline" 2>/dev/null || continue
+  if ! printf '%s\n' "$v" | grep -qxF "CLUSTERCTL_JOB_ID=$jid"; then
+    [ -n "$w" ] || continue
+    grep -qF "/$6/py/zygote.py" "/proc/$p/cmdline" 2>/dev/null || continue
     n=$(sed -n 's/^NSpid:.*[[:space:]]\([0-9][0-9]*\)$/\1/p' "/proc/$p/status" 2>/dev/null)
-    read -r a r <"$w/ranks/$n" 2>/dev/null || continue
+    [ -f "$w/$n" ] && [ ! -L "$w/$n" ] || continue
+    read -r a r <"$w/$n" 2>/dev/null || continue
     [ "$a" = "$att" ] || continue
     pp=$(sed -n 's/^PPid:[[:space:]]*//p' "/proc/$p/status" 2>/dev/null)
     found="$found$p ${pp:-0} $r
 "
     continue
   fi
-  printf '%s\n' "$v" | grep -qxF "CLUSTERCTL_JOB_ID=$jid" || continue
   printf '%s\n' "$v" | grep -qxF "CLUSTERCTL_ATTEMPT=$att" || continue
   printf '%s\n' "$v" | grep -qxF "CLUSTERCTL_NODE=$node" || continue
+  grep -qF "/$6/py/zygote.py" "/proc/$p/cmdline" 2>/dev/null && continue
   r=$(printf '%s\n' "$v" | sed -n 's/^RANK=//p' | head -n 1)
   [ -n "$r" ] || continue
-  p=${e#/proc/}; p=${p%/environ}
   pp=$(sed -n 's/^PPid:[[:space:]]*//p' "/proc/$p/status" 2>/dev/null)
   found="$found$p ${pp:-0} $r
 "
@@ -277,7 +285,8 @@ def spy_binary() -> Path:
 
 
 def node_argv(job_id: str, attempt: int, node: str, spy: str = "py-spy") -> list[str]:
-    return ["sh", "-c", NODE_SCRIPT, "clusterctl-stacks", job_id, str(attempt), spy, str(DUMP_TIMEOUT_S), node]
+    return ["sh", "-c", NODE_SCRIPT, "clusterctl-stacks", job_id, str(attempt), spy, str(DUMP_TIMEOUT_S), node,
+            warm_key(job_id, node)]
 
 
 def collect_node(run: Callable[..., object], node: str, job_id: str, attempt: int,

@@ -418,7 +418,8 @@ class ClusterOps:
             argv, prelude = node.runtime_argv, CHECKPOINT_INSTALLER
             if mode == "warm":   # the job's modules where the zygote's children see them too
                 argv = node.warm_argv
-                prelude = f"{runtimes.LIB_DIR_VAR}={node.warm_dir}/lib-{attempt}\n{CHECKPOINT_INSTALLER}"
+                lib = rt.warm_lib_dir(node.warm_dir, attempt)
+                prelude = f"{runtimes.LIB_DIR_VAR}={lib}\n{CHECKPOINT_INSTALLER}" if lib else CHECKPOINT_INSTALLER
             r = self._run(host.name, argv, timeout=timeout, stdin=node.env_script(self.secrets, prelude))
             if not r.ok and mode == "warm":     # its zygote answered, then the warm start failed: cold, once
                 failed = _what_failed(r).splitlines()[-1]
@@ -474,7 +475,9 @@ class ClusterOps:
         if r.ok:
             return "warm", "its zygote answered: torchrun and the ranks are forked from it"
         text = _what_failed(r).splitlines()[-1][-200:]
-        if "No such file" in text:
+        if r.exit_code == 3:        # the node's warm root is not this user's private dir (runtimes.WARM_ROOT_SH)
+            return "cold", text.removeprefix("clusterctl: ")
+        if r.exit_code == 4 or "No such file" in text:
             return "cold", "no zygote on the node (a new node, or its zygote had not started yet)"
         return "cold", f"its zygote did not answer ({text})"
 
@@ -682,7 +685,7 @@ class ClusterOps:
         rt = self._runtime(node)
         if not hasattr(rt, "zygote_remove_argv"):
             return
-        r = self._run(node, rt.zygote_remove_argv(self.job_id, node, runtimes.warm_dir(self.job_id, node)),
+        r = self._run(node, rt.zygote_remove_argv(self.job_id, node, runtimes.warm_key(self.job_id, node)),
                       timeout=60)
         if not r.ok:
             raise CommandFailed(r.stderr.strip()[-300:] or f"zygote: exit code {r.exit_code}")

@@ -198,16 +198,18 @@ def new_run(tb, tmp: Path, name: str, runtime: str = "podman", **job_kw) -> Run:
 
 def wait_zygotes(run: Run, timeout: float = 90) -> None:
     """Every node of the job's attempt has a zygote (warm recovery) that imported torch: its socket is in the
-    node's warm dir (the testbed's hosts share this machine's /tmp)."""
+    node's warm dir (the testbed's hosts share this machine's /tmp, or the TMPDIR their sshd sets)."""
     import glob
 
-    from clusterctl.launch.runtimes import WARM_ROOT
+    from clusterctl.launch.runtimes import warm_job_key, warm_root
 
+    root = warm_root(tmpdir=run.tb.hosts[0].env.get("TMPDIR", "/tmp"))
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         with run.store() as store:
             attempts = store.attempts(store.get_job(run.name).job_id)
-        if attempts and len(glob.glob(f"{WARM_ROOT}/{run.job_row().job_id}_*/z.sock")) >= len(attempts[-1].nodes):
+        socks = glob.glob(f"{root}/{warm_job_key(run.job_row().job_id)}-*/s/z.sock")
+        if attempts and len(socks) >= len(attempts[-1].nodes):
             return
         time.sleep(0.5)
     raise AssertionError("the zygotes did not come up\n" + run.events_text())
@@ -236,6 +238,9 @@ def check_steps(run: Run, resumed_steps: list[int] | None = None) -> dict:
 
 def check_clean(run: Run, timeout: float = 30) -> None:
     """No container and no process of the job left on any host."""
+    from clusterctl.launch.runtimes import warm_job_key
+
+    jk = warm_job_key(run.job_row().job_id)
     end = time.monotonic() + timeout
     left: dict = {}
     while time.monotonic() < end:
@@ -243,8 +248,9 @@ def check_clean(run: Run, timeout: float = 30) -> None:
         for h in run.tb.hosts:
             names = [] if run.runtime == "bare" else \
                 [n for n in run.tb.container_names(h, run.runtime, "label=clusterctl.job_id") if run.name in n]
-            # a rank, or a zygote and what it forked (their command line names the warm dir, the job id in it)
-            procs = [c for _, c in run.tb.processes(h) if (str(TRAIN) in c or "/zygote.py " in c) and run.name in c]
+            # a rank, or a zygote and what it forked (their command line names the warm dir: the job's warm key)
+            procs = [c for _, c in run.tb.processes(h)
+                     if (str(TRAIN) in c and run.name in c) or ("/zygote.py " in c and jk in c)]
             if names or procs:
                 left[h.name] = (names, procs)
         if not left:

@@ -15,7 +15,9 @@ Transport.run must close stdin after writing it (EOF), as ``subprocess.run(input
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import os
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
@@ -77,21 +79,107 @@ SELECT_CONTAINER = (f'cid=$("$0" ps -a --no-trunc --filter "label={LABEL_JOB_ID}
                     '[ -n "$cid" ] || { echo "clusterctl: no container $2 of job $1" >&2; exit 1; }')
 
 
-# Warm recovery (docs/design.md): a zygote container per job and node, beside the attempt's container, labelled
-# LABEL_WARM (not LABEL_JOB_ID: a relaunch's cleanup by job id leaves it alone; stop(None) removes it). Its
-# directory holds zygote.py, its socket and the job's module dir per attempt; mounted at the same path into the
-# zygote's and every warm attempt's container. /tmp: a unix socket path must stay under 108 bytes.
+# Warm recovery (docs/design.md, docs/security.md): a zygote per job and node (a container labelled LABEL_WARM
+# beside the attempt's container; bare: a host process). Its files live in the node's warm dir, ``<root>/<key>``:
+# * the root is this user's private warm root, ``${TMPDIR:-/tmp}/clusterctl-warm-<uid>``: created mode 0700 and,
+#   before every use, checked to be a directory (not a symlink) of this uid with mode 0700, in a parent that root or
+#   this uid owns and nobody else can rename entries of (not group/other-writable, or sticky like /tmp). Anything else
+#   (a root another user created first, a long TMPDIR) disables warm with the reason (``WARM_ROOT_SH``): the node
+#   starts cold. Nothing in it is another principal's, so nothing the node runs from it is.
+# * ``<key>`` (``warm_key``) is short by construction (hashes of the job id and the node name), so every socket path
+#   stays far under the 107 bytes of a unix socket path, whatever the names.
+# * ``<key>/py/zygote.py``: the only file executed from the warm dir (by the zygote, and by the torch-free client
+#   with ``python3 -I -S``: no directory of the script on sys.path, no PYTHON* variables). Mounted read-only into
+#   containers.
+# * ``<key>/s``: the socket ``z.sock``, the rank markers (``ranks/``) and the job's modules per attempt
+#   (``lib-N``): the only part mounted read-write into the zygote's and the warm attempt's containers. The host runs
+#   nothing from it.
+# In containers the warm dir is at ``WARM_IN_CONTAINER/<key>`` (``warm_path``); the host's path, known only on the
+# node (its uid, its TMPDIR), replaces ``WARM_PLACEHOLDER`` in an argv at the start (``WARM_EXEC``).
 LABEL_WARM = "clusterctl.warm"
-WARM_ROOT = "/tmp/clusterctl-warm"
+WARM_ROOT_PREFIX = "clusterctl-warm-"          # + uid, in ${TMPDIR:-/tmp}
+WARM_IN_CONTAINER = "/run/clusterctl-warm"
+WARM_PLACEHOLDER = "@clusterctl-warm@"
+MAX_WARM_ROOT = 78     # + "/<key:19>/s/z.sock" (29 bytes) <= 107 bytes (sun_path)
+
+# Shell function ``warm_root [create]``: sets $r to this user's private warm root (creating it with ``create``), or
+# prints why warm is disabled and returns 1 (2: there is none yet). Fixed text; builtins, id and ls only.
+WARM_ROOT_SH = f'''warm_root() {{
+  u=$(id -u) || return 1
+  b=${{TMPDIR:-/tmp}}; case $b in /*) b=${{b%/}} ;; *) b=/tmp ;; esac
+  r=$b/{WARM_ROOT_PREFIX}$u
+  set -- "${{1:-}}" $(LC_ALL=C ls -ldn -- "$b/" 2>/dev/null)
+  case ${{4:-}} in 0|"$u") ;; *) echo "clusterctl: warm disabled: $b/ belongs to uid ${{4:-?}} (not root, not uid $u)" >&2; return 1 ;; esac
+  case ${{2:-}} in d????-??-?*|d????????[tT]*) ;; *) echo "clusterctl: warm disabled: others may rename entries of $b/ (${{2:-?}})" >&2; return 1 ;; esac
+  [ "${{#r}}" -le {MAX_WARM_ROOT} ] || {{ echo "clusterctl: warm disabled: $r is ${{#r}} bytes long: its socket paths would pass 107 bytes" >&2; return 1; }}
+  if [ "$1" = create ] && [ ! -e "$r" ] && [ ! -L "$r" ]; then mkdir -m 700 -- "$r" 2>/dev/null; fi
+  set -- $(LC_ALL=C ls -ldn -- "$r" 2>/dev/null)
+  [ -n "${{1:-}}" ] || {{ echo "clusterctl: no warm root $r" >&2; return 2; }}
+  if [ "$3" != "$u" ] || {{ [ "$1" != drwx------ ] && [ "$1" != drwx------. ]; }}; then
+    echo "clusterctl: warm disabled: $r is not a private directory of uid $u (owner uid $3, mode $1)" >&2; return 1
+  fi
+}}'''
+
+# $1 the warm key, then an argv: check the warm root, replace WARM_PLACEHOLDER in every element by the node's warm dir
+# (<root>/<key>), exec the argv (stdin passes through). Exit 3 (the reason on stderr) when warm is disabled.
+SUBSTITUTE = (f'for a; do shift; case $a in *{WARM_PLACEHOLDER}*) a=${{a%%{WARM_PLACEHOLDER}*}}$w${{a#*{WARM_PLACEHOLDER}}};; esac; '
+              'set -- "$@" "$a"; done')
+WARM_EXEC = f'{WARM_ROOT_SH}\nwarm_root || exit 3\nw=$r/$1; shift\n{SUBSTITUTE}\nexec "$@"\n'
+
+# $1 the warm key: ping the node's zygote with the host's python3, isolated (-I -S). Exit 3: warm disabled (the
+# reason on stderr); 4: no zygote there; else the client's (0: it answered).
+WARM_PING = f'''{WARM_ROOT_SH}
+warm_root; rc=$?
+[ "$rc" -eq 2 ] && exit 4
+[ "$rc" -eq 0 ] || exit 3
+w=$r/$1
+[ -f "$w/py/zygote.py" ] && [ -S "$w/s/z.sock" ] && [ ! -L "$w/s/z.sock" ] || {{ echo "clusterctl: no zygote in $w" >&2; exit 4; }}
+exec python3 -I -S "$w/py/zygote.py" client "$w/s/z.sock" ping
+'''
 
 
-def warm_dir(job_id: str, node: str) -> str:
-    return f"{WARM_ROOT}/{job_id}_{node}"
+def _h(text: str, n: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def warm_job_key(job_id: str) -> str:
+    """The part of every warm key of ``job_id`` (its warm dirs are ``<root>/<this>-*``)."""
+    return _h(job_id, 10)
+
+
+def warm_key(job_id: str, node: str) -> str:
+    """The node's warm dir under the warm root: 19 characters whatever the job's and the node's names."""
+    return f"{warm_job_key(job_id)}-{_h(node, 8)}"
+
+
+def warm_root(uid: int | None = None, tmpdir: str | None = None) -> str:
+    """The warm root of ``uid`` (default: this process's) under ``tmpdir`` (default: $TMPDIR or /tmp), as
+    ``WARM_ROOT_SH`` makes it on a node."""
+    base = tmpdir or os.environ.get("TMPDIR") or "/tmp"
+    base = base.rstrip("/") if base.startswith("/") else "/tmp"
+    return f"{base}/{WARM_ROOT_PREFIX}{os.getuid() if uid is None else uid}"
+
+
+def warm_path(key: str, containerized: bool) -> str:
+    """The warm dir as the job's processes see it: in a container, ``WARM_IN_CONTAINER/<key>``; on the host,
+    ``WARM_PLACEHOLDER`` (``WARM_EXEC`` puts the node's real path there at the start)."""
+    return f"{WARM_IN_CONTAINER}/{key}" if containerized else WARM_PLACEHOLDER
+
+
+def warm_exec(key: str, argv: list[str]) -> list[str]:
+    """``argv`` with ``WARM_PLACEHOLDER`` replaced by the node's checked warm dir of ``key`` (``WARM_EXEC``)."""
+    return ["sh", "-c", WARM_EXEC, "clusterctl-warm", key, *argv]
 
 
 def zygote_client(wdir: str, kind: str) -> list[str]:
-    """The torch-free client that has the zygote in ``wdir`` fork a ``kind`` (torchrun | rank | ping)."""
-    return ["python3", "-S", f"{wdir}/zygote.py", "client", f"{wdir}/z.sock", kind]
+    """The torch-free client that has the zygote in ``wdir`` (as the caller sees it) fork a ``kind`` (torchrun |
+    rank | ping); isolated (-I: nothing beside the script, no PYTHON* variable, no user site is imported)."""
+    return ["python3", "-I", "-S", f"{wdir}/py/zygote.py", "client", f"{wdir}/s/z.sock", kind]
+
+
+def zygote_ping_argv(key: str) -> list[str]:
+    """Exit 0 when the node's zygote of ``key`` answers (the host's python3; see ``WARM_PING``)."""
+    return ["sh", "-c", WARM_PING, "clusterctl-warm-ping", key]
 
 
 def jobs_root_for(jobs_root: str, node: str) -> str:
@@ -231,18 +319,28 @@ PID_ALIVE = ('alive() { [ "${1:-0}" -gt 0 ] 2>/dev/null && [ -r "/proc/$1/status
              'while read -r k v _; do [ "$k" = State: ] && { [ "$v" != Z ] && [ "$v" != X ]; return; }; '
              'done <"/proc/$1/status"; return 1; }')
 
+# Shell function: sets $v to the start time of process $1 (field 22 of /proc/PID/stat, clock ticks since boot; the
+# fields after the command name, which may hold ") ", start at field 3); false when there is no such process. With
+# the pid it names one process: a pid reused after the process died has another start time. (builtins only)
+PID_STARTED = ('started() { v=; [ "${1:-0}" -gt 0 ] 2>/dev/null || return 1; '
+               '{ read -r v <"/proc/$1/stat"; } 2>/dev/null; v=${v##*) }; set -- $v; v=${20:-}; [ -n "$v" ]; }')
+
 # Shell function: the newest step N of a complete-looking checkpoint ``$1/step-N`` (a MANIFEST.json or DCP's
 # .metadata in it; the supervisor then verifies it). Builtins only: a glob, no process per call.
 NEWEST_STEP = ('newest() { n=; [ -n "$1" ] || return; for m in "$1"/step-*/MANIFEST.json "$1"/step-*/.metadata; do '
                '[ -e "$m" ] || continue; x=${m%/*}; x=${x##*/step-}; case $x in ""|*[!0-9]*) continue;; esac; '
                'x=${x#"${x%%[!0]*}"}; x=${x:-0}; if [ -z "$n" ] || [ "$x" -gt "$n" ]; then n=$x; fi; done; }')
 
-# $1 checkpoint root ("" for none)  $2... a pid_argv: looks every 0.5 s whether that pid lives and for the newest
+# $1 checkpoint root ("" for none)  $2... a pid_argv: looks every 0.5 s whether that process lives and for the newest
 # checkpoint step under the root; prints "1 [STEP]" (alive) or "0 [STEP]" (gone, or never was) at once when that
 # changed, else at every second look: a line a second is the heartbeat. (Each line is an SSH packet that the
-# supervisor decrypts in Python: one a second per steady node, not two.)
-WATCH = (PID_ALIVE + '; ' + NEWEST_STEP + '; c=$1; shift; p=$("$@" 2>/dev/null); l=; i=0; while :; do '
-         'newest "$c"; if alive "$p"; then s="1 $n"; else s="0 $n"; fi; i=$((i + 1)); '
+# supervisor decrypts in Python: one a second per steady node, not two.) The process is the pid *and* its start
+# time when the pid was read: once it died, a process that got its pid again is not it (pid_max is 32768 on many
+# hosts); a "1" for it made the supervisor trust the node as running and never probe it again (issue 34 item 13).
+WATCH = (PID_ALIVE + '; ' + PID_STARTED + '; ' + NEWEST_STEP + '; c=$1; shift; p=$("$@" 2>/dev/null); started "$p"; '
+         't=$v; l=; i=0; while :; do '
+         'newest "$c"; if alive "$p" && started "$p" && [ "$v" = "$t" ]; then s="1 $n"; else s="0 $n"; fi; '
+         'i=$((i + 1)); '
          'if [ "$s" != "$l" ] || [ "$i" -ge 2 ]; then echo "$s"; l=$s; i=0; fi; sleep 0.5; done')
 
 

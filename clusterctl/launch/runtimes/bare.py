@@ -33,11 +33,13 @@ from clusterctl.launch.runtimes import (
     LABEL_ATTEMPT,
     LABEL_JOB_ID,
     LIB_DIR_VAR,
-    WARM_ROOT,
+    WARM_ROOT_SH,
     Instance,
     NodeRef,
     RunRequest,
-    zygote_client,
+    warm_exec,
+    warm_job_key,
+    zygote_ping_argv,
 )
 from clusterctl.model.causes import ERROR_FILE_LINE, MAX_TEXT, oom_killed
 
@@ -160,32 +162,41 @@ exit 0
 """
 
 # Warm recovery (docs/design.md): the node's zygote is a process on the host, detached like the runner, started by
-# the interpreter of the job's torchrun (its #! line: where torch is installed). It is started without the job's
-# environment, so KILL_JOB (by CLUSTERCTL_JOB_ID) leaves it for the next relaunch; a forked agent or rank keeps the
-# zygote's command line, which is how ZYGOTE_REMOVE finds them all.
-# $1 the warm dir  $2 the job's torchrun; stdin: zygote.py. Returns once the zygote is started (it then imports
-# torch for seconds before it serves $1/z.sock).
-ZYGOTE_START = f"""d=$1 t=$2
+# the interpreter of the job's torchrun (its #! line: where torch is installed), from zygote.py in the warm dir of
+# this user's checked warm root (``WARM_ROOT_SH``). It is started without the job's environment, so KILL_JOB (by
+# CLUSTERCTL_JOB_ID) leaves it for the next relaunch; a forked agent or rank keeps the zygote's command line, which
+# is how ZYGOTE_REMOVE finds them all.
+# $1 the warm key  $2 the job's torchrun; stdin: zygote.py. Returns once the zygote is started (it then imports
+# torch for seconds before it serves <warm dir>/s/z.sock).
+ZYGOTE_START = f"""k=$1 t=$2
 tp=$(command -v "$t") || {{ echo "clusterctl: $t not found on PATH: no zygote" >&2; exit 127; }}
 py=$(sed -n '1s/^#![[:space:]]*//p' "$tp")
 case $py in */python*|*" python"*) ;; *) echo "clusterctl: $tp is not a Python script (#!$py): no zygote" >&2; exit 125;; esac
-rm -rf -- "$d" && mkdir -p -m 1777 {WARM_ROOT} && (umask 077 && mkdir -- "$d") && cat >"$d/zygote.py" || exit 125
+{WARM_ROOT_SH}
+warm_root create || exit 125
+w=$r/$k
+rm -rf -- "$w" && mkdir -m 700 -- "$w" "$w/py" "$w/s" && cat >"$w/py/zygote.py" || exit 125
 cd / || exit 125
 # $py unquoted: a #! line is the interpreter and at most one argument ("/usr/bin/env python3")
-setsid nohup $py "$d/zygote.py" serve "$d/z.sock" </dev/null >>"$d/zygote.log" 2>&1 &
+setsid nohup $py "$w/py/zygote.py" serve "$w/s/z.sock" </dev/null >>"$w/zygote.log" 2>&1 &
 """
 
-# $1 the job id  $2 the warm dir ("": every one of the job): SIGKILL the zygote(s) and every process forked from them
-# (a forked agent or rank keeps its zygote's command line), then remove the dir(s)
-ZYGOTE_REMOVE = f"""jid=$1 w=$2
+# $1 the warm key ("": every one of the job)  $2 the job's part of the warm keys: SIGKILL the zygote(s) and every
+# process forked from them (a forked agent or rank keeps its zygote's command line; only this user's), then remove
+# the dir(s). Nothing when the warm root is not this user's: none of them is there.
+ZYGOTE_REMOVE = f"""k=$1 jk=$2
+{WARM_ROOT_SH}
+warm_root 2>/dev/null || exit 0
 for c in /proc/[0-9]*/cmdline; do
   v=$(exec 2>/dev/null; tr '\\0' ' ' <"$c") || continue
-  if [ -n "$w" ]; then case $v in *" $w/zygote.py serve "*) ;; *) continue ;; esac
-  else case $v in *" {WARM_ROOT}/${{jid}}_"*"/zygote.py serve "*) ;; *) continue ;; esac
+  if [ -n "$k" ]; then case $v in *" $r/$k/py/zygote.py serve "*) ;; *) continue ;; esac
+  else case $v in *" $r/$jk-"*"/py/zygote.py serve "*) ;; *) continue ;; esac
   fi
-  p=${{c#/proc/}}; kill -s KILL -- "${{p%/cmdline}}" 2>/dev/null
+  p=${{c#/proc/}}; p=${{p%/cmdline}}
+  [ -O "/proc/$p" ] || continue
+  kill -s KILL -- "$p" 2>/dev/null
 done
-if [ -n "$w" ]; then rm -rf -- "$w"; else rm -rf -- "{WARM_ROOT}/$jid"_*; fi
+if [ -n "$k" ]; then rm -rf -- "$r/$k"; else rm -rf -- "$r/$jk"-*; fi
 exit 0
 """
 
@@ -255,19 +266,28 @@ class BareRuntime:
         return parse_list(stdout)
 
     # ------------------------------------------------------------------ warm recovery
-    def zygote_start_argv(self, req: RunRequest, wdir: str) -> list[str]:
+    def zygote_start_argv(self, req: RunRequest, key: str) -> list[str]:
         """Start the node's zygote on the host (stdin: zygote.py's source), by the interpreter of the job's
-        torchrun (``req.command[0]``). Remove an old one first (``zygote_remove_argv``)."""
-        return ["sh", "-c", ZYGOTE_START, "clusterctl-zygote", wdir, req.command[0]]
+        torchrun (``req.command[0]``), in the warm dir of ``key``. Remove an old one first (``zygote_remove_argv``)."""
+        return ["sh", "-c", ZYGOTE_START, "clusterctl-zygote", key, req.command[0]]
 
-    def zygote_remove_argv(self, job_id: str, node: str | None = None, wdir: str = "") -> list[str]:
-        """Kill the job's zygote on this node (``wdir``; "": every one of the job) and what it forked; remove
+    def warm_run_argv(self, req: RunRequest, key: str) -> list[str]:
+        """``run_argv`` of a warm attempt (``req.command``: the zygote's clients at ``warm_path``, a placeholder
+        that ``warm_exec`` replaces by the node's checked warm dir at the start)."""
+        return warm_exec(key, self.run_argv(req))
+
+    def warm_lib_dir(self, key: str, attempt: int) -> None:
+        """None: the forked agent and ranks are on the host, they see the runner's NODE_DIR/lib."""
+        return None
+
+    def zygote_remove_argv(self, job_id: str, node: str | None = None, key: str = "") -> list[str]:
+        """Kill the job's zygote on this node (``key``; "": every one of the job) and what it forked; remove
         its dir."""
-        return ["sh", "-c", ZYGOTE_REMOVE, "clusterctl-zygote-rm", job_id, wdir]
+        return ["sh", "-c", ZYGOTE_REMOVE, "clusterctl-zygote-rm", key, warm_job_key(job_id)]
 
-    def zygote_ping_argv(self, wdir: str) -> list[str]:
-        """Exit 0 when the zygote in ``wdir`` answers (the host's python3, torch-free client)."""
-        return zygote_client(wdir, "ping")
+    def zygote_ping_argv(self, key: str) -> list[str]:
+        """Exit 0 when the zygote of ``key`` answers (the host's python3, torch-free client; ``WARM_PING``)."""
+        return zygote_ping_argv(key)
 
 
 def parse_list(stdout: str) -> list[Instance]:

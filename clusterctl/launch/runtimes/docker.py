@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 from clusterctl.launch.runtimes import (
@@ -14,11 +15,16 @@ from clusterctl.launch.runtimes import (
     LABEL_WARM,
     PID_ALIVE,
     SELECT_CONTAINER,
-    WARM_ROOT,
+    SUBSTITUTE,
+    WARM_PLACEHOLDER,
+    WARM_ROOT_SH,
     Instance,
     NodeRef,
     RunRequest,
-    zygote_client,
+    warm_exec,
+    warm_job_key,
+    warm_path,
+    zygote_ping_argv,
 )
 
 CDI_ALL_GPUS = "--device=nvidia.com/gpu=all"
@@ -30,15 +36,19 @@ _STATE_ALIASES = {"stopped": "exited", "configured": "created", "initialized": "
 # Exit 3: the container is listed as running, its init process is gone, and it is still "running" $3 s later
 # (conmon, which records the exit, was killed with it). Exit 0 otherwise, also when it cannot tell (no such
 # container of this job, inspect failed, no pid): the listing is then believed.
-# $0 the runtime  $1 the job id  $2 the node  $3 the warm dir ("" : every one of the job): remove the job's zygote
-# container(s) (selected by label) and the warm dir(s). Ids are hex printed by -q.
-ZYGOTE_REMOVE = ('i=0; while :; do ids=$("$0" ps -aq --filter="label=' + LABEL_WARM + '=$1" ${2:+--filter="label='
+# $0 the runtime  $1 the job id  $2 the node ("": every one of the job)  $3 the warm key ("": every one of the job)
+# $4 the job's part of the warm keys: remove the job's zygote container(s) (selected by label), then the warm dir(s)
+# when the warm root is this user's (otherwise none of them is there). Ids are hex printed by -q.
+ZYGOTE_REMOVE = (WARM_ROOT_SH + '\ni=0; while :; do ids=$("$0" ps -aq --filter="label=' + LABEL_WARM + '=$1" ${2:+--filter="label='
                  + LABEL_NODE + '=$2"}) || exit 1; [ -z "$ids" ] && break; "$0" rm RMFLAGS $ids >/dev/null 2>&1 && break; '
                  'i=$((i + 1)); [ "$i" -ge 20 ] && { "$0" rm RMFLAGS $ids >/dev/null; exit 1; }; [ "$i" -gt 1 ] && sleep 0.5; done; '
-                 'if [ -n "$3" ]; then rm -rf -- "$3"; else rm -rf -- "' + WARM_ROOT + '/$1"_*; fi')
-# $1 the warm dir, then the runtime's run argv: a fresh dir holding zygote.py (stdin), then start the zygote.
-ZYGOTE_START = ('d=$1; shift; rm -rf -- "$d" && mkdir -p -m 1777 "' + WARM_ROOT + '" && mkdir -m 700 "$d" && '
-                'cat >"$d/zygote.py" && exec "$@"')
+                 'warm_root 2>/dev/null || exit 0; '
+                 'if [ -n "$3" ]; then rm -rf -- "$r/$3"; else rm -rf -- "$r/$4"-*; fi')
+# $1 the warm key, then the runtime's run argv (its WARM_PLACEHOLDERs: the warm dir): a fresh warm dir in this user's
+# checked warm root (``WARM_ROOT_SH``), zygote.py (stdin) in its read-only part, then start the zygote.
+ZYGOTE_START = (WARM_ROOT_SH + '\nwarm_root create || exit 125\nw=$r/$1; shift\n'
+                'rm -rf -- "$w" && mkdir -m 700 -- "$w" "$w/py" "$w/s" && cat >"$w/py/zygote.py" || exit 125\n'
+                + SUBSTITUTE + '\nexec "$@"')
 
 INIT_GONE = (PID_ALIVE + '; ' + SELECT_CONTAINER.replace("exit 1", "exit 0") + '; '
              'p=$("$0" inspect --format "{{.State.Pid}}" "$cid" 2>/dev/null) || exit 0; '
@@ -113,25 +123,43 @@ class ContainerRuntime:
     def zygote_name(self, job_id: str, node: str) -> str:
         return f"clusterctl-zygote-{job_id}_{node}"
 
-    def zygote_start_argv(self, req: RunRequest, wdir: str) -> list[str]:
+    def _warm_mounts(self, key: str) -> list[str]:
+        """The warm dir's two parts, at ``warm_path`` in the container: the socket dir read-write, zygote.py's
+        read-only (nothing a container writes is ever executed on the host)."""
+        inside = warm_path(key, True)
+        return [f"{WARM_PLACEHOLDER}/s:{inside}/s", f"{WARM_PLACEHOLDER}/py:{inside}/py:ro"]
+
+    def zygote_start_argv(self, req: RunRequest, key: str) -> list[str]:
         """Start the node's zygote container (stdin: zygote.py's source): the job's image, mounts, GPUs and
-        workdir, as the attempt's container has them, plus ``wdir``; its process imports torch and serves
-        ``wdir/z.sock`` (clusterctl/launch/zygote.py). Remove an old one first (``zygote_remove_argv``)."""
-        argv = ["sh", "-c", ZYGOTE_START, "clusterctl-zygote", wdir, self.program, "run", "-d",
+        workdir, as the attempt's container has them, plus the warm dir of ``key``; its process imports torch and
+        serves ``<warm dir>/s/z.sock`` (clusterctl/launch/zygote.py). Remove an old one first
+        (``zygote_remove_argv``)."""
+        inside = warm_path(key, True)
+        argv = ["sh", "-c", ZYGOTE_START, "clusterctl-zygote", key, self.program, "run", "-d",
                 f"--name={self.zygote_name(req.job_id, req.node)}", f"--label={LABEL_WARM}={req.job_id}",
                 f"--label={LABEL_NODE}={req.node}"]
         argv += self._run_options(req)
-        argv += [f"--volume={wdir}:{wdir}", req.image, "python3", f"{wdir}/zygote.py", "serve", f"{wdir}/z.sock"]
+        argv += [*(f"--volume={m}" for m in self._warm_mounts(key)), req.image, "python3", f"{inside}/py/zygote.py", "serve",
+                 f"{inside}/s/z.sock"]
         return argv
 
-    def zygote_remove_argv(self, job_id: str, node: str | None = None, wdir: str = "") -> list[str]:
-        """Remove the job's zygote container on this node (``node``; None: all of the job's) and its dir."""
-        return ["sh", "-c", ZYGOTE_REMOVE.replace("RMFLAGS", " ".join(self.rm_flags())), self.program, job_id,
-                node or "", wdir]
+    def warm_run_argv(self, req: RunRequest, key: str) -> list[str]:
+        """``run_argv`` of a warm attempt (``req.command``: the zygote's clients at ``warm_path``): the warm dir
+        mounted as in the zygote's container, the node's checked path put in at the start (``warm_exec``)."""
+        return warm_exec(key, self.run_argv(replace(req, mounts=(*req.mounts, *self._warm_mounts(key)))))
 
-    def zygote_ping_argv(self, wdir: str) -> list[str]:
-        """Exit 0 when the zygote in ``wdir`` answers (host's python3, torch-free client)."""
-        return zygote_client(wdir, "ping")
+    def warm_lib_dir(self, key: str, attempt: int) -> str | None:
+        """Where a warm attempt's modules go (``LIB_DIR_VAR``): the zygote's children must see them."""
+        return f"{warm_path(key, True)}/s/lib-{attempt}"
+
+    def zygote_remove_argv(self, job_id: str, node: str | None = None, key: str = "") -> list[str]:
+        """Remove the job's zygote container on this node (``node``; None: all of the job's) and its warm dir."""
+        return ["sh", "-c", ZYGOTE_REMOVE.replace("RMFLAGS", " ".join(self.rm_flags())), self.program, job_id,
+                node or "", key, warm_job_key(job_id)]
+
+    def zygote_ping_argv(self, key: str) -> list[str]:
+        """Exit 0 when the zygote of ``key`` answers (host's python3, torch-free client; ``WARM_PING``)."""
+        return zygote_ping_argv(key)
 
     # ------------------------------------------------------------------ control
     def _by_label(self, node: NodeRef, command: str, *args: str) -> list[str]:

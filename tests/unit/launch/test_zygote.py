@@ -79,36 +79,43 @@ def test_a_killed_client_takes_its_child_along(sock, tmp_path):
     assert not Path(f"/proc/{child}").exists()
 
 
-def test_stacks_finds_a_rank_forked_by_the_zygote(tmp_path):
+def test_stacks_finds_a_rank_forked_by_the_zygote_once(tmp_path):
     """``/proc/PID/environ`` of a forked rank is the zygote's: stacks' node script finds it by the zygote's marker
-    (the real script, the real py-spy from the venv)."""
+    (the real script, the real py-spy from the venv), and only it: not its client proxy, which has the rank's
+    environment (each rank once)."""
     import shutil
 
     from clusterctl.launch import runtimes
     from clusterctl.oncall import stacks
 
     job_id, node = f"zyg-{os.getpid()}-t", "n1"
-    wdir = runtimes.warm_dir(job_id, node)
-    os.makedirs(wdir, exist_ok=True)
-    sock = f"{wdir}/z.sock"
-    shutil.copy(ZYGOTE, f"{wdir}/zygote.py")            # as on a node: zygote.py in the warm dir
-    z = subprocess.Popen([sys.executable, f"{wdir}/zygote.py", "serve", sock, ""], stdout=subprocess.PIPE, text=True)
+    root = runtimes.warm_root()
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    wdir = f"{root}/{runtimes.warm_key(job_id, node)}"
+    os.makedirs(f"{wdir}/py", mode=0o700)
+    os.makedirs(f"{wdir}/s", mode=0o700)
+    sock = f"{wdir}/s/z.sock"
+    shutil.copy(ZYGOTE, f"{wdir}/py/zygote.py")            # as on a node: zygote.py in the warm dir
+    z = subprocess.Popen([sys.executable, f"{wdir}/py/zygote.py", "serve", sock, ""], stdout=subprocess.PIPE,
+                         text=True)
     script = tmp_path / "r.py"
     script.write_text("import time\ndef hidden_wait_forever():\n    print('up', flush=True)\n    time.sleep(60)\n"
                       "hidden_wait_forever()\n")
     p = None
     try:
         assert z.stdout.readline().strip() == zygote.READY
-        p = subprocess.Popen(client(sock, "rank", str(script)), stdout=subprocess.PIPE, text=True,
-                             env=dict(os.environ, CLUSTERCTL_ATTEMPT="2", RANK="3"))
+        p = subprocess.Popen([sys.executable, "-I", "-S", f"{wdir}/py/zygote.py", "client", sock, "rank",
+                              str(script)], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, CLUSTERCTL_JOB_ID=job_id, CLUSTERCTL_NODE=node,
+                                      CLUSTERCTL_ATTEMPT="2", RANK="3"))
         assert p.stdout.readline() == "up\n"
         spy = str(Path(sys.executable).parent / "py-spy")
-        r = subprocess.run(["sh", "-c", stacks.NODE_SCRIPT, "stacks", job_id, "2", spy, "20", node],
-                           capture_output=True, text=True, timeout=60)
-        assert "@@clusterctl-rank " in r.stdout and r.stdout.split("@@clusterctl-rank ")[1].split()[1] == "3", r.stdout
+        argv = stacks.node_argv(job_id, 2, node, spy)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert r.stdout.count("@@clusterctl-rank ") == 1, r.stdout
+        assert r.stdout.split("@@clusterctl-rank ")[1].split()[1] == "3", r.stdout
         assert "hidden_wait_forever" in r.stdout
-        r = subprocess.run(["sh", "-c", stacks.NODE_SCRIPT, "stacks", job_id, "1", spy, "20", node],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(stacks.node_argv(job_id, 1, node, spy), capture_output=True, text=True, timeout=60)
         assert "@@clusterctl-rank " not in r.stdout            # another attempt's ranks are not this one's
     finally:
         if p is not None:
@@ -261,3 +268,78 @@ print(min(seen), h._state_holder._cache_duration)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["0.1", "1"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV, signal.SIGTERM])
+def test_a_rank_killed_by_a_signal_kills_its_client_with_that_signal(sock, tmp_path, sig):
+    """The client proxy ends as its child did, also by the uncatchable SIGKILL (the OOM killer's): torchrun's
+    agent sees the wait status of a cold rank, and no traceback of ours lands in the rank's log (issue 39)."""
+    script = tmp_path / "r.py"
+    script.write_text(f"import os\nprint('up', flush=True)\nos.kill(os.getpid(), {int(sig)})\n")
+    r = subprocess.run(client(sock, "rank", str(script)), capture_output=True, text=True, timeout=20)
+    assert (r.returncode, r.stdout) == (-sig, "up\n"), r.stderr
+    assert "Traceback" not in r.stderr and "zygote" not in r.stderr, r.stderr
+
+
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"      # one that uid 65534 can run (the venv's lies under root's 0700 home)
+
+
+@pytest.fixture
+def open_dir():
+    """A directory anyone may enter (pytest's tmp dirs are root's 0700)."""
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="zyg-open-")
+    os.chmod(d, 0o755)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _serve_as(d: Path, user=None):
+    """A zygote whose socket anyone may connect to (the socket opened up), run as ``user``."""
+    path = str(d / "z.sock")
+    if user is not None:
+        os.chown(d, user, user)
+    proc = subprocess.Popen([SYSTEM_PYTHON, ZYGOTE, "serve", path, ""], stdout=subprocess.PIPE, text=True,
+                            user=user, cwd="/")
+    assert proc.stdout.readline().strip() == zygote.READY
+    os.chmod(path, 0o777)
+    return proc, path
+
+
+def _client(path, *argv):
+    return [SYSTEM_PYTHON, "-I", "-S", ZYGOTE, "client", path, *argv]
+
+
+def test_only_the_zygotes_own_uid_or_root_may_have_it_fork(open_dir):
+    """``SO_PEERCRED``: another uid that reaches the socket can ping the zygote, never have it fork."""
+    script = open_dir / "r.py"
+    script.write_text("print('ran')\n")
+    script.chmod(0o644)
+    proc, path = _serve_as(open_dir)                   # root's zygote
+    try:
+        r = subprocess.run(_client(path, "rank", str(script)), user=NOBODY, cwd="/", capture_output=True,
+                           text=True, timeout=20)
+        assert r.returncode == 125 and r.stdout == "" and "may not have the zygote" in r.stderr, r
+        assert subprocess.run(_client(path, "ping"), user=NOBODY, cwd="/", timeout=20).returncode == 0
+        r = subprocess.run(_client(path, "rank", str(script)), capture_output=True, text=True, timeout=20)
+        assert (r.returncode, r.stdout) == (0, "ran\n"), r.stderr
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_root_may_have_another_users_zygote_fork(open_dir):
+    script = open_dir / "r.py"
+    script.write_text("import os\nprint(os.getuid())\n")
+    script.chmod(0o644)
+    proc, path = _serve_as(open_dir, NOBODY)
+    try:
+        r = subprocess.run(_client(path, "rank", str(script)), cwd="/", capture_output=True, text=True,
+                           timeout=20)
+        assert (r.returncode, r.stdout) == (0, f"{NOBODY}\n"), r.stderr
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterctl.launch import runtimes
 from clusterctl.oncall import stacks
 from clusterctl.oncall.stacks import Frame, RankStack
 
@@ -107,7 +108,8 @@ def test_where_library_frames():
 def test_node_script_passes_values_as_argv():
     argv = stacks.node_argv("job-1", 3, "gpu 7")
     assert argv[:2] == ["sh", "-c"] and argv[2] == stacks.NODE_SCRIPT
-    assert argv[3:] == ["clusterctl-stacks", "job-1", "3", "py-spy", str(stacks.DUMP_TIMEOUT_S), "gpu 7"]
+    assert argv[3:] == ["clusterctl-stacks", "job-1", "3", "py-spy", str(stacks.DUMP_TIMEOUT_S), "gpu 7",
+                        runtimes.warm_key("job-1", "gpu 7")]
     assert "job-1" not in stacks.NODE_SCRIPT
 
 

@@ -202,10 +202,10 @@ class Zygotes(Node):
         self.up = up
 
     def run(self, argv, *, timeout, stdin=None) -> CommandResult:
-        if argv[-1] == "ping":
+        if argv[3:4] == ["clusterctl-warm-ping"]:
             self.runs.append(list(argv))
-            err = "" if self.up else "clusterctl-zygote: cannot reach /tmp/x/z.sock: [Errno 2] No such file or directory\n"
-            return CommandResult(tuple(argv), 0 if self.up else 125, "", err, 0.01)
+            err = "" if self.up else "clusterctl: no zygote in /tmp/clusterctl-warm-0/x\n"
+            return CommandResult(tuple(argv), 0 if self.up else 4, "", err, 0.01)
         return super().run(argv, timeout=timeout, stdin=stdin)
 
 
@@ -222,7 +222,7 @@ def test_warm_recovery_forks_survivors_from_their_zygote_and_a_node_without_one_
         for name, n in nodes.items():
             node = p1.node(name)
             assert n.runs == [list(node.runtime_argv),
-                              rt.zygote_remove_argv("j-1", name, runtimes.warm_dir("j-1", name)),
+                              rt.zygote_remove_argv("j-1", name, runtimes.warm_key("j-1", name)),
                               list(node.zygote_argv)]
             assert ops.recovery[name] == ("cold", "the job's first attempt")
             n.runs.clear()
@@ -234,11 +234,13 @@ def test_warm_recovery_forks_survivors_from_their_zygote_and_a_node_without_one_
                                         list(node.warm_argv)]
             assert ops.recovery[name][0] == "warm"
             argv = list(node.warm_argv)
-            client = runtimes.zygote_client(node.warm_dir, "torchrun")
+            inside = runtimes.warm_path(node.warm_dir, True)
+            client = runtimes.zygote_client(inside, "torchrun")
             start = argv.index(client[0], argv.index("clusterctl-env"))
             assert argv[start:start + len(client)] == client      # the agent is forked by the zygote,
-            assert argv[argv.index("--no-python") + 1:][:6] == runtimes.zygote_client(node.warm_dir, "rank")  # ranks too
-            assert f"--volume={node.warm_dir}:{node.warm_dir}" in argv
+            assert argv[argv.index("--no-python") + 1:][:7] == runtimes.zygote_client(inside, "rank")  # ranks too
+            assert f"--volume={runtimes.WARM_PLACEHOLDER}/s:{inside}/s" in argv       # the node's warm dir,
+            assert argv[:5] == runtimes.warm_exec(node.warm_dir, [])                   # put in on the node
         node = p2.node("n3")
         assert nodes["n3"].runs == [rt.remove_job_argv("j-1"), rt.zygote_ping_argv(node.warm_dir),
                                     list(node.runtime_argv),
@@ -289,7 +291,7 @@ def test_stopping_the_job_removes_its_zygotes_a_relaunch_keeps_them(tmp_path):
         assert ops.stop(3, list(HOSTS)) == {}
         assert all(n.runs == [rt.remove_job_argv("j-1")] for n in nodes.values())
         assert ops.stop(None, list(HOSTS)) == {}
-        assert all(n.runs[-1] == rt.zygote_remove_argv("j-1", name, runtimes.warm_dir("j-1", name))
+        assert all(n.runs[-1] == rt.zygote_remove_argv("j-1", name, runtimes.warm_key("j-1", name))
                    for name, n in nodes.items())
     finally:
         ops.close()
