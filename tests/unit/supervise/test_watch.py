@@ -104,6 +104,48 @@ def test_watch_prints_a_line_every_second_look_and_at_once_when_what_it_says_cha
         os.close(tick)
 
 
+def _reuse_pid(pid: int) -> subprocess.Popen | None:
+    """A new process that gets ``pid`` again (the kernel's next pid set through ns_last_pid: root, as CI runs);
+    None when another process of the machine took it first (then that one lives under the reused pid)."""
+    for _ in range(200):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        proc = subprocess.Popen(["sleep", "30"])
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+        if os.path.exists(f"/proc/{pid}"):
+            return None
+    raise AssertionError(f"could not start a process with pid {pid}")
+
+
+def test_watch_counts_a_process_that_reused_the_pid_as_gone(tmp_path):
+    """The watch reads the main process's pid once (its runtime's pid_argv); when that process dies and another
+    one gets its pid (pid_max is 32768 on many hosts), the watch must go on saying "0": a "1" would make the
+    supervisor trust the node as running and never probe it again (issue 34 item 13)."""
+    target = subprocess.Popen(["sleep", "30"])
+    pid = target.pid
+    watch, look, tick = _watch_with_manual_looks(tmp_path, ["echo", str(pid)])
+    other = None
+    try:
+        assert look() == ["1"]
+        target.kill()
+        target.wait()
+        assert look() == ["0"]
+        other = _reuse_pid(pid)
+        assert os.path.exists(f"/proc/{pid}")
+        assert [look() for _ in range(4)] == [[], ["0"], [], ["0"]]
+    finally:
+        os.killpg(watch.pid, signal.SIGKILL)
+        watch.wait()
+        target.kill()
+        if other is not None:
+            other.kill()
+            other.wait()
+        os.close(tick)
+
+
 def test_a_steady_watch_prints_about_a_line_a_second():
     """Wall clock, the real sleep: over 3 s a steady watch prints about 3 lines (it printed 6-7 when it wrote
     one per look). Only an upper bound: a loaded machine prints fewer, never more."""
