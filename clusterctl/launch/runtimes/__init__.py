@@ -325,12 +325,6 @@ PID_ALIVE = ('alive() { [ "${1:-0}" -gt 0 ] 2>/dev/null && [ -r "/proc/$1/status
 PID_STARTED = ('started() { v=; [ "${1:-0}" -gt 0 ] 2>/dev/null || return 1; '
                '{ read -r v <"/proc/$1/stat"; } 2>/dev/null; v=${v##*) }; set -- $v; v=${20:-}; [ -n "$v" ]; }')
 
-# Shell function: sets $v to the start time of process $1 (field 22 of /proc/PID/stat, clock ticks since boot; the
-# fields after the command name, which may hold ") ", start at field 3); false when there is no such process. With
-# the pid it names one process: a pid reused after the process died has another start time. (builtins only)
-PID_STARTED = ('started() { v=; [ "${1:-0}" -gt 0 ] 2>/dev/null || return 1; '
-               '{ read -r v <"/proc/$1/stat"; } 2>/dev/null; v=${v##*) }; set -- $v; v=${20:-}; [ -n "$v" ]; }')
-
 # Shell function: the newest step N of a complete-looking checkpoint ``$1/step-N`` (a MANIFEST.json or DCP's
 # .metadata in it; the supervisor then verifies it). Builtins only: a glob, no process per call.
 NEWEST_STEP = ('newest() { n=; [ -n "$1" ] || return; for m in "$1"/step-*/MANIFEST.json "$1"/step-*/.metadata; do '
