@@ -1,0 +1,239 @@
+"""Goodput (issue 38): what fraction of a job's time trained, where the rest went, one record per restart cycle.
+
+Pure: ``build(marks, steps, created_at=, now=)`` -> the report as a JSON value (``clusterctl report -o json``, the
+job dir's ``goodput.json``). Its inputs are the job's events as ``Mark`` values (from the ledger, or read back from
+the job dir's ``events.jsonl``) and the steps the supervisor saw, ``StepSeen(time, attempt, step)`` (the job dir's
+``steps.jsonl``; today from the ranks' ``step N`` log lines, see ``supervise.jobdir``).
+
+The wall time (first ``start`` to the job's ``end``, or now) is cut into intervals, each in one bucket:
+
+- an attempt's start -> its first step seen: ``program_startup`` (torch, the process group, the checkpoint load:
+  restore time is not told apart from start-up without a signal for it);
+- between consecutive steps seen: the steps' time, shared evenly among the steps between two records, to
+  ``productive_s`` when the step's progress was kept, else ``wasted_progress_from_disruption`` (a step after the
+  checkpoint the next attempt resumed from is trained again);
+- the failed attempt's last step -> its verdict: ``hang_detection`` (verdict ``hang``) or
+  ``infrastructure_recovery_from_disruption`` (detection), and the verdict -> the next start: ``backoff`` (the
+  supervisor's ``backoff`` waits), ``waiting_for_nodes`` (from a ``waiting`` event to the next start), the rest
+  ``infrastructure_recovery_from_disruption`` (gang stop, cleanup, the relaunch);
+- the last step -> the job's end (final save, teardown), and a stopped job's time until its ``resume``: ``other``.
+
+``unproductive_checkpoint_save_time``, ``unproductive_checkpoint_restore_time`` and ``data_loading`` stay 0 until a
+signal tells them apart (they are inside the steps' and the start-up's time); the report says so in ``unknown``.
+Without any step seen (a script that prints no ``step N`` lines), nothing inside an attempt can be split: that time
+is ``unknown_s``, and ``productive_s``, ``goodput``, ``ettr``, ``steps`` and each disruption's ``fault_at``,
+``first_step_at``, ``lost_steps``, ``lost_s`` are null, with ``unknown`` saying why: the report never guesses.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+BUCKETS = ("program_startup", "wasted_progress_from_disruption", "infrastructure_recovery_from_disruption",
+           "unproductive_checkpoint_save_time", "unproductive_checkpoint_restore_time", "data_loading", "other",
+           "hang_detection", "backoff", "waiting_for_nodes")
+NOT_SUCCESS = frozenset({"success", "stopped"})      # verdicts that are not a disruption
+NO_SIGNAL = ("no step signal: the job's ranks printed no `step N` line, so the time inside its attempts cannot be "
+             "split into training, start-up and redone work (unknown_s); productive_s, goodput, ettr, steps and "
+             "each disruption's fault_at, first_step_at, lost_steps and lost_s are unknown")
+NOT_SPLIT = ("checkpoint save, checkpoint restore and data loading are not told apart from the steps and the "
+             "start-up (no signal for them): their buckets are 0")
+_WAIT = re.compile(r"waiting ([0-9.]+)s")
+
+
+@dataclass(frozen=True)
+class Mark:
+    """One event of the job, as the report reads it (``events.jsonl`` holds these, one JSON object a line)."""
+    time: float
+    kind: str
+    attempt: int | None = None
+    klass: str | None = None
+    node: str | None = None
+    step: int | None = None            # a start's resume step, a checkpoint's step
+    message: str = ""
+    id: int | None = None
+
+    @classmethod
+    def of(cls, event: Any) -> "Mark":
+        """From a ``store.state.Event``."""
+        return cls(time=event.time, kind=str(event.kind), attempt=event.attempt, klass=event.klass, node=event.node,
+                   step=event.checkpoint_step, message=event.message, id=event.id)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Mark":
+        return cls(**{k: d.get(k) for k in ("time", "kind", "attempt", "klass", "node", "step", "id")},
+                   message=d.get("message") or "")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StepSeen:
+    """A step the supervisor saw an attempt reach, and when (``steps.jsonl``)."""
+    time: float
+    attempt: int
+    step: int
+
+    @classmethod
+    def from_json(cls, d: dict) -> "StepSeen":
+        return cls(float(d["time"]), int(d["attempt"]), int(d["step"]))
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def _p90(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, -(-9 * len(s) // 10) - 1))]     # nearest rank
+
+
+def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float | None, now: float,
+          job_id: str | None = None, name: str | None = None, state: str | None = None) -> dict:
+    """The report (see the module's doc). ``created_at``: when the job was recorded (ETTR counts from there: the
+    queue and every wait included); ``now``: the end of a job that has not ended."""
+    marks = sorted(marks, key=lambda m: (m.time, m.id or 0))
+    starts: dict[int, Mark] = {}
+    for m in marks:
+        if m.kind == "start" and m.attempt is not None and m.attempt not in starts:
+            starts[m.attempt] = m
+    attempts = sorted(starts)
+    seen: dict[int, list[StepSeen]] = {}
+    for s in sorted(steps, key=lambda s: s.time):
+        seen.setdefault(s.attempt, []).append(s)
+    signal = bool(seen)
+    buckets = dict.fromkeys(BUCKETS, 0.0)
+    unknown_s, productive = 0.0, 0.0
+    durations: list[float] = []
+    gaps: list[int] = []
+    disruptions: list[dict] = []
+    head = {"job_id": job_id, "name": name, "state": state}
+    if not attempts:
+        return {**head, "wall_s": 0.0, "productive_s": None, "goodput": None, "ettr": None,
+                "badput_s": buckets, "unknown_s": 0.0, "disruptions": [], "steps": None, "step_signal": None,
+                "unknown": ["the job never started an attempt"]}
+    t0 = starts[attempts[0]].time
+    last_start = starts[attempts[-1]].time
+    ends = [m for m in marks if m.kind == "end" and m.time >= last_start]
+    end = ends[-1].time if ends else max(now, last_start)
+
+    def add(bucket: str, a: float, b: float) -> None:
+        if b > a:
+            buckets[bucket] += b - a
+
+    for i, a in enumerate(attempts):
+        start = starts[a]
+        nxt = starts[attempts[i + 1]] if i + 1 < len(attempts) else None
+        limit = nxt.time if nxt else end
+        verdict = next((m for m in marks if m.kind in ("verdict", "start_failed") and m.attempt == a
+                        and start.time <= m.time <= limit), None)
+        stopped_by_user = next((m for m in marks if m.kind in ("stop", "end") and start.time <= m.time <= limit),
+                               None)
+        over = verdict.time if verdict else (stopped_by_user.time if stopped_by_user else limit)
+        klass = (verdict.klass or "start_failed") if verdict else None
+        recs = [s for s in seen.get(a, []) if start.time <= s.time <= limit]
+        resume_next = (nxt.step or 0) if nxt else None
+        wasted_a = 0.0
+        if recs:
+            add("program_startup", start.time, recs[0].time)
+            for p, r in zip(recs, recs[1:]):
+                n = r.step - p.step
+                if n <= 0:
+                    continue
+                dt = r.time - p.time
+                durations.append(dt / n)
+                gaps.append(n)
+                kept = n if resume_next is None else max(0, min(r.step, resume_next) - p.step)
+                productive += dt * kept / n
+                wasted_a += dt * (n - kept) / n
+            failed = klass is not None and klass not in NOT_SUCCESS
+            add("hang_detection" if klass == "hang" else
+                "infrastructure_recovery_from_disruption" if failed else "other", recs[-1].time, over)
+        elif signal:
+            add("program_startup", start.time, over)       # it never reached a step
+        else:
+            unknown_s += max(0.0, over - start.time)
+        buckets["wasted_progress_from_disruption"] += wasted_a
+        # the verdict -> the next start (or the job's end)
+        gap = [m for m in marks if over <= m.time <= limit]
+        rest_bucket = "infrastructure_recovery_from_disruption" if nxt and klass not in (None, "stopped") else "other"
+        spent = 0.0
+        for m in gap:
+            if m.kind == "backoff":
+                w = _WAIT.search(m.message)
+                d = min(float(w.group(1)) if w else 0.0, limit - m.time)
+                buckets["backoff"] += d
+                spent += d
+        waiting = next((m for m in gap if m.kind == "waiting"), None)
+        if waiting:
+            d = max(0.0, limit - waiting.time - spent)
+            buckets["waiting_for_nodes"] += d
+            spent += d
+        user_end = next((m for m in gap if m.kind == "end"), None)
+        resume = next((m for m in gap if m.kind == "resume" and user_end and m.time >= user_end.time), None)
+        if nxt and user_end and resume:          # ended, then resumed by the user: the time between was theirs
+            buckets["other"] += resume.time - user_end.time
+            spent += resume.time - user_end.time
+        buckets[rest_bucket] += max(0.0, limit - over - spent)
+        if klass is not None and klass not in NOT_SUCCESS:
+            disruptions.append(_cycle(a, verdict, start, nxt, recs, seen.get(attempts[i + 1], []) if nxt else [],
+                                      marks, limit, resume_next, wasted_a, signal))
+
+    wall = end - t0
+    life = end - (created_at if created_at is not None else t0)
+    unknown = [] if signal else [NO_SIGNAL]
+    every = statistics.median(gaps) if gaps else None
+    if signal:
+        unknown.append(NOT_SPLIT)
+        if every and every > 1:
+            unknown.append(f"steps were seen every {every:g} steps: lost_steps may be short by up to "
+                           f"{every - 1:g} and each step time is an average over {every:g} steps")
+    all_steps = [s.step for ss in seen.values() for s in ss]
+    return {
+        **head,
+        "wall_s": _r(wall),
+        "productive_s": _r(productive) if signal else None,
+        "goodput": _r(productive / wall, 4) if signal and wall > 0 else None,
+        "ettr": _r(productive / life, 4) if signal and life > 0 else None,
+        "badput_s": {k: _r(v) for k, v in buckets.items()},
+        "unknown_s": _r(unknown_s),
+        "disruptions": disruptions,
+        "steps": {"first": min(all_steps), "last": max(all_steps),
+                  "median_s": _r(statistics.median(durations), 4) if durations else None,
+                  "p90_s": _r(_p90(durations), 4) if durations else None} if signal else None,
+        "step_signal": {"source": "log", "every": every} if signal else None,
+        "started_at": _r(t0), "ended_at": _r(end) if ends else None, "created_at": _r(created_at),
+        "unknown": unknown,
+    }
+
+
+def _cycle(attempt: int, verdict: Mark, start: Mark, nxt: Mark | None, recs: list[StepSeen],
+           next_recs: list[StepSeen], marks: list[Mark], limit: float, resume_next: int | None, wasted: float,
+           signal: bool) -> dict:
+    """One restart cycle (NVIDIA resiliency-ext's cycle records are the model)."""
+    after = [m for m in marks if verdict.time <= m.time <= limit]
+    gang = next((i for i, m in enumerate(after) if m.kind == "gang_stop" and m.attempt == attempt), None)
+    stopped = next((m.time for m in after[gang + 1:]), None) if gang is not None else verdict.time
+    if stopped is None:
+        stopped = nxt.time if nxt else None
+    modes = [m.klass for m in marks if nxt and m.kind == "relaunch" and m.attempt == nxt.attempt]
+    first = next((s for s in next_recs if s.time >= nxt.time), None) if nxt else None
+    last = recs[-1] if recs else None
+    if resume_next is None:              # not restarted: what a resume would redo, from the last checkpoint seen
+        cks = [m.step for m in marks if m.kind == "checkpoint" and m.step is not None and m.time <= verdict.time]
+        resume_next = max(cks, default=start.step or 0)
+    return {
+        "attempt": attempt, "verdict": verdict.klass or "start_failed", "node": verdict.node,
+        "fault_at": _r(last.time) if last else None,
+        "detected_at": _r(verdict.time), "stopped_at": _r(stopped),
+        "restarted_at": _r(nxt.time) if nxt else None,
+        "first_step_at": _r(first.time) if first else None,
+        "recovery": ("warm" if all(x == "warm" for x in modes) else "cold") if modes else None,
+        "lost_steps": max(0, last.step - resume_next) if last else (0 if signal else None),
+        "lost_s": _r(wasted) if signal else None,
+        "cordoned": any(m.kind == "cordon" and m.node == verdict.node for m in marks
+                        if verdict.time <= m.time <= limit),
+    }

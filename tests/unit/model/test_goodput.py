@@ -1,0 +1,119 @@
+"""model.goodput: the report from hand-built ledgers and step records, every figure worked out by hand."""
+from __future__ import annotations
+
+import json
+
+from clusterctl.model.goodput import BUCKETS, NO_SIGNAL, Mark, StepSeen, build
+
+
+def node_kill_marks() -> list[Mark]:
+    """Created at 100; attempt 1 starts at 110 (from scratch), n2 is lost (verdict at 136), gang stop, 2 s of
+    backoff, attempt 2 starts at 139.5 from the step-10 checkpoint (warm), succeeds at 171; the job ends at 172."""
+    return [
+        Mark(110.0, "start", attempt=1, id=1),
+        Mark(124.5, "checkpoint", attempt=1, step=10, id=2),
+        Mark(136.0, "verdict", attempt=1, klass="node", node="n2", id=3),
+        Mark(136.2, "gang_stop", attempt=1, id=4),
+        Mark(137.0, "budget", attempt=1, klass="infrastructure", id=5),
+        Mark(137.0, "backoff", message="waiting 2s before the next attempt", id=6),
+        Mark(139.5, "start", attempt=2, step=10, id=7),
+        Mark(140.0, "relaunch", attempt=2, klass="warm", node="n1", id=8),
+        Mark(140.0, "relaunch", attempt=2, klass="warm", node="n3", id=9),
+        Mark(171.0, "verdict", attempt=2, klass="success", id=10),
+        Mark(172.0, "end", message="job SUCCEEDED", id=11),
+    ]
+
+
+def node_kill_steps() -> list[StepSeen]:
+    # attempt 1: step s at 114 + s (steps 1..20, the last at 134); attempt 2: step s at 130 + s (11..40)
+    return [StepSeen(114.0 + s, 1, s) for s in range(1, 21)] + [StepSeen(130.0 + s, 2, s) for s in range(11, 41)]
+
+
+def test_a_node_kill_is_accounted_to_the_second():
+    r = build(node_kill_marks(), node_kill_steps(), created_at=100.0, now=999.0, job_id="j1", name="n",
+              state="SUCCEEDED")
+    assert r["wall_s"] == 62.0
+    # kept: attempt 1's steps 2..10 (9 s; step 1 is in its start-up), attempt 2's steps 12..40 (29 s)
+    assert r["productive_s"] == 38.0
+    assert r["goodput"] == round(38 / 62, 4) and r["ettr"] == round(38 / 72, 4)
+    assert r["badput_s"] == {
+        "program_startup": 6.5,                         # 110 -> 115 and 139.5 -> 141
+        "wasted_progress_from_disruption": 10.0,         # steps 11..20, trained again
+        "infrastructure_recovery_from_disruption": 3.5,  # last step 134 -> verdict 136, + 1.5 s of stop/relaunch
+        "unproductive_checkpoint_save_time": 0.0, "unproductive_checkpoint_restore_time": 0.0,
+        "data_loading": 0.0,
+        "other": 2.0,                                    # last step 170 -> success 171 -> end 172
+        "hang_detection": 0.0, "backoff": 2.0, "waiting_for_nodes": 0.0}
+    assert r["productive_s"] + sum(r["badput_s"].values()) + r["unknown_s"] == r["wall_s"]
+    assert r["disruptions"] == [{
+        "attempt": 1, "verdict": "node", "node": "n2", "fault_at": 134.0, "detected_at": 136.0,
+        "stopped_at": 137.0, "restarted_at": 139.5, "first_step_at": 141.0, "recovery": "warm",
+        "lost_steps": 10, "lost_s": 10.0, "cordoned": False}]
+    assert r["steps"] == {"first": 1, "last": 40, "median_s": 1.0, "p90_s": 1.0}
+    assert r["step_signal"] == {"source": "log", "every": 1}
+    assert set(r["badput_s"]) == set(BUCKETS)
+    json.dumps(r)
+
+
+def test_without_a_step_signal_the_report_says_what_it_cannot_tell():
+    r = build(node_kill_marks(), [], created_at=100.0, now=999.0)
+    assert r["wall_s"] == 62.0
+    assert r["productive_s"] is None and r["goodput"] is None and r["ettr"] is None and r["steps"] is None
+    assert r["unknown_s"] == 57.5                        # 110 -> 136 and 139.5 -> 171: cannot be split
+    assert r["badput_s"]["infrastructure_recovery_from_disruption"] == 1.5
+    assert r["badput_s"]["backoff"] == 2.0 and r["badput_s"]["other"] == 1.0
+    assert r["unknown_s"] + sum(r["badput_s"].values()) == r["wall_s"]
+    assert NO_SIGNAL in r["unknown"]
+    (d,) = r["disruptions"]
+    assert d["fault_at"] is None and d["first_step_at"] is None and d["lost_steps"] is None and d["lost_s"] is None
+    assert d["detected_at"] == 136.0 and d["restarted_at"] == 139.5 and d["recovery"] == "warm"
+
+
+def test_a_hang_a_cold_relaunch_a_cordon_and_a_wait_for_nodes():
+    marks = [
+        Mark(10.0, "start", attempt=1, id=1),
+        Mark(60.0, "verdict", attempt=1, klass="hang", node="n1", id=2),
+        Mark(61.0, "gang_stop", attempt=1, id=3),
+        Mark(62.0, "cordon", node="n1", id=4),
+        Mark(63.0, "budget", attempt=1, id=5),
+        Mark(64.0, "waiting", id=6),
+        Mark(70.0, "start", attempt=2, step=0, id=7),
+        Mark(71.0, "relaunch", attempt=2, klass="cold", node="n2", id=8),
+        Mark(71.0, "relaunch", attempt=2, klass="warm", node="n3", id=9),
+    ]
+    # attempt 1: steps 1..5 every 2 s from 20 (sampled every step), no checkpoint: every step is redone
+    steps = [StepSeen(18.0 + 2 * s, 1, s) for s in range(1, 6)] + [StepSeen(75.0, 2, 1), StepSeen(77.0, 2, 2)]
+    r = build(marks, steps, created_at=None, now=80.0)
+    assert r["wall_s"] == 70.0 and r["ended_at"] is None
+    b = r["badput_s"]
+    assert b["hang_detection"] == 32.0                 # last step at 28 -> verdict at 60
+    assert b["waiting_for_nodes"] == 6.0               # 64 -> 70
+    assert b["infrastructure_recovery_from_disruption"] == 4.0   # 60 -> 64
+    assert b["wasted_progress_from_disruption"] == 8.0            # steps 2..5 of attempt 1
+    assert b["program_startup"] == 10.0 + 5.0                     # 10 -> 20, 70 -> 75
+    assert r["productive_s"] == 2.0                                # attempt 2's step 2
+    assert b["other"] == 3.0                                       # its last step (77) -> now (80)
+    assert r["productive_s"] + sum(b.values()) == r["wall_s"]
+    (d,) = r["disruptions"]
+    assert (d["verdict"], d["node"], d["recovery"], d["cordoned"], d["lost_steps"]) == ("hang", "n1", "cold", True, 5)
+    assert d["stopped_at"] == 62.0 and d["fault_at"] == 28.0
+    assert r["steps"]["p90_s"] == 2.0
+
+
+def test_steps_seen_every_fifth_step_say_so():
+    marks = [Mark(0.0, "start", attempt=1, id=1), Mark(30.0, "verdict", attempt=1, klass="success", id=2),
+             Mark(31.0, "end", id=3)]
+    r = build(marks, [StepSeen(5.0 * k, 1, 5 * k) for k in range(1, 6)], created_at=0.0, now=99.0)
+    assert r["productive_s"] == 20.0 and r["steps"]["median_s"] == 1.0 and r["step_signal"]["every"] == 5
+    assert any("every 5 steps" in u for u in r["unknown"])
+
+
+def test_marks_round_trip_through_json():
+    m = Mark(1.5, "verdict", attempt=2, klass="node", node="n1", step=None, message="lost n1", id=7)
+    assert Mark.from_json(json.loads(json.dumps(m.to_json()))) == m
+    assert StepSeen.from_json({"time": 1, "attempt": "2", "step": 3}) == StepSeen(1.0, 2, 3)
+
+
+def test_a_job_that_never_started():
+    r = build([], [], created_at=1.0, now=5.0)
+    assert r["wall_s"] == 0.0 and r["productive_s"] is None and r["unknown"]
