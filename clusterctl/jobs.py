@@ -692,15 +692,25 @@ class SlurmRun:
 
 
 def slurm_run(ws: Workspace, job_path: str, inventory: str | None, slurm_job_id: str, where: str) -> SlurmRun:
-    """One run of the sbatch script: the first run of a Slurm job launches; a requeued one (its marker names the
-    clusterctl job) resumes that job on this allocation's hosts, or does nothing when it already SUCCEEDED."""
+    """One run of the sbatch script: the first run of a Slurm job marks it ``launching`` and launches; a requeued
+    one (its marker names the clusterctl job, or the job of that name recorded since it was marked) resumes that
+    job on this allocation's hosts, or does nothing when it already SUCCEEDED."""
+    from clusterctl.config.spec import load_job
     from clusterctl.slurm import sbatch
 
-    marker = sbatch.marker(ws.root, slurm_job_id)
-    if not marker.exists():
+    path = sbatch.marker(ws.root, slurm_job_id)
+    m = sbatch.read_marker(path)
+    if m is None:          # the first run: marked before anything is launched (a requeue from here on finds it)
+        sbatch.write_marker(path, sbatch.launching(load_job(job_path).name, ws.store.now()))
         return SlurmRun("launch")
+    if m.job_id is None:   # a run was launching: the job of that name it recorded since, if it got that far
+        since = sorted((j for j in ws.store.list_jobs(name=m.name) if j.created_at >= m.since),
+                       key=lambda j: j.created_at)
+        if not since:
+            return SlurmRun("launch")
+        sbatch.write_marker(path, since[0].job_id)
     ledger = Ledger(ws.store)
-    j = ws.store.get_job(marker.read_text().strip())
+    j = ws.store.get_job(m.job_id or since[0].job_id)
     if j.state == JobState.SUCCEEDED:
         ledger.event(j.job_id, EventKind.SLURM_RUN, f"{where}: the job already SUCCEEDED; nothing to do")
         return SlurmRun("succeeded", j.job_id, j.name)
@@ -721,9 +731,7 @@ def slurm_launched(ws: Workspace, slurm_job_id: str, launched: "Launched", where
     """The first run launched ``launched``: the marker a requeued run finds, and the ``slurm_run`` event."""
     from clusterctl.slurm import sbatch
 
-    marker = sbatch.marker(ws.root, slurm_job_id)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(launched.job_id + "\n")
+    sbatch.write_marker(sbatch.marker(ws.root, slurm_job_id), launched.job_id)
     Ledger(ws.store).event(launched.job_id, EventKind.SLURM_RUN, f"{where}: launched on {', '.join(launched.nodes)}")
 
 

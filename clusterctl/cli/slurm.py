@@ -42,7 +42,7 @@ def sbatch_cmd(ctx, job, overlay, submit, dry_run, signal_s, script_path, output
     argv = script.sbatch_argv(str(path))
     if dry_run:
         if output == "json":
-            print_json({"script": text, "path": str(path), "sbatch": argv})
+            print_json({"script": text, "path": str(path), "sbatch": argv, "gpus_per_node": script.gpus_per_node})
         else:
             out.print(text, markup=False, end="")
             err.print("would submit: " + " ".join(argv), markup=False)

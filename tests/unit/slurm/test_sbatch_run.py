@@ -1,0 +1,129 @@
+"""``sbatch``/``sbatch-run`` without a Slurm: the marker a requeued run finds (issue 34 item 11) and the GPUs the
+script asks for (issue 39 item 11). The real sbatch and requeue run in tests/integration/test_slurm.py."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from clusterctl import jobs
+from clusterctl.cli import app
+from clusterctl.config.spec import load_job
+from clusterctl.errors import InputError
+from clusterctl.model import record
+from clusterctl.slurm import sbatch
+from clusterctl.store import paths
+from clusterctl.store.ledger import Ledger
+from clusterctl.store.state import JobState, Store
+
+JOB = "name: demo\nnodes: 2\nnproc_per_node: {nproc}\nscript: train.py\n"
+INVENTORY = """all:
+  vars: {clusterctl_connection: local, clusterctl_runtime: bare, clusterctl_gpus: 0}
+  hosts:
+    n1: {ansible_host: 127.0.0.1}
+    n2: {ansible_host: 127.0.0.1}
+"""
+
+
+@pytest.fixture
+def ws(tmp_path):
+    root = paths.ensure_state_dir(tmp_path / "state")
+    return jobs.Workspace(root, Store(paths.db_path(root)))
+
+
+def files(tmp_path, nproc="1"):
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB.format(nproc=nproc))
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(INVENTORY)
+    return str(job), str(inv)
+
+
+def record_job(ws, job: str) -> str:
+    """What ``launch`` records (a PENDING job of the file's name)."""
+    spec = load_job(job)
+    rec = record.JobRecord(spec=spec, source=job, hosts=(), interfaces={})
+    return ws.store.create_job(spec.name, rec.to_json(), None, job)
+
+
+def test_first_run_marks_the_slurm_job_before_it_launches_and_a_requeue_in_between_resumes_that_job(ws, tmp_path):
+    """The marker was written after the launch: a requeue between the two found none and launched a second job."""
+    job, inv = files(tmp_path)
+    old = record_job(ws, job)                        # an earlier job of that name (another Slurm job's, ended)
+    Ledger(ws.store).state_changed(old, JobState.FAILED, "earlier")
+    first = jobs.slurm_run(ws, job, inv, "77", "run 0")
+    assert first.action == "launch"
+    marker = sbatch.marker(ws.root, "77")
+    assert marker.read_text().startswith("launching demo ")             # written before anything was launched
+    assert [p.name for p in marker.parent.iterdir()] == ["77"]           # atomically: no temporary file left
+
+    again = jobs.slurm_run(ws, job, inv, "77", "run 1")                  # requeued before it recorded a job
+    assert again.action == "launch"                                      # the earlier job is not taken for it
+
+    launched = record_job(ws, job)                                       # run 1 recorded its job, then died
+    requeued = jobs.slurm_run(ws, job, inv, "77", "run 2")
+    assert (requeued.action, requeued.job_id) == ("resume", launched)    # never a second job
+    assert marker.read_text() == launched + "\n"
+    assert jobs.slurm_run(ws, job, inv, "77", "run 3").job_id == launched
+
+
+def test_marker_is_replaced_atomically_and_a_foreign_file_is_an_input_error(tmp_path):
+    path = tmp_path / "slurm" / "5"
+    sbatch.write_marker(path, sbatch.launching("demo", 12.5))
+    assert sbatch.read_marker(path) == sbatch.Marker(None, "demo", 12.5)
+    sbatch.write_marker(path, "demo-20261204-000000-abcdefabcdef")
+    assert sbatch.read_marker(path) == sbatch.Marker("demo-20261204-000000-abcdefabcdef")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["5"]
+    path.write_text("two words\n")
+    with pytest.raises(InputError, match="move it aside"):
+        sbatch.read_marker(path)
+    assert sbatch.read_marker(tmp_path / "none") is None
+
+
+def overlay(tmp_path, gpus, name="overlay.yaml") -> str:
+    p = tmp_path / name
+    p.write_text("all:\n  vars:\n    clusterctl_runtime: bare\n" + (f"    clusterctl_gpus: {gpus}\n" if gpus is not None else ""))
+    return str(p)
+
+
+def test_sbatch_asks_for_the_gpus_of_nproc_per_node_gpu_and_dry_run_shows_it(tmp_path):
+    job, _ = files(tmp_path, nproc="gpu")
+    state = str(paths.ensure_state_dir(tmp_path / "state"))
+    r = CliRunner().invoke(app, ["--state-dir", state, "sbatch", job, "--overlay", overlay(tmp_path, 8),
+                                 "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "#SBATCH --gpus-per-node=8\n" in r.output
+    r = CliRunner().invoke(app, ["--state-dir", state, "sbatch", job, "--overlay", overlay(tmp_path, 8),
+                                 "--dry-run", "-o", "json"])
+    assert json.loads(r.output)["gpus_per_node"] == 8
+    # the user's own GPU request wins; a CPU overlay asks for none
+    r = CliRunner().invoke(app, ["--state-dir", state, "sbatch", job, "--overlay", overlay(tmp_path, 8),
+                                 "--dry-run", "--", "--gres=gpu:a100:4"])
+    assert r.exit_code == 0 and "--gpus-per-node" not in r.output and "--gres=gpu:a100:4" in r.output
+    job1, _ = files(tmp_path / ".", nproc="1")
+    r = CliRunner().invoke(app, ["--state-dir", state, "sbatch", job1, "--overlay", overlay(tmp_path, 0), "--dry-run"])
+    assert r.exit_code == 0 and "--gpus-per-node" not in r.output
+
+
+def test_sbatch_nproc_gpu_without_a_gpu_count_is_a_usage_error(tmp_path):
+    job, _ = files(tmp_path, nproc="gpu")
+    state = str(paths.ensure_state_dir(tmp_path / "state"))
+    r = subprocess.run([sys.executable, "-m", "clusterctl.cli", "--state-dir", state, "sbatch", job, "--dry-run"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"{job}:3" in r.stderr and "clusterctl_gpus" in r.stderr and "--gpus-per-node" in r.stderr, r.stderr
+    for ov, where in ((overlay(tmp_path, None), f"{job}:3"), (overlay(tmp_path, '"eight"', "bad.yaml"), "bad.yaml:4")):
+        r = CliRunner().invoke(app, ["--state-dir", state, "sbatch", job, "--overlay", ov, "--dry-run"])
+        assert isinstance(r.exception, InputError) and r.exception.exit_code == 2, r.output
+        assert where in str(r.exception), str(r.exception)
+
+
+def test_gpus_per_node_is_pure():
+    class Spec:
+        nproc_per_node = 2
+    assert sbatch.gpus_per_node("job.yaml", Spec(), None) is None
+    assert sbatch.asks_for_gpus(["--gpus-per-node=2"]) and sbatch.asks_for_gpus(["-G", "4"])
+    assert not sbatch.asks_for_gpus(["--gres=shard:2", "--time=1:00"])
