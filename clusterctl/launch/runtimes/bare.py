@@ -14,9 +14,9 @@ is expanded to ``$HOME`` on the node):
   ``NODE_DIR/error.json``; after a failure the runner copies it into the log as one line (``ERROR_FILE_LINE``).
 * the runner is identified by more than its pid: before its pid file it writes ``NODE_DIR/ident``, the machine's
   boot id and its own start time (``/proc/PID/stat`` field 22, in clock ticks since boot). A pid counts as the
-  runner only while that pid's boot id and start time are the same (``ALIVE``): after a runner died without
-  writing ``exit`` (clusterctl's own KILL, the OOM killer, a reboot) its pid may belong to any process, which is
-  then neither reported running nor signalled.
+  runner only while that pid's boot id and start time are the same and it is no zombie (``ALIVE``): after a runner
+  died without writing ``exit`` (clusterctl's own KILL, the OOM killer, a reboot) its pid may belong to any process,
+  which is then neither reported running nor signalled; until its parent reaps it, it is a zombie: ``dead``.
 * stop: nothing is signalled by pid once ``NODE_DIR/exit`` exists or the pid is not the runner's any more. TERM/INT go to the
   runner, which forwards them to the torchrun agent (the agent stops its workers). KILL
   goes to the whole process group *and* to every process of the user whose environment holds
@@ -68,11 +68,14 @@ _EXPAND_D = _expand_home("d")
 # command name, which may hold spaces and parentheses, start at field 3): the runner's identity
 _IDENT = ("ident() { printf '%s %s\\n' \"$(cat /proc/sys/kernel/random/boot_id)\" "
           "\"$(sed 's/.*) //' \"/proc/$1/stat\" 2>/dev/null | cut -d' ' -f20)\"; }")
-# alive DIR: the runner of DIR still runs: no exit file, and its pid is the same process (boot id + start time)
+# alive DIR: the runner of DIR still runs: no exit file, its pid is the same process (boot id + start time), and
+# that process is not a zombie (killed without writing exit, not reaped yet: its /proc/PID and start time remain;
+# the watch, PID_ALIVE, already called it gone)
 ALIVE = _IDENT + """
 alive() {
   [ ! -f "$1/exit" ] && p=$(cat -- "$1/pid" 2>/dev/null) && [ -n "$p" ] && [ -d "/proc/$p" ] || return 1
-  [ "$(cat -- "$1/ident" 2>/dev/null)" = "$(ident "$p")" ]
+  [ "$(cat -- "$1/ident" 2>/dev/null)" = "$(ident "$p")" ] || return 1
+  case $(sed 's/.*) //; s/ .*//' "/proc/$p/stat" 2>/dev/null) in Z|X|"") return 1 ;; esac
 }"""
 
 # $1 NODE_DIR  $2 NAME  $3 WORKDIR  $4 RUNNER  $5... torchrun argv

@@ -174,3 +174,37 @@ def test_bare_a_dead_runner_whose_pid_was_reused_is_neither_running_nor_signalle
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_bare_a_killed_runner_not_reaped_yet_is_dead_not_running(tmp_path):
+    """A runner killed without writing ``exit`` stays a zombie until its parent reaps it (the host's init; on
+    some hosts seconds later, or never under an init that does not reap). /proc/PID and its start time are still
+    there, so the identity matched: LIST said ``running`` while the watch said gone (issue 34 item 13). A zombie
+    is not the runner alive: LIST says ``dead`` and the pid lookup prints nothing."""
+    from clusterctl.launch.runtimes import bare
+
+    job_dir = tmp_path / "jobs" / "job-1"
+    node_dir = job_dir / "1"
+    node_dir.mkdir(parents=True)
+    runner = subprocess.Popen(["sleep", "60"])            # this test is its parent: it stays a zombie until waited
+    try:
+        (node_dir / "name").write_text("n1\n")
+        ident = subprocess.run(["sh", "-c", f'{bare._IDENT}\nident "$1"', "i", str(runner.pid)],
+                               capture_output=True, text=True, timeout=30, check=True).stdout
+        (node_dir / "ident").write_text(ident)
+        (node_dir / "pid").write_text(f"{runner.pid}\n")
+        listing = lambda: [i.state for i in bare.parse_list(subprocess.run(
+            ["sh", "-c", bare.LIST, "l", str(job_dir)], capture_output=True, text=True, timeout=30, check=True).stdout)]
+        pid_of = lambda: subprocess.run(bare.RUNTIME.pid_argv(SimpleNamespace(node_dir=str(node_dir))),
+                                        capture_output=True, text=True, timeout=30).stdout.strip()
+        assert listing() == ["running"] and pid_of() == str(runner.pid)
+        runner.kill()                                      # not waited for: a zombie
+        deadline = time.monotonic() + 10
+        while "State:\tZ" not in Path(f"/proc/{runner.pid}/status").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert listing() == ["dead"]
+        assert pid_of() == ""
+    finally:
+        runner.kill()
+        runner.wait()
