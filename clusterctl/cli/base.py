@@ -75,7 +75,24 @@ def load_hosts(path):
 @click.pass_context
 def app(ctx: click.Context, state_dir, debug, accept_new_host_keys) -> None:
     """Launch and supervise multi-node PyTorch training over SSH."""
+    if state_dir and ctx.get_parameter_source("state_dir") == click.core.ParameterSource.COMMANDLINE:
+        refuse_missing_state_dir(state_dir, ctx.invoked_subcommand)
     ctx.obj = Globals(state_dir, debug, accept_new_host_keys)
+
+
+# a state dir's first use (validate: launch's checks, --dry-run's too); every other command reads one that exists
+CREATES_STATE_DIR = ("launch", "validate", "cordon")
+
+
+def refuse_missing_state_dir(state_dir: str, command: str | None) -> None:
+    """``--state-dir`` naming a directory that does not exist is a usage error (exit 2), not a new, empty history
+    (a typo showed "no jobs yet"), except for the commands that start one."""
+    import os
+
+    if command in CREATES_STATE_DIR or "--help" in sys.argv or os.path.isdir(os.path.expanduser(state_dir)):
+        return
+    raise click.BadParameter(f"{state_dir} does not exist (a typo?); `clusterctl launch` or `cordon` create a new "
+                             "state dir, or `mkdir -p` it", param_hint="--state-dir")
 
 
 def inventory_option(f):

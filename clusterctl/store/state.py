@@ -288,11 +288,26 @@ class Store:
         self.on_state: Callable[[str, JobState, JobState], None] | None = None
         self._tx: sqlite3.Connection | None = None     # the open ``transaction()``, joined by every write in it
         self._after: list[Callable[[], None]] = []      # its listeners, called once it commits
+        self._refuse_emptied()
         self._create_private_file()
         self._conn = self._connect()
         self._migrate()
 
     # -- connection ---------------------------------------------------------------------------------------------
+
+    def _refuse_emptied(self) -> None:
+        """A state.db of 0 bytes (a full disk, a truncating copy) is not taken for a new, empty history: SQLite
+        would, and every job's record would be gone without a word. (A new database has its header written
+        before ``Store()`` returns; in WAL mode its pages may still be in the -wal file.)"""
+        try:
+            if self.path.stat().st_size > 0 or os.path.getsize(f"{self.path}-wal") > 0:
+                return
+        except FileNotFoundError:
+            if not self.path.exists():
+                return
+        raise UserError(f"{self.path}: 0 bytes: the job history it held is gone (a full disk? a truncating copy?); "
+                        f"move it aside (mv {self.path} {self.path}.empty) to start a new history, or restore it "
+                        "from a backup")
 
     def _create_private_file(self) -> None:
         try:
@@ -325,6 +340,9 @@ class Store:
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.DatabaseError as exc:
             conn.close()
+            if "not a database" in str(exc) or "malformed" in str(exc):
+                raise UserError(f"{self.path}: not a clusterctl state database ({exc}): move it aside (mv "
+                                f"{self.path} {self.path}.corrupt) and rerun to start a new history") from None
             raise ClusterctlError(f"{self.path}: cannot open state database: {exc}") from None
         self._pid = os.getpid()
         return conn

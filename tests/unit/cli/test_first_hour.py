@@ -184,3 +184,31 @@ def test_out_of_range_numbers_on_the_command_line_are_usage_errors(tmp_path, arg
     r = cli(tmp_path, *[job if a == "JOB" else a for a in args])
     assert r.returncode == 2 and option in r.stderr, (r.returncode, r.stdout, r.stderr)
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_mistyped_state_dir_is_not_created(tmp_path):
+    """Item 12: `--state-dir /typo` was created (and the user saw "no jobs yet"); launch and cordon still create
+    a new one (first use)."""
+    typo = tmp_path / "stat"
+    for args in (["--state-dir", str(typo), "status"], ["logs", "j", "--state-dir", str(typo)],
+                 ["--state-dir", str(typo), "nodes"]):
+        r = cli(tmp_path, *args)
+        assert r.returncode == 2 and "does not exist" in r.stderr and str(typo) in r.stderr, r.stderr
+        assert not typo.exists()
+    r = cli(tmp_path, "--state-dir", str(typo), "cordon", "localhost", "--reason", "first use")
+    assert r.returncode == 0 and typo.is_dir(), r.stderr
+
+
+def test_a_corrupt_or_empty_state_db_is_an_error_that_says_move_it_aside(tmp_path):
+    """Item 12: garbage exited 1 with no hint; a 0-byte state.db silently became an empty history."""
+    from clusterctl.store import paths
+
+    db = paths.db_path(paths.ensure_state_dir(tmp_path / "state"))
+    db.write_bytes(b"this is not a database " * 100)
+    for args in (["status"], ["nodes"]):
+        r = cli(tmp_path, *args)
+        assert r.returncode == 2 and "move it aside" in r.stderr and str(db) in r.stderr, r.stderr
+    db.write_bytes(b"")
+    r = cli(tmp_path, "status")
+    assert r.returncode == 2 and "0 bytes" in r.stderr and "move it aside" in r.stderr, r.stderr
+    assert db.stat().st_size == 0                  # nothing written over it

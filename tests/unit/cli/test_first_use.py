@@ -287,10 +287,11 @@ def test_global_options_are_accepted_after_the_subcommand_too(tmp_path):
                                                                               "status", "j"]
     assert hoist_globals(["exec", "--", "cmd", "--debug"]) == ["exec", "--", "cmd", "--debug"]
     assert hoist_globals(["logs", "j", "--state-dir=/s"]) == ["--state-dir=/s", "logs", "j"]
+    (tmp_path / "s").mkdir()                  # an explicit --state-dir must exist (but for launch and cordon)
     r = subprocess.run([sys.executable, "-m", "clusterctl", "status", "--state-dir", str(tmp_path / "s"), "--debug",
                         "-o", "json"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "s").is_dir()          # `python -m clusterctl` runs the CLI, with the state dir given last
+    assert (tmp_path / "s" / "state.db").is_file()   # `python -m clusterctl` runs the CLI, the state dir given last
 
 
 @pytest.mark.parametrize("name,content,expected", [
