@@ -112,9 +112,15 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
     beating = threading.Event()
     threading.Thread(target=_heartbeat, args=(store, job_id, beating), daemon=True, name="heartbeat").start()
     ops, policy, nodes = build_ops(root, store, job_id, options)
-    from clusterctl.supervise import notify
+    from clusterctl.supervise import jobdir, notify
 
     notifier = notify.for_job(store, job_id, ops.spec)    # webhooks/commands on state changes, on its own thread
+    # the job dir's events.jsonl (after each state change), steps.jsonl (the ranks' `step N` lines), goodput.json
+    mirror = jobdir.EventMirror(store, job_id, paths.job_dir(root, job_id) / jobdir.EVENTS)
+    store.on_state = mirror.chain(store.on_state)
+    tap = jobdir.StepTap(paths.job_dir(root, job_id) / jobdir.STEPS, store.get_job(job_id).attempt)
+    if getattr(ops, "sink", None) is not None:
+        ops.sink.echo = tap
     try:
         sup = Supervisor(job_id, store, ops, policy, nodes, wait=ops.wait_for_change, sleep=ops.sleep_unless_stopped,
                          on_event=lambda m: echo(f"clusterctl: {redact(m, ops.secrets.values())}"))
@@ -131,6 +137,8 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
         beating.set()
         ops.close()
         notifier.close()
+        tap.close()
+        jobdir.keep(store, root, job_id, mirror, time.time())
         try:
             ledger.supervisor_released(job_id, os.getpid())
         except Exception:  # noqa: BLE001 - a full disk: the pid dies with us, `status` sees it gone
