@@ -313,12 +313,55 @@ class Ended:
     view: dict                                   # status.job_view of the ended job
 
 
-def attach(ws: Workspace, job_id: str, echo: Callable[[str], None], *, from_start: bool = True) -> Ended:
-    """Print the job's output and events as they come (``from_start``: from its first line) until it ends.
-    Ctrl-C (``KeyboardInterrupt``) is the caller's: the job runs on."""
+class Watchdog:
+    """What a follower (`logs -f`, `events -f`, an attached `launch`/`resume`) does when the job's supervisor is
+    gone, called every round: it says so at once with the line `status` prints (``UNSUPERVISED: ... Run:
+    clusterctl resume JOB``; again if a supervisor came back and went), and while nobody supervises the active job
+    it asks the nodes every ``every_s`` as `status` does: ``fill`` completes the log copy from the nodes' own logs
+    (the follower prints what they printed since), and the job is reconciled (it ends when its nodes ended, and
+    the follower with it). It never raises: a node that does not answer is asked again next time."""
+
+    def __init__(self, ws: Workspace, job_id: str, say: Callable[[str], None], *,
+                 options: ConnectOptions | None = None, fill: bool = False, every_s: float = 5.0,
+                 connect: Connect = default_connect, clock: Callable[[], float] = time.monotonic):
+        self.ws, self.job_id, self.say, self.fill, self.every_s = ws, job_id, say, fill, every_s
+        self.options, self.connect, self.clock = options or ConnectOptions(), connect, clock
+        self.said = self.said_error = False
+        self.asked = -float("inf")
+
+    def __call__(self) -> None:
+        from clusterctl.views import status as status_mod
+
+        job = self.ws.store.get_job(self.job_id)
+        sup = controller.supervision(self.ws.root, job)
+        if job.terminal or sup["supervised"]:
+            self.said = False
+            return
+        if not self.said:
+            self.said = True
+            self.say(status_mod.unsupervised_line(status_mod.job_view(self.ws.store, job, supervision=sup)))
+        if self.clock() - self.asked < self.every_s:
+            return
+        self.asked = self.clock()
+        try:
+            if self.fill:
+                controller.fill_logs(self.ws.root, self.ws.store, self.job_id, self.options, connect=self.connect)
+            controller.reconcile_job(self.ws.root, self.ws.store, self.job_id, self.options, connect=self.connect)
+        except Exception as e:  # noqa: BLE001 - a follower goes on; the next look asks again
+            if not self.said_error:
+                self.say(f"clusterctl: could not ask the nodes: {e}")
+            self.said_error = True
+
+
+def attach(ws: Workspace, job_id: str, echo: Callable[[str], None], *, from_start: bool = True,
+           options: ConnectOptions | None = None) -> Ended:
+    """Print the job's output and events as they come (``from_start``: from its first line) until it ends; when
+    its supervisor is gone, say so and go on from the nodes' own logs (``Watchdog``). Ctrl-C
+    (``KeyboardInterrupt``) is the caller's: the job runs on."""
     from clusterctl.views import status as status_mod
 
-    state = controller.follow(ws.root, ws.store, job_id, echo, from_start=from_start)
+    state = controller.follow(ws.root, ws.store, job_id, echo, from_start=from_start,
+                              tick=Watchdog(ws, job_id, echo, options=options, fill=True))
     job = ws.store.get_job(job_id)
     return Ended(state, status_mod.job_view(ws.store, job, supervision=controller.supervision(ws.root, job)))
 
@@ -447,9 +490,9 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
         verify_host_keys([ops.hosts[n] for n in nodes if n not in exclude], options, connect)
         if attempts and not job.terminal:
             a = attempts[-1]
-            found = reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5)
+            found = reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5,
+                              keep_logs=lambda attempt: controller.complete_logs(ops, store, job_id, attempt))
             if found is not None and found.state == JobState.SUCCEEDED:
-                controller.complete_logs(ops, store, job_id, a.attempt)
                 return done("succeeded", f"attempt {a.attempt} had finished with exit code 0 on every node while "
                                          "unsupervised: the job is SUCCEEDED, nothing relaunched", excluded=excluded)
             if found is not None and found.decision is None and not found.state.terminal and not exclude \
@@ -462,7 +505,7 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
                     pid = spawn(root, job_id, accept_new=accept_new, adopt=True)
                     return done("reattached", f"attempt {a.attempt} still runs on {', '.join(a.nodes)}: "
                                               f"re-attached (supervisor pid {pid})", pid, excluded)
-        if attempts:
+        if attempts and not (found is not None and found.state.terminal):    # else completed before the cleanup
             controller.complete_logs(ops, store, job_id, attempts[-1].attempt)
         if found is not None and found.state.terminal:     # its reconcile ended the job and cleaned up: the rest
             errors = ops.stop(None, list(found.leftovers)) if found.leftovers else {}
@@ -592,12 +635,18 @@ def events_view(ws: Workspace, job_ref: str) -> dict:
 
 
 def follow_events(ws: Workspace, job_ref: str, show: Callable, *, follow: bool = False,
-                  poll_s: float = 0.5, sleep: Callable[[float], None] = time.sleep) -> None:
+                  poll_s: float = 0.5, sleep: Callable[[float], None] = time.sleep,
+                  say: Callable[[str], None] | None = None, options: ConnectOptions | None = None,
+                  connect: Connect = default_connect) -> None:
     """``events JOB [-f]``: ``show(event)`` for every event in order; with ``follow``, new ones as they come
-    until the job has ended and its supervisor is gone (what it wrote while it ended included)."""
+    until the job has ended and its supervisor is gone (what it wrote while it ended included). ``say``: when the
+    supervisor is gone, the UNSUPERVISED line goes there and the job is reconciled now and then (``Watchdog``)."""
     j = ws.store.get_job(job_ref)
     last = 0
+    watchdog = Watchdog(ws, j.job_id, say, options=options, connect=connect) if follow and say else None
     while True:
+        if watchdog is not None:
+            watchdog()
         for e in ws.store.events(j.job_id, after_id=last):
             show(e)
             last = e.id
@@ -633,7 +682,8 @@ def logs(ws: Workspace, job_ref: str, options: ConnectOptions, *, node: str | No
 
     def follow(echo: Callable[[str], None]) -> None:
         controller.follow(ws.root, ws.store, j.job_id,
-                          lambda ln: (sel.keeps(ln) or ln.startswith("clusterctl: ")) and echo(ln), from_start=False)
+                          lambda ln: (sel.keeps(ln) or ln.startswith("clusterctl: ")) and echo(ln), from_start=False,
+                          tick=Watchdog(ws, j.job_id, echo, options=options, fill=True))
     return Logs(list(lines), dict(missing), follow)
 
 
@@ -688,15 +738,17 @@ class SlurmRun:
     action: str                          # launch (the first run of this Slurm job) | resume | succeeded
     job_id: str | None = None
     name: str | None = None
-    leaving: tuple[str, ...] = ()        # the last allocation's hosts this one lacks (resume --exclude)
 
 
-def slurm_run(ws: Workspace, job_path: str, inventory: str | None, slurm_job_id: str, where: str) -> SlurmRun:
+def slurm_run(ws: Workspace, job_path: str, inventory: str | None, slurm_job_id: str, where: str,
+              restart: int = 0) -> SlurmRun:
     """One run of the sbatch script: the first run of a Slurm job marks it ``launching`` and launches; a requeued
     one (its marker names the clusterctl job, or the job of that name recorded since it was marked) resumes that
-    job on this allocation's hosts, or does nothing when it already SUCCEEDED."""
+    job on this allocation's hosts, or does nothing when it already SUCCEEDED. The hosts of the last run that this
+    allocation lacks leave the record: their Slurm guards (``slurm.guard``) removed the job from them when that
+    run ended (a ``cleanup`` event each), or ``cleanup_pending`` says why not (``srun`` cannot reach them now)."""
     from clusterctl.config.spec import load_job
-    from clusterctl.slurm import sbatch
+    from clusterctl.slurm import guard, sbatch
 
     path = sbatch.marker(ws.root, slurm_job_id)
     m = sbatch.read_marker(path)
@@ -718,13 +770,40 @@ def slurm_run(ws: Workspace, job_path: str, inventory: str | None, slurm_job_id:
     rec = ledger.record(j)
     names = {h.name for h in hosts}
     gone = tuple(h.name for h in rec.hosts if h.name not in names)
-    # the old hosts stay in the record for one step: resume cleans up (or records that it could not) the last
-    # attempt on them, then drops them (--exclude) and relaunches on this allocation's hosts
-    ledger.record_changed(j.job_id, rec.replace(hosts=tuple(hosts) + tuple(h for h in rec.hosts if h.name in gone)))
+    ledger.record_changed(j.job_id, rec.replace(hosts=tuple(hosts)))
     ledger.event(j.job_id, EventKind.SLURM_RUN, f"{where}: requeued run, resuming on "
                                                 f"{', '.join(h.name for h in hosts)}"
                                                 + (f" (leaving {', '.join(gone)})" if gone else ""))
-    return SlurmRun("resume", j.job_id, j.name, gone)
+    for node in gone:
+        report = guard.read_report(ws.root, slurm_job_id, node)
+        if report is not None and (report.get("restart") != restart - 1 or report.get("job_id") != j.job_id):
+            report = None                        # another run's, or from before the job was launched
+        if report is not None and report.get("ok"):
+            ledger.event(j.job_id, EventKind.CLEANUP, f"{node} left the allocation: its Slurm guard removed the "
+                                                      f"job's processes there when the last run ended", node=node)
+        else:
+            why = (f"its Slurm guard could not remove them: {report.get('detail')}" if report is not None else
+                   "its Slurm guard did not report (the node went down with the allocation?)")
+            ledger.event(j.job_id, EventKind.CLEANUP_PENDING, f"could not clean up {node}: it left the allocation "
+                                                              f"and {why}", node=node)
+    slurm_guard_plan(ws, slurm_job_id, j.job_id)
+    return SlurmRun("resume", j.job_id, j.name)
+
+
+def slurm_guard_plan(ws: Workspace, slurm_job_id: str, job_id: str) -> None:
+    """What each node's Slurm guard runs when this allocation ends (``slurm.guard``): the job's removal commands,
+    as ``stop`` runs them (its containers or bare runners, and its zygotes)."""
+    from clusterctl.launch import runtimes
+    from clusterctl.slurm import guard
+
+    commands = {}
+    for h in Ledger(ws.store).record(ws.store.get_job(job_id)).hosts:
+        rt = runtimes.get(h.runtime)
+        argvs = [rt.remove_job_argv(job_id, jobs_root=runtimes.jobs_root_for(runtimes.DEFAULT_JOBS_ROOT, h.name))]
+        if hasattr(rt, "zygote_remove_argv"):
+            argvs.append(rt.zygote_remove_argv(job_id))
+        commands[h.name] = argvs
+    guard.write_plan(ws.root, slurm_job_id, job_id, commands)
 
 
 def slurm_launched(ws: Workspace, slurm_job_id: str, launched: "Launched", where: str) -> None:
@@ -732,12 +811,15 @@ def slurm_launched(ws: Workspace, slurm_job_id: str, launched: "Launched", where
     from clusterctl.slurm import sbatch
 
     sbatch.write_marker(sbatch.marker(ws.root, slurm_job_id), launched.job_id)
+    slurm_guard_plan(ws, slurm_job_id, launched.job_id)
     Ledger(ws.store).event(launched.job_id, EventKind.SLURM_RUN, f"{where}: launched on {', '.join(launched.nodes)}")
 
 
 def watch_status(ws: Workspace, job_ref: str, options: ConnectOptions, on_view: Callable[[dict], None], *,
                  interval_s: float = 2.0, sleep: Callable[[float], None] = time.sleep) -> dict:
-    """``status JOB --watch``: ``on_view(view)`` every ``interval_s`` until the job has ended; its last view."""
+    """``status JOB --watch``: ``on_view(view)`` every ``interval_s`` until the job has ended; its last view.
+    Each look is a ``status`` (an active job nobody supervises is reconciled: the view says it is unsupervised,
+    and it ends when its nodes ended)."""
     from clusterctl.views import status as status_mod
 
     job_id = job_id_of(ws, job_ref)

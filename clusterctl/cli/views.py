@@ -118,10 +118,12 @@ def _watch(watch, output: str, interval_s: float = 2.0) -> int:
         def show(v) -> None:
             ck = v["checkpoint"] or {}
             key = (v["state"], v["attempt"], v["reason"], tuple((n["node"], n["state"]) for n in v["nodes"]),
-                   ck.get("step"))
+                   ck.get("step"), v["supervised"])
             if last and key == last[-1]:
                 return
             last.append(key)
+            if status_mod.unsupervised(v) and not (len(last) > 1 and last[-2][-1] is False):   # once per loss
+                (err if output == "json" else out).print(status_mod.unsupervised_line(v), markup=False)
             if output == "json":
                 sys.stdout.write(json.dumps(v, default=str) + "\n")
                 sys.stdout.flush()
@@ -161,7 +163,8 @@ def events_cmd(ctx, job, follow, output) -> int:
         t = datetime.datetime.fromtimestamp(e.time).strftime("%H:%M:%S")
         out.print(f"{t}  attempt {e.attempt or '-'}  {e.kind:<14} {e.message}", markup=False)
 
-    jobs.follow_events(ws, job, show, follow=follow)
+    jobs.follow_events(ws, job, show, follow=follow, options=connect_options(ctx),
+                       say=lambda line: (err if output == "json" else out).print(line, markup=False))
     return 0
 
 

@@ -176,14 +176,17 @@ LOG_LAG_S = 1.5      # how far the controller's log copy may lag a node (polled 
 
 
 def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *, from_start: bool = True,
-           poll_s: float = 0.3, stop_when_done: bool = True) -> JobState:
+           poll_s: float = 0.3, stop_when_done: bool = True, tick: Callable[[], None] | None = None) -> JobState:
     """Print the job's log copy and its events as they grow (``from_start=False``: only what comes after this
-    call); return the job's state once it is terminal."""
+    call); return the job's state once it is terminal. ``tick()`` every round, first (``jobs.Watchdog``: when
+    the supervisor is gone, it says so and completes the copy from the nodes)."""
     path = paths.output_log(root, job_id)
     offset = 0 if from_start else (path.stat().st_size if path.exists() else 0)
     seen = store.events(job_id)
     printed_events = 0 if from_start or not seen else seen[-1].id
     while True:
+        if tick is not None:
+            tick()
         if path.exists():
             if path.stat().st_size < offset:     # the copy was rotated (launcher.MAX_LOG_BYTES): a new file
                 offset = 0
@@ -287,7 +290,9 @@ def reconcile_job(root: Path, store: Store, job_id: str, options: ConnectOptions
     withheld = (f"(error tail withheld: it could not be redacted, as secret_env {', '.join(missing)} is not set in "
                 f"the environment of this `status`; see `clusterctl logs`)") if missing else None
     try:
-        return reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5, withheld_tail=withheld)
+        return reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5, withheld_tail=withheld,
+                         keep_logs=lambda attempt: complete_logs(ops, store, job_id, attempt,
+                                                                 deadline_s=options.connect_timeout + 10))
     finally:
         ops.close()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from clusterctl.model.events import EventKind
 from clusterctl.store.ledger import Ledger, note
@@ -45,25 +45,31 @@ class Reconciled:
 
 
 def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.time,
-              withheld_tail: str | None = None) -> Reconciled | None:
+              withheld_tail: str | None = None,
+              keep_logs: Callable[[int], object] | None = None) -> Reconciled | None:
     """One look at the current attempt's nodes (``ops``: a ``launcher.ClusterOps``), recorded. None when the
     job has no attempt yet or is no longer active. Error tails reach the store redacted (the store's secrets);
     ``withheld_tail``: recorded instead of every tail (the caller cannot redact them: a secret value unknown).
     An attempt whose end is recorded is never judged again (its result stands). A look that ends the job removes
-    its leftovers on every node (``clean_up``)."""
+    its leftovers on every node (``clean_up``), after ``keep_logs(attempt)`` (the log copy completed from the
+    nodes' own logs, which go with their containers)."""
     ledger = Ledger(store)
     job = store.get_job(job_id)
     attempts = store.attempts(job_id)
     if job.terminal or not attempts:
         return None
     a = attempts[-1]
+
+    def tidy() -> tuple[str, ...]:
+        return clean_up(ledger, job_id, ops, lambda: keep_logs(a.attempt) if keep_logs else None)
+
     if a.result == "succeeded":       # the supervisor recorded the success, then died before the job's end
         ledger.state_changed(job_id, JobState.SUCCEEDED, "every node finished with exit code 0 (the supervisor "
                                                          "ended before it recorded the job's end)",
                              notes=[note(EventKind.RECONCILED, f"attempt {a.attempt} had succeeded; the job is "
                                                                "SUCCEEDED", attempt=a.attempt, klass="success")])
         return Reconciled(a.attempt, (), Decision(Verdict.SUCCESS, message="every node finished with exit code 0"),
-                          JobState.SUCCEEDED, leftovers=clean_up(ledger, job_id, ops))
+                          JobState.SUCCEEDED, leftovers=tidy())
     if a.ended_at is not None:        # it ended (recorded: verdict, stop, start failure); no next attempt began
         try:
             ledger.state_changed(job_id, JobState.FAILED,
@@ -75,7 +81,7 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
                                              attempt=a.attempt)])
         except InvalidTransition:     # a new supervisor (or a stop) moved the job meanwhile: theirs
             return Reconciled(a.attempt, (), None, store.get_job(job_id).state)
-        return Reconciled(a.attempt, (), None, JobState.FAILED, leftovers=clean_up(ledger, job_id, ops))
+        return Reconciled(a.attempt, (), None, JobState.FAILED, leftovers=tidy())
     obs = ops.observe(a.attempt, list(a.nodes), watch=False, deadline_s=deadline_s)
     d = judge(obs, rdzv_host=a.rdzv_host or "", now=clock())
     ledger.nodes_changed(job_id, a.attempt, {o.node: dict(
@@ -92,7 +98,7 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
                              notes=[note(EventKind.RECONCILED, f"attempt {a.attempt} finished with exit code 0 on "
                                          "every node while no supervisor watched it", attempt=a.attempt,
                                          klass="success")])
-        return Reconciled(a.attempt, states, d, JobState.SUCCEEDED, leftovers=clean_up(ledger, job_id, ops))
+        return Reconciled(a.attempt, states, d, JobState.SUCCEEDED, leftovers=tidy())
     healthy = [o.node for o in obs if o.state in ("running", "exited")]
     checkpoint = ops.latest_checkpoint(healthy) if healthy else None
     step = f"checkpoint step {checkpoint[1]}" if checkpoint and checkpoint[0] else (
@@ -104,15 +110,16 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
                                      klass=d.verdict.value, node=d.node, rank=d.rank, exit_code=d.exit_code,
                                      signal=d.signal, oom=d.oom or None,
                                      checkpoint_step=checkpoint[1] if checkpoint and checkpoint[0] else None)])
-    return Reconciled(a.attempt, states, d, JobState.FAILED, checkpoint, clean_up(ledger, job_id, ops))
+    return Reconciled(a.attempt, states, d, JobState.FAILED, checkpoint, tidy())
 
 
-def clean_up(ledger: Ledger, job_id: str, ops) -> tuple[str, ...]:
+def clean_up(ledger: Ledger, job_id: str, ops, before: Callable[[], object] = lambda: None) -> tuple[str, ...]:
     """The job ended while nobody supervised it: remove what it left on every node it ran on (the survivors'
     containers or processes, the zygotes, the warm dirs), or say what is left where: a ``cleanup`` event naming
     the nodes cleaned, a ``cleanup_pending`` event per node that could not be (unreachable, the runtime refused).
     Returns those nodes."""
     nodes = sorted({n for a in ledger.store.attempts(job_id) for n in a.nodes})
+    before()
     errors = ops.stop(None, nodes)
     done = [n for n in nodes if n not in errors]
     if done:

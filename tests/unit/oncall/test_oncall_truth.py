@@ -21,6 +21,7 @@ from clusterctl.supervise import controller
 from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
 from clusterctl.supervise.reconcile import judge
 from clusterctl.supervise.supervisor import Observation, Verdict
+from clusterctl.transport import ConnectOptions
 from clusterctl.transport.base import CommandResult
 from clusterctl.views import logs
 
@@ -463,3 +464,65 @@ def test_a_stop_during_a_start_leaves_no_node_running_and_a_stopped_node_stays_s
     assert rows == {"n1": ("stopped", None, "10.0.0.1"), "n2": ("stopped", None, "10.0.0.2")}
     ledger.attempt_ended(job_id, 1, "node_lost")            # a supervisor's later verdict: the stop's stands
     assert store.attempts(job_id)[-1].result == "stopped"
+
+
+# ------------------------------------------------------------------------------------------- followers
+def test_followers_say_unsupervised_at_once_and_go_on_from_the_nodes(tmp_path, monkeypatch):
+    """Issue 39 item 2: after the supervisor died, `events -f` and `logs -f` print the UNSUPERVISED line `status`
+    prints (within a round, not never), `logs -f` goes on with what the nodes print (their own logs), and both
+    end once a look at the nodes ends the job (none hangs silently)."""
+    from clusterctl import jobs
+    from clusterctl.store import paths
+
+    root = paths.ensure_state_dir(tmp_path / "state")
+    store = Store(paths.db_path(root))
+    spec = loads_job(JOB, str(tmp_path / "job.yaml"))
+    rec = record.JobRecord(spec=spec, source=str(tmp_path / "job.yaml"), hosts=HOSTS, interfaces={})
+    job_id = store.create_job("j", rec.to_json(), None, str(tmp_path / "job.yaml"))
+    Ledger(store).attempt_started(job_id, 1, "n1", ["n1", "n2"], None, "attempt 1")
+    store.set_state(job_id, JobState.RUNNING)
+    store.claim_supervisor(job_id, 999_999_999)          # SIGKILLed: its pid is gone
+    ws = jobs.Workspace(root, store)
+    log = paths.ensure_job_dir(root, job_id) / "output.log"
+    log.write_text("[n1/-] === attempt 1 ===\n[n1/0] step 1\n")
+    looks = []
+
+    def fill_logs(root_, store_, job_id_, options, attempt=None, **kw):     # the nodes printed on meanwhile
+        with open(log, "a") as f:
+            f.write(f"[n1/0] step {len(looks) + 2}\n")
+        return {}
+
+    def reconcile_job(root_, store_, job_id_, options, **kw):               # the third look: the job ended
+        looks.append(job_id_)
+        if len(looks) == 3:
+            Ledger(store_).attempt_ended(job_id_, 1, "succeeded", to=JobState.SUCCEEDED, reason="done")
+        return None
+
+    monkeypatch.setattr(controller, "fill_logs", fill_logs)
+    monkeypatch.setattr(controller, "reconcile_job", reconcile_job)
+    monkeypatch.setattr(jobs.Watchdog, "__init__", _quick(jobs.Watchdog.__init__))    # every_s: 0.05 s
+    said: list[str] = []
+    got = jobs.logs(ws, job_id, ConnectOptions())
+    t = time.monotonic()
+    got.follow(said.append)
+    assert time.monotonic() - t < 10
+    assert said[0].startswith(f"UNSUPERVISED: job {job_id} is RUNNING but clusterctl's supervisor is not running "
+                              "(pid 999999999") and said[0].endswith("Run: clusterctl resume j")
+    assert [s for s in said if s.startswith("[n1/0]")] == ["[n1/0] step 2", "[n1/0] step 3", "[n1/0] step 4"]
+    assert len(looks) == 3 and store.get_job(job_id).state == JobState.SUCCEEDED
+    # events -f: the same line (where `say` puts it), then the events until the look that ended the job
+    job2 = store.create_job("k", rec.to_json(), None, None)
+    Ledger(store).attempt_started(job2, 1, "n1", ["n1"], None, "attempt 1")
+    store.claim_supervisor(job2, 999_999_998)
+    looks.clear()
+    shown, lines = [], []
+    jobs.follow_events(ws, job2, shown.append, follow=True, poll_s=0.01, say=lines.append)
+    assert len(lines) == 1 and lines[0].startswith("UNSUPERVISED: job " + job2) and len(looks) == 3
+    assert [e.kind for e in shown][-1] in ("start", "reconciled", "end") and store.get_job(job2).terminal
+
+
+def _quick(init):
+    def quick(self, *a, **kw):
+        kw["every_s"] = 0.05
+        init(self, *a, **kw)
+    return quick
