@@ -238,10 +238,11 @@ def infiniband_on(host: Host, found: bool | None) -> bool:
 
 
 def container_ulimits(spec: JobSpec, infiniband: bool) -> tuple[tuple[str, str], ...]:
-    """The containers' ``--ulimit``s: core dumps off (``core=0``: a GPU rank's core is tens of GB on the node's
-    disk; lowering a limit needs no privilege) unless the job names ``core``, the job's ``container.ulimits``, and
-    with InfiniBand an unlimited ``memlock`` (RDMA pins memory) unless the job names it."""
-    limits = {"core": "0", **spec.container.ulimits}
+    """The containers' ``--ulimit``s: the job's ``container.ulimits``, and with InfiniBand an unlimited ``memlock``
+    (RDMA pins memory) unless the job names it. (Not ``core=0`` here: once one ``--ulimit`` is given, podman adds
+    its own ``nofile``, which a host without CAP_SYS_RESOURCE refuses; core dumps are turned off in the container's
+    shell instead, see runtimes.)"""
+    limits = dict(spec.container.ulimits)
     if infiniband:
         limits.setdefault("memlock", "-1")
     return tuple(limits.items())

@@ -60,6 +60,11 @@ exit "$rc"
 '''
 # Its own variables are CLUSTERCTL_* names, which no job env var may have (spec.py reserves them): any job name
 # (S, f, ...) arrives.
+# Core dumps off in containers (a GPU rank's core is tens of GB on the node's disk): the container's first shell
+# lowers its soft limit before it applies the env (no privilege needed; ``--ulimit=core=0`` would make podman add
+# its own ``nofile`` limit, which a host without CAP_SYS_RESOURCE refuses). Not when the job names ``core`` in
+# ``container.ulimits``; a script may raise it again up to the hard limit.
+NO_CORE_DUMPS = "ulimit -S -c 0 2>/dev/null; "
 CONTAINER_APPLY = (f'{ENV_SCRIPT_VAR}=$(cat {ENV_MOUNT}/env) && rm -f {ENV_MOUNT}/env || exit 126; '
                    f'eval "${ENV_SCRIPT_VAR}" || exit 126; unset {ENV_SCRIPT_VAR}; exec "$@"')
 

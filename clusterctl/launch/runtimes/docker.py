@@ -9,6 +9,7 @@ from typing import Any
 from clusterctl.launch.runtimes import (
     CONTAINER_APPLY,
     CONTAINER_START,
+    NO_CORE_DUMPS,
     DEFAULT_JOBS_ROOT,
     LABEL_JOB_ID,
     LABEL_NODE,
@@ -100,7 +101,8 @@ class ContainerRuntime:
         argv += [f"--label={k}={v}" for k, v in req.labels.items()]
         argv += self._run_options(req)
         argv.append(req.image)
-        argv += ["sh", "-c", CONTAINER_APPLY, "clusterctl-env", *req.command]
+        apply = CONTAINER_APPLY if any(k == "core" for k, _ in req.ulimits) else NO_CORE_DUMPS + CONTAINER_APPLY
+        argv += ["sh", "-c", apply, "clusterctl-env", *req.command]
         return argv
 
     def _run_options(self, req: RunRequest) -> list[str]:
