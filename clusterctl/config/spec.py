@@ -564,9 +564,23 @@ def _message(err: dict) -> str:
     if t in _BOUNDS:
         bound = next(iter(ctx.values()), "?")
         return f"must be {_BOUNDS[t]} {bound}, got {err['input']!r}"
+    if t == "finite_number":
+        return f"must be a finite number, got {err['input']!r}"
     if t in _MESSAGES:
-        return f"{_MESSAGES[t]}, got {_kind(err['input'])}"
+        return f"{_MESSAGES[t]}, got {_kind(err['input'])}" + _number_hint(t, err["input"])
     return str(err["msg"])
+
+
+def _number_hint(t: str, value: Any) -> str:
+    """YAML 1.1 reads ``1e300`` (no dot) as text: say what to write instead."""
+    if t not in ("int_type", "float_type") or not isinstance(value, str) or not yamlfile.EXPONENT_TEXT.match(value):
+        return ""
+    if t == "int_type":
+        number = float(value)
+        return f" (YAML reads {value} as text: write {int(number)})" if number.is_integer() and abs(number) < 1e15 \
+            else f" (YAML reads {value} as text: write the integer in digits)"
+    mantissa, e, exponent = value.partition("e") if "e" in value else value.partition("E")
+    return f" (YAML reads {value} as text: write {mantissa if '.' in mantissa else mantissa + '.0'}{e}{exponent})"
 
 
 def _find_nul(node: Any, path: tuple = (), seen: set[int] | None = None) -> tuple | None:

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -36,15 +37,23 @@ def number_text(node: Any, key: Any, value: Any) -> Any:
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 MAX_MERGED_KEYS = 10_000   # keys one mapping may get from merge keys (``<<``)
+_UNSIGNED_EXPONENT = re.compile(r"^[-+]?[0-9][0-9_]*\.[0-9_]*[eE][0-9]+$")
+# what YAML 1.1 reads as text but a reader means as a number: 1e300, 5E-1 (no dot), 1.0e300 before this loader
+EXPONENT_TEXT = re.compile(r"^[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+$")
 
 
 def _loader_for(file: str):
     class Loader(yaml.SafeLoader):
         def resolve(self, kind, value, implicit):
-            """No YAML 1.1 base-60 numbers: ``nodes: 2:4`` stays "2:4" (not 124), as does ``1:30``."""
+            """No YAML 1.1 base-60 numbers: ``nodes: 2:4`` stays "2:4" (not 124), as does ``1:30``. A float with an
+            unsigned exponent (``1.0e300``, YAML 1.2) is a float, as ``1.0e+300`` is in YAML 1.1 (a number without
+            a dot, ``1e300``, stays text in both PyYAML and this loader: its error says to write ``1.0e300``)."""
             tag = super().resolve(kind, value, implicit)
             if kind is yaml.ScalarNode and implicit[0] and tag in _NUMBER_TAGS and ":" in value:
                 return "tag:yaml.org,2002:str"
+            if kind is yaml.ScalarNode and implicit[0] and tag == "tag:yaml.org,2002:str" and \
+                    _UNSIGNED_EXPONENT.match(value):
+                return "tag:yaml.org,2002:float"
             return tag
 
         def flatten_mapping(self, node):

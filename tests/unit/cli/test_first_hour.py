@@ -212,3 +212,22 @@ def test_a_corrupt_or_empty_state_db_is_an_error_that_says_move_it_aside(tmp_pat
     r = cli(tmp_path, "status")
     assert r.returncode == 2 and "0 bytes" in r.stderr and "move it aside" in r.stderr, r.stderr
     assert db.stat().st_size == 0                  # nothing written over it
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("supervisor: {probe_interval_s: 1e300}", "write 1.0e300"),
+    ("supervisor: {probe_interval_s: 5E-1}", "write 5.0E-1"),
+    ("restarts: {max_failures: 1e3}", "write 1000"),
+    ("supervisor: {probe_interval_s: .nan}", "must be a finite number, got nan"),
+    ("supervisor: {probe_interval_s: .inf}", "must be a finite number, got inf"),
+    ("supervisor: {probe_interval_s: abc}", "must be a number, got str 'abc'"),
+])
+def test_number_errors_in_the_job_file_say_what_to_write_in_our_words(tmp_path, line, expected):
+    """Item 12: `1e300` is text to YAML 1.1 ("must be a number, got str" with no hint); pydantic's "Input should
+    be a finite number" among our own wording."""
+    write(tmp_path, "job.yaml", f"name: j\nscript: t.py\n{line}\n")
+    r = cli(tmp_path, "validate", "job.yaml")
+    assert r.returncode == 2 and "job.yaml:3:" in r.stderr and expected in r.stderr, r.stderr
+    assert "Input should" not in r.stderr
+    if "abc" in line:
+        assert "write" not in r.stderr
