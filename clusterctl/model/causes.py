@@ -99,9 +99,13 @@ def error_tail(lines: list[str], node: str, rank: int | None, n: int = 20) -> st
 # ------------------------------------------------------------------------------ a rank that failed because a peer did
 # What a rank prints when the other end of a collective or of the store went away: gloo's "Connection closed by
 # peer [ADDR]" / "Connection reset by peer", NCCL's remote error, c10d's network errors. Such a failure is a
-# consequence; the cause is on another node, often still being torn down by its torchrun.
+# consequence; the cause is on another node, often still being torn down by its torchrun. With NCCL the peers of a
+# rank that failed (exit 1) wait in their collective until ProcessGroupNCCL's watchdog times it out and aborts the
+# process (SIGABRT): "Watchdog caught collective operation timeout", "NCCL communicator was aborted on rank N",
+# c10::DistBackendError (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp): victims too, whatever their signal.
 PEER_GONE = re.compile(r"Connection (?:closed|reset) by peer|ncclRemoteError|remote process exited|"
-                       r"DistNetworkError|RendezvousConnectionError")
+                       r"DistNetworkError|RendezvousConnectionError|Watchdog caught collective operation timeout|"
+                       r"NCCL communicator was aborted|DistBackendError")
 
 
 def peer_failure(text: str) -> bool:

@@ -141,10 +141,12 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
         if cfg is not None:
             return Decision(Verdict.CONFIG_ERROR, (), cfg.node, cfg.exit_code, cfg.signal, cfg.config_error,
                             cfg.error_tail, cfg.rank)
-        # the culprit: a node whose rank was killed by a signal (the others failed because of it), else one whose
-        # rank failed on its own (not because a peer went away), else the first
-        f = (next((o for o in failed if o.signal), None)
-             or next((o for o in failed if not causes.peer_failure(o.error_tail)), failed[0]))
+        # the culprit: a rank that failed on its own (not because a peer went away), killed by a signal first (the
+        # others failed because of it); else a rank killed by a signal, else the first. A peer aborted by NCCL's
+        # watchdog (SIGABRT) is a victim: its error says so (causes.peer_failure), while the culprit exits 1
+        own = [o for o in failed if not causes.peer_failure(o.error_tail)]
+        f = (next((o for o in own if o.signal), None) or (own[0] if own else None)
+             or next((o for o in failed if o.signal), failed[0]))
         where = f"node {f.node}" + (f" rank {f.rank}" if f.rank is not None else "")
         if f.signal and f.rank is not None:
             why = " by the OOM killer (out of memory)" if f.oom else ""

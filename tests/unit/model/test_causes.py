@@ -75,6 +75,12 @@ def test_error_file_in_reads_the_runners_copy():
     ("torch.distributed.DistBackendError: NCCL error ... ncclRemoteError: A call failed possibly due to a network "
      "error or a remote process exiting prematurely.", True),
     ("torch.distributed.DistNetworkError: failed to recv, got 0 bytes", True),
+    # NCCL's victims (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp): the watchdog's timeout, then its abort
+    ("[rank1]:[E1218 20:27:21.433063423 ProcessGroupNCCL.cpp:629] [Rank 1] Watchdog caught collective operation "
+     "timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) ran "
+     "for 600081 milliseconds before timing out.", True),
+    ("terminate called after throwing an instance of 'c10::DistBackendError'", True),
+    ("RuntimeError: NCCL communicator was aborted on rank 1.", True),
     ("ValueError: bad batch", False),
     ("", False),
 ])

@@ -512,3 +512,25 @@ def test_gpu_error_node_comes_back_when_fewer_than_min_nodes_remain(store):
                      clock=iter(range(10**6)).__next__, sleep=lambda s: None)
     assert sup.run() == JobState.SUCCEEDED
     assert [s[1] for s in ops.started] == [("a", "b"), ("a", "b")]     # MIN 2: b is used again
+
+
+WATCHDOG = ("[b/1] [rank1]:[E1218 20:27:21.433063423 ProcessGroupNCCL.cpp:629] [Rank 1] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran "
+            "for 600081 milliseconds before timing out.\n[b/1] terminate called after throwing an instance of "
+            "'c10::DistBackendError'")
+
+
+@pytest.mark.parametrize("order", ["culprit first", "victim first"])
+def test_with_nccl_the_rank_that_exited_1_is_the_culprit_not_the_peer_its_watchdog_aborted(order):
+    """NCCL: the rank that failed exits 1; its peers wait in the collective until the watchdog aborts them
+    (SIGABRT). A signal alone used to make the victim the culprit (`killed` by SIGABRT on the wrong node)."""
+    culprit = Observation("a", E, exit_code=1, rank=0, error_tail="[a/0] ValueError: bad batch")
+    victim = Observation("b", E, exit_code=134, signal="SIGABRT", rank=1, error_tail=WATCHDOG)
+    o = [culprit, victim] if order == "culprit first" else [victim, culprit]
+    d = classify(o, Health(0, 0), rdzv_host="a", probe_failures=2, hang_timeout_s=1000, now=1, settle_s=3)
+    assert (d.verdict, d.node, d.rank) == (Verdict.USER_ERROR, "a", 0)
+    # a victim alone (the culprit's node still running): it waits PEER_SETTLE x settle_s for it
+    h = Health(0, 0)
+    kw = dict(rdzv_host="a", probe_failures=2, hang_timeout_s=1000, settle_s=3)
+    assert classify([Observation("a", R), victim], h, now=1, **kw).verdict == Verdict.CONTINUE
+    assert classify([Observation("a", R), victim], h, now=1 + 3 * PEER_SETTLE - 1, **kw).verdict == Verdict.CONTINUE
