@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import click
 
-from clusterctl.cli import lifecycle, nodes, oncall, preflight, setup, slurm, views  # noqa: F401 - their commands
+from clusterctl.cli import lifecycle, nodes, oncall, preflight, report, setup, slurm, views  # noqa: F401 - commands
 from clusterctl.cli.base import app, err
 from clusterctl.errors import ClusterctlError
 

@@ -91,10 +91,23 @@ def _p90(xs: list[float]) -> float:
     return s[min(len(s) - 1, max(0, -(-9 * len(s) // 10) - 1))]     # nearest rank
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One interval of the wall time and its bucket (``productive``, ``unknown`` or a badput bucket), for the
+    picture (``build(..., segments=[])`` fills the list)."""
+    bucket: str
+    start: float
+    end: float
+    attempt: int
+
+
 def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float | None, now: float,
-          job_id: str | None = None, name: str | None = None, state: str | None = None) -> dict:
+          job_id: str | None = None, name: str | None = None, state: str | None = None,
+          segments: list[Segment] | None = None) -> dict:
     """The report (see the module's doc). ``created_at``: when the job was recorded (ETTR counts from there: the
-    queue and every wait included); ``now``: the end of a job that has not ended."""
+    queue and every wait included); ``now``: the end of a job that has not ended; ``segments``: a list to fill
+    with the intervals the figures sum (in time order per attempt)."""
+    segs: list[Segment] = [] if segments is None else segments
     marks = sorted(marks, key=lambda m: (m.time, m.id or 0))
     starts: dict[int, Mark] = {}
     for m in marks:
@@ -120,9 +133,10 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
     ends = [m for m in marks if m.kind == "end" and m.time >= last_start]
     end = ends[-1].time if ends else max(now, last_start)
 
-    def add(bucket: str, a: float, b: float) -> None:
+    def add(bucket: str, a: float, b: float, attempt: int) -> None:
         if b > a:
             buckets[bucket] += b - a
+            segs.append(Segment(bucket, a, b, attempt))
 
     for i, a in enumerate(attempts):
         start = starts[a]
@@ -138,7 +152,7 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
         resume_next = (nxt.step or 0) if nxt else None
         wasted_a = 0.0
         if recs:
-            add("program_startup", start.time, recs[0].time)
+            add("program_startup", start.time, recs[0].time, a)
             for p, r in zip(recs, recs[1:]):
                 n = r.step - p.step
                 if n <= 0:
@@ -149,13 +163,17 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
                 kept = n if resume_next is None else max(0, min(r.step, resume_next) - p.step)
                 productive += dt * kept / n
                 wasted_a += dt * (n - kept) / n
+                cut = p.time + dt * kept / n
+                segs.extend(Segment(b, x, y, a) for b, x, y in (("productive", p.time, cut),
+                            ("wasted_progress_from_disruption", cut, r.time)) if y > x)
             failed = klass is not None and klass not in NOT_SUCCESS
             add("hang_detection" if klass == "hang" else
-                "infrastructure_recovery_from_disruption" if failed else "other", recs[-1].time, over)
+                "infrastructure_recovery_from_disruption" if failed else "other", recs[-1].time, over, a)
         elif signal:
-            add("program_startup", start.time, over)       # it never reached a step
+            add("program_startup", start.time, over, a)       # it never reached a step
         else:
             unknown_s += max(0.0, over - start.time)
+            segs.append(Segment("unknown", start.time, over, a))
         buckets["wasted_progress_from_disruption"] += wasted_a
         # the verdict -> the next start (or the job's end)
         gap = [m for m in marks if over <= m.time <= limit]
@@ -167,17 +185,22 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
                 d = min(float(w.group(1)) if w else 0.0, limit - m.time)
                 buckets["backoff"] += d
                 spent += d
+                segs.append(Segment("backoff", m.time, m.time + d, a))
         waiting = next((m for m in gap if m.kind == "waiting"), None)
         if waiting:
             d = max(0.0, limit - waiting.time - spent)
             buckets["waiting_for_nodes"] += d
             spent += d
+            segs.append(Segment("waiting_for_nodes", limit - d, limit, a))
         user_end = next((m for m in gap if m.kind == "end"), None)
         resume = next((m for m in gap if m.kind == "resume" and user_end and m.time >= user_end.time), None)
         if nxt and user_end and resume:          # ended, then resumed by the user: the time between was theirs
             buckets["other"] += resume.time - user_end.time
             spent += resume.time - user_end.time
+            segs.append(Segment("other", user_end.time, resume.time, a))
         buckets[rest_bucket] += max(0.0, limit - over - spent)
+        if limit - over - spent > 0:       # drawn from the verdict on (the waits above lie later in the gap)
+            segs.append(Segment(rest_bucket, over, over + (limit - over - spent), a))
         if klass is not None and klass not in NOT_SUCCESS:
             disruptions.append(_cycle(a, verdict, start, nxt, recs, seen.get(attempts[i + 1], []) if nxt else [],
                                       marks, limit, resume_next, wasted_a, signal))

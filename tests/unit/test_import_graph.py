@@ -19,7 +19,7 @@ RANKS = {
     "clusterctl.oncall": 4,
     "clusterctl.supervise": 5,
     "clusterctl.views": 6,
-    "clusterctl.jobs": 7, "clusterctl.fabric": 7,
+    "clusterctl.jobs": 7, "clusterctl.fabric": 7, "clusterctl.report": 7,
     "clusterctl.cli": 8, "clusterctl.__main__": 8,
 }
 PURE = ("clusterctl.config", "clusterctl.model")

@@ -117,3 +117,13 @@ def test_marks_round_trip_through_json():
 def test_a_job_that_never_started():
     r = build([], [], created_at=1.0, now=5.0)
     assert r["wall_s"] == 0.0 and r["productive_s"] is None and r["unknown"]
+
+
+def test_the_segments_cover_the_wall_time_and_sum_to_the_figures():
+    segs = []
+    r = build(node_kill_marks(), node_kill_steps(), created_at=100.0, now=999.0, segments=segs)
+    assert round(sum(s.end - s.start for s in segs), 6) == r["wall_s"]
+    assert round(sum(s.end - s.start for s in segs if s.bucket == "productive"), 6) == r["productive_s"]
+    for bucket, seconds in r["badput_s"].items():
+        assert round(sum(s.end - s.start for s in segs if s.bucket == bucket), 6) == seconds, bucket
+    assert {s.attempt for s in segs if s.bucket == "wasted_progress_from_disruption"} == {1}
