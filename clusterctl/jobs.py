@@ -71,6 +71,9 @@ def with_overrides(data: Any, overrides: Mapping[str, Any]) -> Any:
         return data
     out = yamlfile.LineDict(data)
     out.line, out.lines, out.texts = data.line, dict(data.lines), dict(getattr(data, "texts", {}))
+    # an error in an overridden value names its flag, not the job file's line (spec.parse_job)
+    out.overrides = {("env", k): f"--env {k}" for k in overrides.get("env", {})}
+    out.overrides.update({(k,): f"--{k}" for k in overrides if k != "env"})
     for key, value in overrides.items():
         if key == "env":
             env = yamlfile.LineDict(data.get("env") or {})
@@ -96,7 +99,8 @@ def load_context(job_path: str, inventory_path: str | None, cordons: Mapping[str
     inv = allocation.load_hosts(inventory_path)
 
     def bad(key: str, message: str) -> InputError:
-        return InputError(job_path, line_of(data, key), message, key=key)
+        flag = getattr(data, "overrides", {}).get((key,))      # `launch --nodes 9`: the flag, not the file's line
+        return InputError(flag, None, message) if flag else InputError(job_path, line_of(data, key), message, key=key)
 
     everyone = _job_hosts(spec, inv, data, job_path) if spec.hosts else list(inv.hosts)
     hosts, excluded = nodehealth.split(everyone, cordons or {})
@@ -464,6 +468,10 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
 
     store, root, options = ws.store, ws.root, request.options
     exclude, checkpoint = tuple(request.exclude), request.checkpoint
+    if checkpoint is not None and not os.path.isabs(checkpoint):
+        raise UserError(f"--checkpoint {checkpoint}: not an absolute path; give the checkpoint's path as the nodes "
+                        "see it (on their shared storage), e.g. /shared/ckpt/step-000001000; nothing was stopped or "
+                        "relaunched")
     job = store.get_job(request.job_ref)
     job_id = job.job_id
 
@@ -488,6 +496,8 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
     accept_new = options.accept_new_host_keys
     try:
         verify_host_keys([ops.hosts[n] for n in nodes if n not in exclude], options, connect)
+        if checkpoint is not None:
+            _check_checkpoint(checkpoint, [ops.hosts[n] for n in nodes if n not in exclude], options, connect)
         if attempts and not job.terminal:
             a = attempts[-1]
             found = reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5,
@@ -536,7 +546,38 @@ def _cordoned(store: Store, job, exclude: Sequence[str]) -> list[tuple[str, str]
     usable, excluded = nodehealth.split([h for h in rec.host_names if h not in exclude], store.cordons())
     if excluded and len(usable) < rec.spec.min_nodes:
         raise nodehealth.too_few(rec.spec.min_nodes, len(usable), excluded)
+    left = [h for h in rec.host_names if h not in exclude]
+    if exclude and len(left) < rec.spec.min_nodes:     # as `launch` refuses a job with every host cordoned
+        raise UserError(f"--exclude {' '.join(exclude)}: the job needs at least {rec.spec.min_nodes} node(s) but "
+                        f"only {len(left)} of its hosts would remain"
+                        + (f" ({', '.join(left)})" if left else "") + f" (hosts: {', '.join(rec.host_names)}); "
+                        "nothing was stopped or relaunched")
     return excluded
+
+
+def _check_checkpoint(path: str, hosts: Sequence[Host], options: ConnectOptions, connect: Connect) -> None:
+    """`resume --checkpoint PATH`: a path that exists on the nodes' storage (asked of the job's hosts in
+    parallel, ``test -e``), else ``UserError`` (exit 2) before anything is stopped: a path the nodes cannot read
+    would relaunch from step 0. A node that cannot be asked says nothing; only a "no" from every node that
+    answered refuses."""
+    from clusterctl.transport import fan_out
+
+    def exists(h: Host) -> bool:
+        t = connect(h, options)
+        try:
+            r = t.run(["test", "-e", path], timeout=options.command_timeout)
+        finally:
+            t.close()
+        if r.exit_code not in (0, 1):
+            raise RuntimeError(r.stderr.strip()[-200:] or f"exit code {r.exit_code}")
+        return r.exit_code == 0
+
+    results = fan_out(list(hosts), exists, host_timeout=options.connect_timeout * 3 + options.command_timeout)
+    said = [r.value for r in results if r.error is None]
+    if said and not any(said):
+        raise UserError(f"--checkpoint {path}: no such file or directory on "
+                        f"{', '.join(r.host.name for r in results if r.error is None)}; nothing was stopped or "
+                        "relaunched (`clusterctl resume` without --checkpoint takes the latest valid one)")
 
 
 # ---------------------------------------------------------------------------------------------- forget, cordon

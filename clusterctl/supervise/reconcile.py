@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from clusterctl.model.events import EventKind
 from clusterctl.store.ledger import Ledger, note
-from clusterctl.store.state import InvalidTransition, JobState, Store
+from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store
 from clusterctl.supervise.supervisor import Decision, Health, Observation, Verdict, classify, node_state
 
 
@@ -92,24 +92,27 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
         return Reconciled(a.attempt, states, None, job.state)
     if store.get_job(job_id).terminal:      # someone else (a new supervisor, another status) got there first
         return Reconciled(a.attempt, states, d, store.get_job(job_id).state)
-    if d.verdict == Verdict.SUCCESS:
-        ledger.attempt_ended(job_id, a.attempt, "succeeded", to=JobState.SUCCEEDED,
-                             reason="every node finished with exit code 0 (found after the supervisor was gone)",
-                             notes=[note(EventKind.RECONCILED, f"attempt {a.attempt} finished with exit code 0 on "
-                                         "every node while no supervisor watched it", attempt=a.attempt,
-                                         klass="success")])
-        return Reconciled(a.attempt, states, d, JobState.SUCCEEDED, leftovers=tidy())
-    healthy = [o.node for o in obs if o.state in ("running", "exited")]
-    checkpoint = ops.latest_checkpoint(healthy) if healthy else None
-    step = f"checkpoint step {checkpoint[1]}" if checkpoint and checkpoint[0] else (
-        "the start (no checkpoint yet)" if checkpoint else "the latest valid checkpoint")
-    ledger.attempt_ended(job_id, a.attempt, d.verdict.value, to=JobState.FAILED,
-                         reason=f"{d.message} (while unsupervised); `clusterctl resume {job.name}` relaunches from "
-                                f"{step}",
-                         notes=[note(EventKind.RECONCILED, f"while unsupervised: {d.message}", attempt=a.attempt,
-                                     klass=d.verdict.value, node=d.node, rank=d.rank, exit_code=d.exit_code,
-                                     signal=d.signal, oom=d.oom or None,
-                                     checkpoint_step=checkpoint[1] if checkpoint and checkpoint[0] else None)])
+    try:      # ``expect``: two looks at once (followers, status): the first one's end stands, once
+        if d.verdict == Verdict.SUCCESS:
+            ledger.attempt_ended(job_id, a.attempt, "succeeded", to=JobState.SUCCEEDED, expect=ACTIVE_STATES,
+                                 reason="every node finished with exit code 0 (found after the supervisor was gone)",
+                                 notes=[note(EventKind.RECONCILED, f"attempt {a.attempt} finished with exit code 0 "
+                                             "on every node while no supervisor watched it", attempt=a.attempt,
+                                             klass="success")])
+            return Reconciled(a.attempt, states, d, JobState.SUCCEEDED, leftovers=tidy())
+        healthy = [o.node for o in obs if o.state in ("running", "exited")]
+        checkpoint = ops.latest_checkpoint(healthy) if healthy else None
+        step = f"checkpoint step {checkpoint[1]}" if checkpoint and checkpoint[0] else (
+            "the start (no checkpoint yet)" if checkpoint else "the latest valid checkpoint")
+        ledger.attempt_ended(job_id, a.attempt, d.verdict.value, to=JobState.FAILED, expect=ACTIVE_STATES,
+                             reason=f"{d.message} (while unsupervised); `clusterctl resume {job.name}` relaunches "
+                                    f"from {step}",
+                             notes=[note(EventKind.RECONCILED, f"while unsupervised: {d.message}", attempt=a.attempt,
+                                         klass=d.verdict.value, node=d.node, rank=d.rank, exit_code=d.exit_code,
+                                         signal=d.signal, oom=d.oom or None,
+                                         checkpoint_step=checkpoint[1] if checkpoint and checkpoint[0] else None)])
+    except InvalidTransition:
+        return Reconciled(a.attempt, states, d, store.get_job(job_id).state)
     return Reconciled(a.attempt, states, d, JobState.FAILED, checkpoint, tidy())
 
 

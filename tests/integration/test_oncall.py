@@ -8,11 +8,15 @@ line.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
 import re
 import signal
+import sqlite3
 import string
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -273,3 +277,113 @@ def test_logs_hold_every_line_once_in_order_after_a_supervisor_kill_and_resume(j
         assert seq == list(range(1, lines + 1)), (who, seq[:5], len(seq))
     if runtime != "bare":
         rh.check_clean(run)
+
+
+# ------------------------------------------------------------------------------------ supervisor elsewhere / gone
+@contextlib.contextmanager
+def supervised_elsewhere(run: rh.Run):
+    """The job's supervisor recorded on another host (a shared state dir): its pid is not in this machine's
+    /proc (999999999), its heartbeat fresh (``beat()`` before each look). The real claim is put back after."""
+    job = run.job_row()
+    db = run.state_dir / "state.db"
+
+    def write(pid, host, boot) -> None:
+        c = sqlite3.connect(db, timeout=30)
+        c.execute("UPDATE jobs SET supervisor_pid = ?, supervisor_host = ?, supervisor_boot = ?,"
+                  " supervisor_seen_at = ? WHERE job_id = ?", (pid, host, boot, time.time(), job.job_id))
+        c.commit()
+        c.close()
+
+    beat = lambda: write(999_999_999, "login-elsewhere", "a-boot-of-login-elsewhere")   # noqa: E731
+    beat()
+    try:
+        yield beat
+    finally:
+        write(job.supervisor_pid, job.supervisor_host, job.supervisor_boot)
+
+
+def test_followers_say_unsupervised_and_a_reconcile_ending_a_warm_job_leaves_nothing(job, otb):
+    """Issue 34 items 3 and 5, issue 39 item 2, on a warm 2-node podman job printing a line every 0.2 s:
+    * a supervisor elsewhere with a fresh heartbeat: `status` says where and reconciles nothing, `resume` refuses
+      (exit 2) and starts no second supervisor;
+    * `logs -f`, `status --watch` and `events -f` started, the supervisor SIGKILLed: each prints the UNSUPERVISED
+      line within 15 s, and `logs -f` goes on printing the ranks' new lines (from the nodes' own logs);
+    * a rank then SIGKILLed: the followers' look at the nodes ends the job (FAILED) and they exit; the zygotes,
+      warm dirs and the survivor's container are gone, or a cleanup_pending event names the node."""
+    from clusterctl.launch.runtimes import warm_job_key, warm_root
+
+    run = job(steps=1, nproc=1)
+    edit_job(run, script=str(CHATTER), args=["1500", "0.2"], nodes=2)
+    run.launch()
+    rh.wait_zygotes(run)
+    job_id = run.job_row().job_id
+    out_log = run.state_dir / "jobs" / job_id / "output.log"
+    wait_for(lambda: "tick 5" in out_log.read_text(errors="replace"), 60, "the ranks' first lines")
+    with supervised_elsewhere(run) as beat:
+        st = run.status()
+        assert st["supervised"] is True and st["state"] == "RUNNING", st
+        assert st["supervisor"]["elsewhere"] is True and st["supervisor"]["host"] == "login-elsewhere", st
+        beat()
+        r = run.cli("resume", run.name, "--detach", check=False, timeout=60)
+        assert r.returncode == 2 and "supervised elsewhere" in r.stderr and "login-elsewhere" in r.stderr, r.stderr
+    kinds = [e["kind"] for e in run.events()]
+    assert "reconciled" not in kinds and "adopt" not in kinds and kinds.count("start") == 1, kinds
+
+    env = dict(os.environ, CLUSTERCTL_STATE_DIR=str(run.state_dir))
+    outs = {name: run.state_dir.parent / f"{name}.out" for name in ("logs", "watch", "events")}
+    argv = {"logs": ["logs", "-f", run.name], "watch": ["status", run.name, "--watch"],
+            "events": ["events", "-f", run.name]}
+    followers = {}
+    try:
+        for name, args in argv.items():
+            followers[name] = subprocess.Popen([*rh.CLUSTERCTL, "--state-dir", str(run.state_dir), *args],
+                                               stdout=outs[name].open("w"), stderr=subprocess.STDOUT, env=env,
+                                               cwd=str(rh.REPO), stdin=subprocess.DEVNULL)
+        time.sleep(3)                                   # the followers are following
+        kill_supervisor(run)
+        t0 = time.monotonic()
+        said = {}
+        while len(said) < len(outs):
+            for name, path in outs.items():
+                if name not in said and "UNSUPERVISED:" in path.read_text(errors="replace"):
+                    said[name] = time.monotonic() - t0
+            assert time.monotonic() - t0 < 15, {n: p.read_text()[-2000:] for n, p in outs.items() if n not in said}
+            time.sleep(0.2)
+        text = outs["logs"].read_text()
+        assert "Run: clusterctl resume " + run.name in text
+        at_kill = max(int(m) for m in re.findall(r"\] tick (\d+)", text))
+        # the ranks go on (a line every 0.2 s): logs -f prints what the nodes printed since
+        wait_for(lambda: max(int(m) for m in re.findall(r"\] tick (\d+)", outs["logs"].read_text())) >= at_kill + 25,
+                 40, "logs -f printing the nodes' new lines")
+        victim = rh.other_host(run)
+        os.kill([p for p, c in otb.processes(victim) if "chatter.py" in c and "torchrun" not in c][0],
+                signal.SIGKILL)
+        for name, p in followers.items():           # the job ends by their look at the nodes: they end with it
+            p.wait(timeout=90)
+    finally:
+        for p in followers.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    st = run.status()
+    assert st["state"] == "FAILED" and any(f["found_by"] == "status" for f in st["failures"]), st
+    events = run.events()
+    pending = {e["node"] for e in events if e["kind"] == "cleanup_pending"}
+    cleaned = [e["message"] for e in events if e["kind"] == "cleanup"]
+    assert cleaned or pending, [e["kind"] for e in events]
+    if not pending:                                  # nothing left: no container, no zygote, no warm dir
+        rh.check_clean(run)
+        root = warm_root(tmpdir=otb.hosts[0].env.get("TMPDIR", "/tmp"))
+        assert not glob.glob(f"{root}/{warm_job_key(job_id)}-*"), glob.glob(f"{root}/*")
+
+
+def wait_for(cond, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if cond():
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"{what}: not within {timeout}s")

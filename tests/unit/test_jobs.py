@@ -322,3 +322,44 @@ def test_a_supervisor_elsewhere_with_a_fresh_heartbeat_is_never_reconciled_or_re
     stale = ws.store.get_job(out.job_id).supervisor_seen_at + controller.STALE_S + 1
     assert controller.supervision(ws.root, ws.store.get_job(out.job_id), now=stale)["supervised"] is False
     assert controller.live_supervisor(ws.root, ws.store.get_job(out.job_id), now=stale) is None
+
+
+def test_resume_refuses_a_checkpoint_the_nodes_do_not_have_and_excluding_every_host(env):
+    """Issue 39 item 5: `resume --checkpoint` with a relative path, or one no node has, and `--exclude` of the
+    job's hosts down below its minimum are usage errors (exit 2) before anything is stopped or relaunched."""
+    from clusterctl.transport.base import CommandResult
+
+    ws, world, spawn = env
+    out = launch(ws, world, spawn)
+    ws.store.set_state(out.job_id, JobState.STOPPED, "stopped by user")
+    asked = []
+
+    def connect(host, options):
+        t = world.connect(host, options)
+        run = t.run
+
+        def test_e(argv, **kw):       # the nodes' shared storage holds /ckpt/step-10 only
+            if argv[:2] == ["test", "-e"]:
+                asked.append((host.name, argv[2]))
+                return CommandResult(tuple(argv), 0 if argv[2] == "/ckpt/step-10" else 1, "", "", 0.01)
+            return run(argv, **kw)
+        t.run = test_e
+        return t
+
+    def resume(**kw):
+        return jobs.resume(ws, jobs.ResumeRequest("j", **kw), connect=connect, spawn=spawn, wait=lambda s: None)
+
+    events = len(ws.store.events(out.job_id))
+    with pytest.raises(UserError, match=r"--checkpoint ckpt/step-10: not an absolute path") as e:
+        resume(checkpoint="ckpt/step-10")
+    assert e.value.exit_code == 2 and asked == []
+    with pytest.raises(UserError, match=r"--checkpoint /nonexistent: no such file or directory on n1, n2") as e:
+        resume(checkpoint="/nonexistent")
+    assert e.value.exit_code == 2 and sorted(asked) == [("n1", "/nonexistent"), ("n2", "/nonexistent")]
+    for exclude in (("n1",), ("n1", "n2")):          # nodes "2:2": one host fewer is already too few
+        with pytest.raises(UserError, match=r"needs at least 2 node\(s\) but only \d of its hosts would remain") as e:
+            resume(exclude=exclude)
+        assert e.value.exit_code == 2
+    assert len(spawn.calls) == 1 and ws.store.get_job(out.job_id).state == JobState.STOPPED
+    assert len(ws.store.events(out.job_id)) == events           # nothing recorded, nothing stopped
+    assert resume(checkpoint="/ckpt/step-10").action == "relaunched"
