@@ -10,7 +10,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_DEB := procps util-linux
-TEST_DEB := openssh-server openssh-client podman runc catatonit iproute2 procps psmisc util-linux docker.io slurmctld slurmd slurm-client munge
+TEST_DEB := openssh-server openssh-client podman runc catatonit iproute2 procps psmisc util-linux docker.io slurmctld slurmd slurm-client munge gcc
 TORCH := torch==2.13.0
 DEMO_ENV := PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 

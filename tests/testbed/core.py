@@ -239,7 +239,8 @@ class Testbed:
             system.ip_batch([f"addr add {h.address}/24 dev eth0", "link set eth0 up", "link set lo up"], h.ns)
 
     def _host_env(self, hdir: Path, name: str) -> dict[str, str]:
-        env = {"PATH": f"{hdir / 'bin'}:{SYSTEM_PATH}", "CONTAINERS_CONF": str(hdir / "containers.conf"),
+        env = {"PATH": f"{hdir / 'bin'}:{SYSTEM_PATH}", "LD_LIBRARY_PATH": str(stubs.lib_dir(hdir / "bin")),
+               "CONTAINERS_CONF": str(hdir / "containers.conf"),
                "CONTAINERS_STORAGE_CONF": str(hdir / "storage.conf")}
         if self.docker:
             env.update(dockerd.daemon(hdir, self.runroot / "docker" / name).env)
