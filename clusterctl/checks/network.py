@@ -7,7 +7,8 @@ import shlex
 from typing import Any
 
 from clusterctl.checks.model import Check, HostProbe, Probe, is_ip, section, tool_cmd, tool_error
-from clusterctl.checks.results import CheckResult, failed, passed, warned
+from clusterctl.checks.results import CheckResult, failed, passed, skipped, warned
+from clusterctl.checks.runtime import runtime_info
 from clusterctl.config.hostport import endpoint
 
 
@@ -186,6 +187,85 @@ def exposed_addresses(p: HostProbe) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------------ probes, checks
+# ------------------------------------------------------------------------------------------------ RDMA (issue 35)
+# What the kernel exposes (Linux Documentation/ABI/stable/sysfs-class-infiniband): /dev/infiniband/uverbs*, the
+# verbs devices a container needs (--device=/dev/infiniband); /sys/class/infiniband/<dev>/ports/<n>/state, e.g.
+# "4: ACTIVE" (1: DOWN, 2: INIT, 3: ARMED, 4: ACTIVE, 5: ACTIVE_DEFER), and .../link_layer ("InfiniBand" or
+# "Ethernet" for RoCE); /proc/modules lines ("nvidia_peermem 16384 0 - Live 0x0000000000000000 (OE)"):
+# nvidia_peermem is GPUDirect RDMA's peer-memory module (NVIDIA GPUDirect RDMA documentation,
+# https://docs.nvidia.com/cuda/gpudirect-rdma/). Fixed text, no user value.
+RDMA_SCRIPT = (
+    'for d in /dev/infiniband/uverbs*; do [ -e "$d" ] && echo "uverbs $d"; done; '
+    'for p in /sys/class/infiniband/*/ports/*; do [ -r "$p/state" ] || continue; '
+    'echo "port $p $(cat "$p/link_layer" 2>/dev/null || echo unknown) $(cat "$p/state")"; done; '
+    "grep -E '^(nvidia_peermem|ib_uverbs|ib_core|mlx5_ib) ' /proc/modules 2>/dev/null | "
+    "while read -r m _; do echo \"module $m\"; done; true")
+_PORT_RE = re.compile(r"^port /sys/class/infiniband/([^/]+)/ports/(\d+) (\S+) (\d+): (\S+)$")
+
+
+def parse_rdma(output: str, rc: int = 0) -> dict[str, Any]:
+    """The RDMA probe (``RDMA_SCRIPT``) -> {"uverbs": [paths], "ports": [{"device", "port", "link_layer",
+    "state"}], "modules": [names]}."""
+    out: dict[str, Any] = {"uverbs": [], "ports": [], "modules": []}
+    for line in output.splitlines():
+        line = line.strip()
+        m = _PORT_RE.match(line)
+        if m:
+            out["ports"].append({"device": m.group(1), "port": int(m.group(2)), "link_layer": m.group(3),
+                                 "state": m.group(5)})
+        elif line.startswith("uverbs /dev/infiniband/"):
+            out["uverbs"].append(line.split(" ", 1)[1])
+        elif line.startswith("module "):
+            out["modules"].append(line.split(" ", 1)[1])
+    return out
+
+
+def parse_memlock(output: str, rc: int = 0) -> int | None:
+    """``ulimit -H -l`` -> the hard memlock limit in KiB; -1 for ``unlimited``; None when unknown."""
+    text = output.strip().splitlines()[0].strip() if output.strip() and rc == 0 else ""
+    return -1 if text == "unlimited" else int(text) if text.isdigit() else None
+
+
+MEMLOCK_FIX = ("raise the user's hard memlock limit (rootless podman cannot pass --ulimit memlock=-1 above it): "
+               "`USER hard memlock unlimited` and `USER soft memlock unlimited` in /etc/security/limits.conf "
+               "(sshd with UsePAM yes), log in again; or run the job with rootful podman")
+
+
+def check_rdma(p: HostProbe) -> CheckResult:
+    want = p.host.infiniband                   # True / False / None (auto)
+    if want is False:
+        return skipped("rdma", "clusterctl_infiniband: false")
+    sec = p.sections.get("rdma")
+    rdma = parse_rdma(sec.output, sec.rc) if sec is not None else parse_rdma("")
+    active = [f"{x['device']}/{x['port']}" for x in rdma["ports"] if x["state"] == "ACTIVE"]
+    peermem = "nvidia_peermem" in rdma["modules"]
+    data = {"uverbs": rdma["uverbs"], "ports": rdma["ports"], "active": active, "nvidia_peermem": peermem,
+            "infiniband": want}
+    if not rdma["uverbs"]:
+        if want:
+            return failed("rdma", "clusterctl_infiniband: true but no RDMA device (/dev/infiniband/uverbs*)",
+                          "load the RDMA drivers (`sudo modprobe ib_uverbs mlx5_ib`, or install MLNX_OFED/DOCA-OFED) "
+                          "and check `ibv_devinfo`; or set clusterctl_infiniband: false for this host", **data)
+        return skipped("rdma", "no RDMA device (clusterctl_infiniband: auto; NCCL uses sockets)", **data)
+    if not active:
+        states = ", ".join(f"{x['device']}/{x['port']} {x['state']}" for x in rdma["ports"]) or "no port state"
+        return failed("rdma", f"{len(rdma['uverbs'])} RDMA devices, no port ACTIVE ({states})",
+                      "check the cable and the subnet manager (`ibstat`; an InfiniBand port stays INIT without "
+                      "one: `systemctl status opensm`), or set clusterctl_infiniband: false", **data)
+    info = runtime_info(p)
+    limit_sec = p.sections.get("memlock")
+    hard = parse_memlock(limit_sec.output, limit_sec.rc) if limit_sec is not None else None
+    data["memlock_hard_kib"] = hard
+    if info is not None and info.get("rootless") and hard is not None and hard != -1:
+        return failed("rdma", f"rootless podman refuses --ulimit memlock=-1 (the user's hard memlock limit is "
+                      f"{hard} KiB) and RDMA pins memory", MEMLOCK_FIX, **data)
+    layers = sorted({x["link_layer"] for x in rdma["ports"] if x["state"] == "ACTIVE"})
+    gdr = "nvidia_peermem loaded" if peermem else "nvidia_peermem not loaded (GPUDirect RDMA only through dma-buf)"
+    note = gdr if p.host.gpus != 0 else "CPU host"
+    return passed("rdma", f"{len(rdma['uverbs'])} RDMA devices, {len(active)} ports ACTIVE "
+                  f"({', '.join(layers)}); {note}", **data)
+
+
 def _tool(name: str, *argv: str) -> Probe:
     return Probe(name, lambda host, job, o: section(name, tool_cmd(o.probe_timeout_s, argv)))
 
@@ -199,5 +279,13 @@ GETENT = Probe("getent", lambda host, job, o: section("getent", tool_cmd(o.probe
                applies=lambda host, job, o: not (is_ip(host.address) or host.interface))   # only to find the NIC
 NIC_SECTIONS = ("ip_addr", "ip_link", "ssh_conn", "getent")
 
+def _ib_possible(host, job, o) -> bool:
+    return host.infiniband is not False
+
+
+RDMA = Probe("rdma", lambda host, job, o: section("rdma", tool_cmd(o.probe_timeout_s, ("sh", "-c", RDMA_SCRIPT))),
+             applies=_ib_possible)
+MEMLOCK = Probe("memlock", lambda host, job, o: section("memlock", "ulimit -H -l"), applies=_ib_possible)
 PORTS = Check("ports", "host", check_ports, ("ss",), label="ports", launch=True)
+RDMA_CHECK = Check("rdma", "host", check_rdma, ("rdma", "memlock", "runtime_info"), label="rdma")
 INTERFACE = Check("interface", "host", check_interface, NIC_SECTIONS, label="nic", launch=True)

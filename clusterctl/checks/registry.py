@@ -16,17 +16,17 @@ from clusterctl.checks.model import Check, Probe
 CHECKS: tuple[Check, ...] = (
     # host checks (ssh first: where it fails, the others are skipped)
     system.SSH, gpu.DRIVER, gpu.COUNT, gpu.HEALTH, runtime.RUNTIME, runtime.TOOLKIT, runtime.IMAGE,
-    network.PORTS, storage.DISK, system.CLOCK, network.INTERFACE,
+    network.PORTS, storage.DISK, system.CLOCK, network.RDMA_CHECK, network.INTERFACE,
     # the job's entry point, reported only for the hosts it applies to
     entry.TORCHRUN, entry.SCRIPT,
     # cluster-wide
     cluster.RENDEZVOUS, cluster.SHARED_STORAGE, cluster.CONSISTENCY, cluster.HOSTNAMES, cluster.EXPOSURE,
 )
 PROBES: tuple[Probe, ...] = (
-    cluster.HOSTNAME, gpu.NVIDIA_SMI, runtime.INFO, runtime.NVIDIA_CTK, runtime.CDI_LIST, runtime.IMAGE_PROBE,
-    runtime.NVIDIA_HOOK, runtime.GPU_RUN,
+    cluster.HOSTNAME, gpu.NVIDIA_SMI, gpu.SMI_MODES, gpu.SMI_REMAP, gpu.SMI_FABRIC, gpu.CUDA_INIT, gpu.XID,
+    runtime.INFO, runtime.NVIDIA_CTK, runtime.CDI_LIST, runtime.IMAGE_PROBE, runtime.NVIDIA_HOOK, runtime.GPU_RUN,
     network.SS, storage.DF_CHECKPOINT, storage.DF_RUNTIME, system.TIMEDATECTL, network.IP_ADDR, network.IP_LINK,
-    network.SSH_CONN, network.GETENT, entry.ENTRY,
+    network.SSH_CONN, network.GETENT, network.RDMA, network.MEMLOCK, entry.ENTRY,
 )
 
 BY_ID: Mapping[str, Check] = {c.id: c for c in CHECKS}

@@ -32,6 +32,14 @@ def sections_for(address: str, hostname: str, runtime: str = "podman", gpus: int
     s = {
         "hostname": (hostname, 0),
         "nvidia_smi": (smi_rows(gpus), 0),
+        "smi_modes": ("\n".join(f"{i}, [N/A], Enabled, Default" for i in range(gpus)), 0),
+        "smi_remap": ("\n".join(f"GPU-{i:032d}, 0, 0" for i in range(gpus)), 0),
+        "smi_fabric": ("\n".join(f"{i}, Completed, Success" for i in range(gpus)), 0),
+        "cuda_init": (f"cuInit 0 CUDA_SUCCESS devices {gpus} driver 12040\nno error", 0),
+        "xid": ("", 0),
+        "rdma": ("uverbs /dev/infiniband/uverbs0\nport /sys/class/infiniband/mlx5_0/ports/1 InfiniBand 4: ACTIVE\n"
+                 "module nvidia_peermem\nmodule ib_uverbs", 0),
+        "memlock": ("unlimited", 0),
         "runtime_info": (PODMAN_INFO if runtime == "podman" else DOCKER_INFO, 0),
         "nvidia_ctk": ("NVIDIA Container Toolkit CLI version 1.14.6\ncommit: 5605d19", 0),
         "cdi_list": ("INFO[0000] Found 9 CDI devices\n" + "".join(f"nvidia.com/gpu={i}\n" for i in range(gpus))

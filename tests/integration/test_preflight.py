@@ -5,7 +5,9 @@
     node3  driver 470.82.01 (< 525.60.13)     node8  partitioned               -> ssh (connect timeout)
            -> gpu_driver                      node9  sshd stopped              -> ssh (refused)
     node4  no container toolkit -> nvidia_toolkit
-    node5  uncorrectable ECC on GPU 1 -> gpu_health       node10 retired pages pending -> gpu_health warn
+    node5  uncorrectable ECC on GPU 1 -> gpu_health       node10 row remapping pending (H100) -> gpu_health warn
+    node11 Fabric Manager down: nvidia-smi fine, the stub libcuda.so.1's cuInit answers 802 -> gpu_driver
+    node12 an Xid 79 in the kernel log (stub dmesg) -> gpu_health; clusterctl_infiniband: true, no RDMA device -> rdma
 
 Every run: stdin=/dev/null, a temporary HOME (so ~/.ssh/known_hosts and ~/.ssh/config are empty) and state dir.
 The job puts checkpoint.dir on the testbed's shared storage, so `shared_storage` and `rendezvous_reachable`
@@ -42,11 +44,15 @@ PROFILES = {
     "node7": profile(gpus=2),
     "node8": profile(gpus=2),
     "node9": profile(gpus=2),
-    "node10": profile(gpus=2, retired_pending=[True, False]),
+    "node10": profile(gpus=2, remapped_pending=[True, False]),
+    "node11": profile(gpus=2, cuinit=802, fabric="In Progress"),
+    "node12": profile(gpus=2, xid=["Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+                                   "the bus."]),
 }
 EXPECTED_FAIL = {
     "node1": [], "node2": [], "node3": ["gpu_driver"], "node4": ["nvidia_toolkit"], "node5": ["gpu_health"],
     "node6": ["gpu_count"], "node7": ["ports"], "node8": ["ssh"], "node9": ["ssh"], "node10": [],
+    "node11": ["gpu_driver"], "node12": ["gpu_health", "rdma"],
 }
 EXPECTED_WARN = {"node10": ["gpu_health"]}
 UNREACHABLE = {"node8", "node9"}
@@ -91,6 +97,7 @@ def pf(tmp_path_factory, testbed_slot):
         inv = tb.inventory(base / "inventory.yaml", runtime="podman")
         doc = yaml.safe_load(inv.read_text())
         doc["all"]["hosts"]["node6"]["clusterctl_gpus"] = 2      # the host has 4
+        doc["all"]["hosts"]["node12"]["clusterctl_infiniband"] = True     # no /dev/infiniband on the testbed
         inv.write_text(yaml.safe_dump(doc, sort_keys=False))
         ckpt = tb.shared / "ckpt" / "pf"
         ckpt.mkdir(parents=True)
@@ -163,6 +170,19 @@ def test_full_preflight_json_shows_each_hosts_failures(pf, home):
     assert nic["data"]["address"] == pf["tb"].hosts[0].address
     assert "470.82.01" in by["node3"]["checks"][1]["detail"] and "525.60.13" in by["node3"]["checks"][1]["detail"]
     assert "29400" in next(c for c in by["node7"]["checks"] if c["id"] == "ports")["detail"]
+    # issue 35: cuInit 802 while nvidia-smi looks fine; an Xid 79; IB asked for and absent
+    check_of = {n: {c["id"]: c for c in by[n]["checks"]} for n in by}
+    cuda = check_of["node11"]["gpu_driver"]
+    assert "cuInit returned 802 CUDA_ERROR_SYSTEM_NOT_READY" in cuda["detail"], cuda
+    assert "GPU 0: In Progress" in cuda["detail"] and "nvidia-fabricmanager" in cuda["hint"], cuda
+    assert [check_of["node11"][c]["status"] for c in ("gpu_count", "gpu_health")] == ["pass"] * 2
+    assert "; cuInit ok, 2 devices" in check_of["node1"]["gpu_driver"]["detail"], check_of["node1"]["gpu_driver"]
+    xid = check_of["node12"]["gpu_health"]
+    assert "Xid 79 (GPU has fallen off the bus) on PCI 0000:3b:00" in xid["detail"], xid
+    assert check_of["node1"]["gpu_health"]["data"]["xids"] == []
+    rdma = check_of["node12"]["rdma"]
+    assert "clusterctl_infiniband: true but no RDMA device" in rdma["detail"], rdma
+    assert check_of["node1"]["rdma"]["status"] == "skip" and check_of["node1"]["rdma"]["data"]["uverbs"] == []
 
     # the cluster checks ran over every reachable host and passed (consistency: node3's driver differs)
     cl = {c["id"]: c for c in data["cluster"]}
@@ -207,7 +227,8 @@ def test_strict_turns_a_warning_into_exit_1(pf, home):
     data = json.loads(r.stdout)
     assert data["ok"] is True and data["summary"]["warn"] == 1 and data["summary"]["fail"] == 0
     warn = data["hosts"][1]["checks"][3]
-    assert (warn["id"], warn["status"]) == ("gpu_health", "warn") and "retired" in warn["detail"]
+    assert (warn["id"], warn["status"]) == ("gpu_health", "warn"), warn
+    assert "row remapping pending on GPU 0" in warn["detail"] and "nvidia-smi -r -i 0" in warn["hint"], warn
     r, _ = clusterctl(*args, "--strict", home=home)
     assert r.returncode == 1, r.stdout + r.stderr
     assert json.loads(r.stdout)["ok"] is True     # --strict changes the exit code, not the report
@@ -217,24 +238,29 @@ def test_table_output_cells_and_one_hint_per_problem(pf, home):
     r, _ = clusterctl("preflight", "-i", str(pf["inv"]), str(pf["job"]), home=home, env={"COLUMNS": "80"})
     assert r.returncode == 1, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["host", "ssh", "driver", "gpus", "health", "runtime", "toolkit", "image", "ports",
-                                "disk", "clock", "nic"]
+    header = ["host", "ssh", "driver", "gpus", "health", "runtime", "toolkit", "image", "ports", "disk", "clock",
+              "rdma", "nic"]
+    assert lines[0].split() == header
     rows = {ln.split()[0]: ln.split()[1:] for ln in lines[1:1 + len(PROFILES)]}
     assert list(rows) == list(PROFILES)
-    assert rows["node1"] == ["✓"] * len(HOST_CHECKS) and rows["node2"] == ["✓"] * len(HOST_CHECKS)
-    assert rows["node3"][1] == "✗" and rows["node7"][7] == "✗" and rows["node10"][3] == "!"
+    healthy = ["–" if h == "rdma" else "✓" for h in header[1:]]     # rdma: no RDMA device here (auto: skip)
+    assert rows["node1"] == healthy and rows["node2"] == healthy
+    col = {h: i for i, h in enumerate(header[1:])}
+    assert rows["node3"][col["driver"]] == "✗" and rows["node7"][col["ports"]] == "✗"
+    assert rows["node10"][col["health"]] == "!" and rows["node11"][col["driver"]] == "✗"
+    assert rows["node12"][col["health"]] == "✗" and rows["node12"][col["rdma"]] == "✗"
     assert rows["node8"] == ["✗"] + ["–"] * (len(HOST_CHECKS) - 1)
     assert all(len(ln) <= 80 for ln in lines[:1 + len(PROFILES)])
     # one line per problem, each followed by its hint
     problems = [(i, ln) for i, ln in enumerate(lines) if ln.startswith(("✗ ", "! "))]
     fails = [ln for _, ln in problems if ln.startswith("✗ ")]
-    assert len(fails) == sum(len(v) for v in EXPECTED_FAIL.values()) == 7
+    assert len(fails) == sum(len(v) for v in EXPECTED_FAIL.values()) == 10
     for name, ids in EXPECTED_FAIL.items():
         for cid in ids:
             assert any(ln.startswith(f"✗ {name} {cid}: ") for ln in fails), (name, cid, fails)
     for i, ln in problems:
         assert lines[i + 1].startswith("    → "), (ln, lines[i + 1])
-    assert lines[-1].startswith("preflight failed: ") and "7 failed" in lines[-1]
+    assert lines[-1].startswith("preflight failed: ") and "10 failed" in lines[-1]
     assert "→" not in r.stderr and "preflight failed" not in r.stderr
 
 

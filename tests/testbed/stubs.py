@@ -73,6 +73,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -82,7 +84,8 @@ HOOK = "nvidia-container-runtime-hook"
 
 def profile(**overrides) -> dict:
     """A complete profile: defaults, then ``overrides``; per-GPU lists sized to ``gpus``."""
-    unknown = set(overrides) - set(_DEFAULTS) - {"ecc_uncorrectable", "retired_pending", "toolkit", "cdi", "hook"}
+    unknown = set(overrides) - set(_DEFAULTS) - {"ecc_uncorrectable", "retired_pending", "toolkit", "cdi", "hook",
+                                                  "remapped_pending", "remapped_failure"}
     if unknown:
         raise ValueError(f"unknown profile keys: {sorted(unknown)}")
     p = dict(_DEFAULTS)
@@ -92,9 +95,13 @@ def profile(**overrides) -> dict:
     p.setdefault("cdi", n > 0)
     p.setdefault("hook", bool(p["toolkit"]))
     p["ecc_uncorrectable"] = list(p.get("ecc_uncorrectable") or [0] * n)
-    p["retired_pending"] = [bool(x) for x in (p.get("retired_pending") or [False] * n)]
-    if len(p["ecc_uncorrectable"]) != n or len(p["retired_pending"]) != n:
-        raise ValueError("ecc_uncorrectable / retired_pending need one entry per GPU")
+    # page retirement (pre-Ampere) reports Yes/No; A100/H100/H200 remap rows instead and print [N/A] here
+    p["retired_pending"] = [bool(x) for x in p["retired_pending"]] if p.get("retired_pending") else None
+    p["remapped_pending"] = [bool(x) for x in (p.get("remapped_pending") or [False] * n)]
+    p["remapped_failure"] = [bool(x) for x in (p.get("remapped_failure") or [False] * n)]
+    if any(len(p[k] or [0] * n) != n for k in ("ecc_uncorrectable", "retired_pending", "remapped_pending",
+                                                "remapped_failure")):
+        raise ValueError("ecc_uncorrectable / retired_pending / remapped_* need one entry per GPU")
     return p
 
 
@@ -109,6 +116,12 @@ _DEFAULTS = {
     "image": True,
     "sshd_max_startups": "200:30:300",   # sshd MaxStartups (a low one makes a bastion that drops handshakes)
     "docker": False,
+    "mig": "Disabled",             # mig.mode.current (H100: Disabled/Enabled; no MIG: [N/A])
+    "persistence": "Enabled",      # persistence_mode
+    "compute_mode": "Default",     # compute_mode: Default | Exclusive_Process | Prohibited
+    "fabric": "Completed",         # fabric.state (HGX: NVSwitch fabric via Fabric Manager; PCIe cards: [N/A])
+    "cuinit": 0,                   # what the stub libcuda.so.1's cuInit returns (802: Fabric Manager down)
+    "xid": (),                     # kernel log lines after "NVRM: " (the stub dmesg), e.g. an Xid 79 line
 }
 
 
@@ -119,13 +132,14 @@ def gpu_uuid(host_index: int, gpu: int) -> str:
 def write_stubs(bin_dir: Path, prof: dict, host_index: int) -> None:
     """(Re)write the stub tools for one host into ``bin_dir``."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("nvidia-smi", "nvidia-ctk", "nvidia-container-cli", "docker", HOOK):
+    for name in ("nvidia-smi", "nvidia-ctk", "nvidia-container-cli", "docker", HOOK, "dmesg"):
         (bin_dir / name).unlink(missing_ok=True)
     data = dict(prof, uuids=[gpu_uuid(host_index, i) for i in range(prof["gpus"])])
     (bin_dir / "profile.json").write_text(json.dumps(data, indent=1))
     header = f"#!{os.path.realpath(sys.executable)} -IS\nPROFILE = {str(bin_dir / 'profile.json')!r}\n"
     if prof["gpus"] > 0:
         _script(bin_dir / "nvidia-smi", header + _NVIDIA_SMI)
+        _script(bin_dir / "dmesg", header + _DMESG)
     if prof["toolkit"]:
         _script(bin_dir / "nvidia-ctk", header + _NVIDIA_CTK)
         _script(bin_dir / "nvidia-container-cli", header + _NVIDIA_CONTAINER_CLI)
@@ -135,6 +149,71 @@ def write_stubs(bin_dir: Path, prof: dict, host_index: int) -> None:
                 + _HOOK)
     if prof["docker"]:
         _script(bin_dir / "docker", '#!/bin/sh\nexec podman "$@"\n')
+    lib = lib_dir(bin_dir)
+    (lib / "libcuda.so.1").unlink(missing_ok=True)
+    if prof["gpus"] > 0:
+        lib.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(libcuda(int(prof["cuinit"]), prof["gpus"], _cuda_version(prof["cuda"])), lib / "libcuda.so.1")
+
+
+def lib_dir(bin_dir: Path) -> Path:
+    """Where a host's stub libcuda.so.1 lies (on its LD_LIBRARY_PATH, as the driver's lies in the loader's path)."""
+    return bin_dir.parent / "lib"
+
+
+def _cuda_version(cuda: str) -> int:
+    major, _, minor = cuda.partition(".")
+    return int(major) * 1000 + int(minor or 0) * 10
+
+
+# A stub of the CUDA driver library: the five entry points the cuda probe calls (checks.gpu.CUDA_PROGRAM), with the
+# CUresult values and strings of the CUDA Driver API reference (https://docs.nvidia.com/cuda/cuda-driver-api/
+# group__CUDA__TYPES.html, enum cudaError_enum: 0 CUDA_SUCCESS "no error", 3 CUDA_ERROR_NOT_INITIALIZED
+# "initialization error", 100 CUDA_ERROR_NO_DEVICE "no CUDA-capable device is detected", 802
+# CUDA_ERROR_SYSTEM_NOT_READY "system not yet initialized"). No libc: built with ``-nostdlib``.
+_LIBCUDA_C = r"""
+typedef int CUresult;
+static const char *name_of(CUresult e) {
+    switch (e) { case 0: return "CUDA_SUCCESS"; case 3: return "CUDA_ERROR_NOT_INITIALIZED";
+                 case 100: return "CUDA_ERROR_NO_DEVICE"; case 802: return "CUDA_ERROR_SYSTEM_NOT_READY"; }
+    return 0;
+}
+static const char *string_of(CUresult e) {
+    switch (e) { case 0: return "no error"; case 3: return "initialization error";
+                 case 100: return "no CUDA-capable device is detected"; case 802: return "system not yet initialized"; }
+    return 0;
+}
+static int initialized;
+CUresult cuInit(unsigned int flags) { initialized = (INIT_RESULT == 0); return INIT_RESULT; }
+CUresult cuDeviceGetCount(int *count) { if (!initialized) return 3; *count = DEVICES; return 0; }
+CUresult cuDriverGetVersion(int *v) { *v = DRIVER_VERSION; return 0; }
+CUresult cuGetErrorName(CUresult e, const char **s) { *s = name_of(e); return *s ? 0 : 1; }
+CUresult cuGetErrorString(CUresult e, const char **s) { *s = string_of(e); return *s ? 0 : 1; }
+"""
+
+
+def libcuda(init_result: int, devices: int, driver_version: int) -> Path:
+    """The stub libcuda.so.1 for these answers, compiled once (``cc``) into a cache shared by testbeds."""
+    cache = Path(os.environ.get("TMPDIR", "/tmp")) / "clusterctl-stub-libcuda"
+    out = cache / f"libcuda-{init_result}-{devices}-{driver_version}.so.1"
+    if out.exists():
+        return out
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("the stub libcuda.so.1 needs a C compiler (`cc`): apt-get install gcc")
+    cache.mkdir(parents=True, exist_ok=True)
+    src = cache / f"libcuda-{os.getpid()}-{init_result}-{devices}.c"
+    src.write_text(_LIBCUDA_C)
+    tmp = out.with_name(out.name + f".{os.getpid()}")
+    try:
+        subprocess.run([cc, "-shared", "-fPIC", "-nostdlib", "-O1", f"-DINIT_RESULT={init_result}",
+                        f"-DDEVICES={devices}", f"-DDRIVER_VERSION={driver_version}", "-o", str(tmp), str(src)],
+                       check=True, capture_output=True, timeout=60)
+        os.replace(tmp, out)       # atomic: parallel testbeds may build the same one
+    finally:
+        src.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+    return out
 
 
 def _script(path: Path, text: str) -> None:
@@ -157,7 +236,7 @@ if "-i" in args:
     if any(i >= n for i in sel):
         print("No devices were found"); sys.exit(6)
 def fields(i):
-    return {
+    f = {
         "index": (str(i), None), "count": (str(n), None), "name": (P["model"], None),
         "driver_version": (P["driver"], None), "uuid": (P["uuids"][i], None),
         "memory.total": (str(P["memory_mib"]), "MiB"), "memory.used": ("0", "MiB"),
@@ -166,8 +245,31 @@ def fields(i):
         "temperature.gpu": ("34", None), "utilization.gpu": ("0", "%"), "compute_cap": ("9.0", None),
         "ecc.errors.uncorrected.volatile.total": (str(P["ecc_uncorrectable"][i]), None),
         "ecc.errors.uncorrected.aggregate.total": (str(P["ecc_uncorrectable"][i]), None),
-        "retired_pages.pending": ("Yes" if P["retired_pending"][i] else "No", None),
+        "retired_pages.pending": ("[N/A]" if P["retired_pending"] is None else
+                                  "Yes" if P["retired_pending"][i] else "No", None),
+        "mig.mode.current": (P["mig"], None), "persistence_mode": (P["persistence"], None),
+        "compute_mode": (P["compute_mode"], None),
     }
+    if int(P["driver"].split(".")[0]) >= 530:      # not known to the R470 nvidia-smi the old-driver hosts play
+        f.update({"fabric.state": (P["fabric"], None),
+                  "fabric.status": ("Success" if P["fabric"] == "Completed" else "[N/A]", None)})
+    return f
+remap = [a for a in args if a.startswith("--query-remapped-rows=")]
+if remap:
+    names = remap[0].split("=", 1)[1].split(",")
+    def rfields(i):
+        return {"gpu_uuid": P["uuids"][i], "gpu_bus_id": "00000000:%02X:00.0" % (0x18 + 0x10 * i),
+                "remapped_rows.correctable": "0", "remapped_rows.uncorrectable": str(int(P["remapped_failure"][i])),
+                "remapped_rows.pending": "1" if P["remapped_pending"][i] else "0",
+                "remapped_rows.failure": "1" if P["remapped_failure"][i] else "0"}
+    for f in names:
+        if f not in rfields(0):
+            print('Field "%s" is not a valid field to query.' % f); sys.exit(2)
+    if "noheader" not in next((a for a in args if a.startswith("--format=")), "--format=csv"):
+        print(", ".join(names))
+    for i in sel:
+        print(", ".join(rfields(i)[f] for f in names))
+    sys.exit(0)
 query = [a for a in args if a.startswith("--query-gpu=")]
 if query:
     names = query[0].split("=", 1)[1].split(",")
@@ -285,4 +387,16 @@ r = subprocess.run(["nsenter", "--mount=/proc/%d/ns/mnt" % state["pid"], "--", "
 if r.returncode != 0:
     sys.stderr.write("nvidia-container-cli: mount error: %s\n" % (r.stderr.strip() or r.returncode))
     sys.exit(1)
+"""
+
+# dmesg on a GPU host: the driver's load line, then the profile's NVRM lines, in dmesg's default format
+# ("[seconds.micros] text"; util-linux dmesg(1)). Xid lines follow NVIDIA's Xid catalog format
+# (https://docs.nvidia.com/deploy/xid-errors/index.html): "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., name=..., text".
+_DMESG = r"""
+import json
+P = json.load(open(PROFILE))
+print("[    5.412331] nvidia: loading out-of-tree module taints kernel.")
+print("[    5.498120] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  %s  (buildmeister@builder)" % P["driver"])
+for i, line in enumerate(P["xid"]):
+    print("[%5d.%06d] NVRM: %s" % (3284 + i, 436120, line))
 """

@@ -7,8 +7,16 @@ from pathlib import Path
 import pytest
 
 from clusterctl.checks.cluster import parse_listener, parse_peer
-from clusterctl.checks.gpu import parse_nvidia_smi, parse_nvidia_smi_list
-from clusterctl.checks.network import parse_ip_addr, parse_ip_link, parse_ss_listen
+from clusterctl.checks.gpu import (
+    parse_cuda_init,
+    parse_gpu_fabric,
+    parse_gpu_modes,
+    parse_nvidia_smi,
+    parse_nvidia_smi_list,
+    parse_remapped_rows,
+    parse_xid,
+)
+from clusterctl.checks.network import parse_ip_addr, parse_ip_link, parse_memlock, parse_rdma, parse_ss_listen
 from clusterctl.checks.probe import parse_sections
 from clusterctl.checks.runtime import (
     parse_cdi_list,
@@ -26,6 +34,9 @@ PARSERS = {
     "ss_listen": parse_ss_listen, "ip_addr": parse_ip_addr, "ip_link": parse_ip_link, "df": parse_df,
     "epoch": parse_epoch, "timedatectl": parse_timedatectl, "sections": parse_sections,
     "listener": parse_listener, "peer": parse_peer, "nvidia_smi_list": parse_nvidia_smi_list, "gpu_run": parse_gpu_run,
+    "gpu_modes": parse_gpu_modes, "remapped_rows": parse_remapped_rows, "gpu_fabric": parse_gpu_fabric,
+    "cuda_init": parse_cuda_init, "xid": lambda output, rc=0: parse_xid(output), "rdma": parse_rdma,
+    "memlock": parse_memlock,
 }
 ROOT = Path(__file__).resolve().parents[2] / "fixtures" / "checks"
 FIXTURES = sorted(ROOT.glob("*/*.json"))

@@ -16,6 +16,7 @@ from clusterctl.checks.job import PreflightJob, PreflightOptions
 from clusterctl.checks.preflight import HostProbe, evaluate_host
 from clusterctl.checks.probe import build_probe_script, split_sections
 from clusterctl.config.inventory import Host
+from tests.testbed import stubs as testbed_stubs
 
 pytestmark = pytest.mark.skipif(shutil.which("sh") is None, reason="needs sh")
 
@@ -38,11 +39,15 @@ def stubs(tmp_path: Path):
     for name in ("nvidia-smi", "nvidia-ctk", "podman"):
         (bin_dir / name).write_text(STUB)
         (bin_dir / name).chmod(0o755)
+    lib = tmp_path / "lib"          # the cuInit probe loads libcuda.so.1: the testbed's stub (answers 0, 1 device)
+    lib.mkdir()
+    shutil.copyfile(testbed_stubs.libcuda(0, 1, 12040), lib / "libcuda.so.1")
     return bin_dir
 
 
 def run_sh(script: str, bin_dir: Path, log: Path) -> subprocess.CompletedProcess:
-    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "ARGLOG": str(log), "HOME": str(log.parent)}
+    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "ARGLOG": str(log), "HOME": str(log.parent),
+           "LD_LIBRARY_PATH": str(bin_dir.parent / "lib")}
     return subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, timeout=60)
 
 
