@@ -635,9 +635,12 @@ def parse_job(data: Any, file: str) -> JobSpec:
         spec = JobSpec.model_validate(_numbers_as_written(dict(data)))
     except ValidationError as e:      # every problem of the file at once, in line order
         problems: dict[tuple, InputError] = {}
+        flags = getattr(data, "overrides", {})      # `launch --nodes/--name/--env`: the error names the flag
         for err in e.errors(include_url=False):
             loc = tuple(p for p in err["loc"] if _real_key(p))
-            problems.setdefault(loc, InputError(file, _locate(data, loc), _message(err), key=_dotted(loc)))
+            flag = flags.get(loc[:1]) or flags.get(loc[:2])
+            problems.setdefault(loc, InputError(flag, None, _message(err)) if flag else
+                                InputError(file, _locate(data, loc), _message(err), key=_dotted(loc)))
         raise_all(sorted(problems.values(), key=lambda x: x.line or 0))
     except RecursionError:
         raise InputError(file, None, "nested too deeply") from None

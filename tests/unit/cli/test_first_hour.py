@@ -231,3 +231,17 @@ def test_number_errors_in_the_job_file_say_what_to_write_in_our_words(tmp_path, 
     assert "Input should" not in r.stderr
     if "abc" in line:
         assert "write" not in r.stderr
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--nodes", "0"], "--nodes: must be >= 1, got 0"),
+    (["--name", "Bad_Name"], "--name: "),
+    (["--env", "1A=x"], "--env 1A: "),
+    (["--nodes", "5"], "--nodes: the job needs at least 5 node(s) but the inventory <embedded default> offers 1"),
+])
+def test_a_bad_override_is_blamed_on_its_flag_not_the_job_files_first_line(tmp_path, args, expected):
+    """Item 12: `launch --nodes 0` said `job.yaml:1: nodes: must be >= 1` (or the line of the file's own nodes:)."""
+    write(tmp_path, "job.yaml", "name: j\nscript: t.py\nnodes: 1\n")
+    r = cli(tmp_path, "launch", "job.yaml", "--dry-run", *args)
+    assert r.returncode == 2 and expected in r.stderr, r.stderr
+    assert "job.yaml:" not in r.stderr, r.stderr
