@@ -81,7 +81,7 @@ def app(ctx: click.Context, state_dir, debug, accept_new_host_keys) -> None:
 
 
 # a state dir's first use (validate: launch's checks, --dry-run's too); every other command reads one that exists
-CREATES_STATE_DIR = ("launch", "validate", "cordon")
+CREATES_STATE_DIR = ("launch", "validate", "cordon", "sbatch")   # sbatch: writes its script there
 
 
 def refuse_missing_state_dir(state_dir: str, command: str | None) -> None:
