@@ -18,6 +18,7 @@ from clusterctl.checks.model import (
     tool_error,
 )
 from clusterctl.checks.results import CheckResult, failed, passed, skipped, warned
+from clusterctl.model import causes
 
 NVIDIA_SMI_QUERY = ("index,name,driver_version,memory.total,ecc.errors.uncorrected.volatile.total,"
                     "retired_pages.pending,uuid")
@@ -398,8 +399,9 @@ def check_cuda(p: HostProbe) -> CheckResult:
 
 # ------------------------------------------------------------------------------------------------ Xid (issue 35)
 # The NVIDIA driver logs GPU faults to the kernel log as ``NVRM: Xid (PCI:<domain:bus:device>): <xid>, pid=...,
-# name=..., <text>`` (NVIDIA "Xid Errors", https://docs.nvidia.com/deploy/xid-errors/index.html). Those that mean
-# the GPU (not the program) failed, with the catalog's meaning:
+# name=..., <text>`` (NVIDIA "Xid Errors", https://docs.nvidia.com/deploy/xid-errors/index.html). The line format
+# and the set of Xids that mean the GPU (not the program) failed are the model's (``model.causes``: the supervisor
+# reads a failed node's kernel log with them); the catalog's meaning of each:
 XID_MEANING: dict[int, str] = {
     48: "double bit ECC error (DBE)",
     74: "NVLink error",
@@ -409,10 +411,10 @@ XID_MEANING: dict[int, str] = {
     119: "GSP RPC timeout",
     120: "GSP error",
 }
+assert set(XID_MEANING) == causes.GPU_XIDS
 # 94: the error was contained: only the application that touched the memory is affected; the GPU keeps working.
 XID_CONTAINED = frozenset({94})
-_XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+),\s*(.*)$")
-_DMESG_TS_RE = re.compile(r"^\[\s*(\d+\.\d+)\]")
+_XID_DETAIL_RE = re.compile(r"NVRM: Xid \([^)]*\): \d+,\s*(.*)$")
 # the kernel log, bounded: dmesg (root, or kernel.dmesg_restrict=0), else journalctl -k for this boot (the
 # systemd-journal group); only the Xid lines, the last 50. Exit 3: neither could be read.
 XID_SCRIPT = ("if out=$(dmesg 2>&1); then :; elif out=$(journalctl -k -b -q --no-pager 2>&1); then :; "
@@ -421,20 +423,16 @@ XID_SCRIPT = ("if out=$(dmesg 2>&1); then :; elif out=$(journalctl -k -b -q --no
 
 
 def parse_xid(text: str) -> list[dict[str, Any]]:
-    """Every ``NVRM: Xid`` line in ``text`` (dmesg, ``journalctl -k``, a rank's log: the prefix does not matter)
-    -> [{"xid", "pci", "detail", "meaning" (the catalog's, None for an Xid outside XID_MEANING), "fatal" (a GPU
-    fault: in XID_MEANING and not contained), "seconds" (dmesg's timestamp, else None), "line"}], in order.
-    Pure; the supervisor may call it on any text."""
+    """Every ``NVRM: Xid`` line in ``text`` (dmesg, ``journalctl -k``, a rank's log: the prefix does not matter;
+    lines as ``model.causes.parse_xid`` reads them) -> [{"xid", "pci", "detail", "meaning" (the catalog's, None
+    for an Xid outside XID_MEANING), "fatal" (a GPU fault: in XID_MEANING and not contained), "seconds" (dmesg's
+    timestamp, else None), "line"}], in order. Pure."""
     out = []
-    for line in text.splitlines():
-        m = _XID_RE.search(line)
-        if not m:
-            continue
-        xid = int(m.group(2))
-        ts = _DMESG_TS_RE.match(line.strip())
-        out.append({"xid": xid, "pci": m.group(1), "detail": m.group(3).strip()[:300],
-                    "meaning": XID_MEANING.get(xid), "fatal": xid in XID_MEANING and xid not in XID_CONTAINED,
-                    "seconds": float(ts.group(1)) if ts else None, "line": line.strip()[:400]})
+    for x in causes.parse_xid(text):
+        m = _XID_DETAIL_RE.search(x.line)
+        out.append({"xid": x.code, "pci": x.pci.removeprefix("PCI:"), "detail": m.group(1).strip()[:300] if m else "",
+                    "meaning": XID_MEANING.get(x.code), "fatal": x.code in XID_MEANING and x.code not in XID_CONTAINED,
+                    "seconds": x.uptime_s, "line": x.line})
     return out
 
 
