@@ -169,6 +169,28 @@ UlimitValue = Annotated[str, BeforeValidator(_ulimit_value)]
 Window = Annotated[str, BeforeValidator(_window)]
 
 
+def visible_gpus(env: dict[str, str]) -> list[str] | None:
+    """The GPUs a job's ``CUDA_VISIBLE_DEVICES`` lets its ranks see (indexes, UUIDs or MIG ids, as CUDA reads the
+    list: up to the first invalid entry), or None when the job does not set it or hides every GPU ("" or "-1": a
+    CPU job, never refused)."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None or not value.strip() or value.strip().startswith("-"):
+        return None
+    out = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item or item.startswith("-"):
+            break
+        out.append(item)
+    return out
+
+
+def too_few_gpus(value: str, count: int, nproc: int, what: str) -> str:
+    return (f"CUDA_VISIBLE_DEVICES={value!r} leaves {count} GPU(s) to each node but {what} starts {nproc} ranks: "
+            "ranks would share a GPU or fail at torch.cuda.set_device(LOCAL_RANK); list at least as many GPUs as "
+            "ranks, or lower nproc_per_node")
+
+
 MAX_NPROC_PER_NODE = 256     # ranks per node: a CPU job may run more than one per GPU, never thousands
 
 
@@ -485,6 +507,14 @@ class JobSpec(_Model):
                              f"[python3, -m, torch.distributed.run], got {_kind(v)}")
         if not isinstance(v[0], str) or not v[0] or v[0].startswith("-"):
             raise ValueError(f"must start with a program name, got {v[0]!r}")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _visible_gpus(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        n, devices = info.data.get("nproc_per_node"), visible_gpus(v)
+        if isinstance(n, int) and devices is not None and len(devices) < n:
+            raise ValueError(too_few_gpus(v["CUDA_VISIBLE_DEVICES"], len(devices), n, "nproc_per_node"))
         return v
 
     @field_validator("hosts")

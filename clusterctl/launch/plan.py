@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 from clusterctl.config import hostport
 from clusterctl.config.ids import JOB_ID_RE
 from clusterctl.config.inventory import Host
-from clusterctl.config.spec import JobSpec
+from clusterctl.config.spec import JobSpec, too_few_gpus, visible_gpus
 from clusterctl.errors import UserError
 from clusterctl.launch import runtimes
 
@@ -164,6 +164,10 @@ def _nproc(spec: JobSpec, host: Host) -> int:
     if not host.gpus:
         raise UserError(f"{host.name}: nproc_per_node is \"gpu\" but the host has no known GPUs "
                         "(set clusterctl_gpus in the inventory, or a number in the job)")
+    devices = visible_gpus(spec.env)
+    if devices is not None and len(devices) < host.gpus:
+        raise UserError(f"{host.name}: " + too_few_gpus(spec.env["CUDA_VISIBLE_DEVICES"], len(devices), host.gpus,
+                                                        "nproc_per_node: gpu (clusterctl_gpus)"))
     return host.gpus
 
 
@@ -218,10 +222,11 @@ def node_env(spec: JobSpec, host: Host, *, job_id: str, attempt: int, interface:
         "CLUSTERCTL_COLLECTIVE_TIMEOUT_S": str(spec.supervisor.collective_timeout_s),
         "PYTHONUNBUFFERED": "1",
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]:",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",     # GPU indexes as nvidia-smi numbers them (CUDA's default: fastest first)
     }
     if interface:
         env["GLOO_SOCKET_IFNAME"] = interface
-        env["NCCL_SOCKET_IFNAME"] = interface
+        env["NCCL_SOCKET_IFNAME"] = f"={interface}"   # "=": exactly this NIC (without it, a prefix: eth1 -> eth10)
     user_pythonpath = spec.env.get("PYTHONPATH")
     env.update(spec.env)                                  # the job may override NIC vars and PYTHONUNBUFFERED
     if pkg_path:

@@ -13,7 +13,7 @@ import pytest
 
 from clusterctl.config.inventory import Host
 from clusterctl.config.spec import loads_job
-from clusterctl.errors import UserError
+from clusterctl.errors import InputError, UserError
 from clusterctl.launch import runtimes
 from clusterctl.launch.plan import MASK, build_plan, read_secrets
 from clusterctl.launch.runtimes.bare import parse_list as parse_bare
@@ -454,3 +454,25 @@ def test_infiniband_from_the_inventory_var_else_what_the_node_has():
 def test_pids_limit_zero_is_refused():
     with pytest.raises(Exception, match="pids_limit"):
         loads_job("name: a\nscript: t.py\ncontainer: {pids_limit: 0}\n")
+
+
+def test_nccl_gets_the_exact_nic_and_cuda_the_pci_order():
+    spec = loads_job("name: a\nnodes: 2\nscript: t.py\n")
+    plan = build_plan(spec, _hosts("podman", 2), job_id="a1", attempt=1, interfaces={"gpu02": "eth1"})
+    env = plan.node("gpu02").env
+    assert env["NCCL_SOCKET_IFNAME"] == "=eth1" and env["GLOO_SOCKET_IFNAME"] == "eth1"   # NCCL: "=" exact match
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    spec = loads_job("name: a\nscript: t.py\nenv: {NCCL_SOCKET_IFNAME: ib, CUDA_DEVICE_ORDER: FASTEST_FIRST}\n")
+    env = build_plan(spec, _hosts("podman", 1), job_id="a1", attempt=1).nodes[0].env
+    assert (env["NCCL_SOCKET_IFNAME"], env["CUDA_DEVICE_ORDER"]) == ("ib", "FASTEST_FIRST")   # the job's win
+
+
+def test_a_job_whose_visible_gpus_are_fewer_than_its_ranks_is_refused_with_the_reason():
+    with pytest.raises(InputError, match=r"job.yaml:3: env: CUDA_VISIBLE_DEVICES='0,1' leaves 2 GPU\(s\).* 4 ranks"):
+        loads_job("name: a\nscript: t.py\nenv: {CUDA_VISIBLE_DEVICES: '0,1'}\nnproc_per_node: 4\n", "job.yaml")
+    for ok in ("'0,1,2,3'", "''", "'-1'"):      # enough, or a CPU job that hides every GPU
+        loads_job(f"name: a\nscript: t.py\nnproc_per_node: 4\nenv: {{CUDA_VISIBLE_DEVICES: {ok}}}\n")
+    spec = loads_job("name: a\nscript: t.py\nnproc_per_node: gpu\nenv: {CUDA_VISIBLE_DEVICES: '0,1'}\n")
+    with pytest.raises(UserError, match="gpu01: CUDA_VISIBLE_DEVICES='0,1' leaves 2 GPU"):
+        build_plan(spec, _hosts("podman", 1, gpus=8), job_id="a1", attempt=1)
+    assert build_plan(spec, _hosts("podman", 1, gpus=2), job_id="a1", attempt=1).nodes[0].nproc == 2
