@@ -1,11 +1,13 @@
 """What every command group shares: the click group and its globals, the common options, the consoles, JSON
-output, connect options, key-file checks and the progress bar. Prints nothing itself."""
+output, connect options, key-file checks, the progress bar, and the unset secrets named beside a refused job
+file."""
 from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import click
 from rich.console import Console
@@ -128,6 +130,46 @@ def complete_hosts(ctx, param, incomplete: str) -> list:
 def accept_option(f):
     return click.option("--accept-new-host-keys", "accept_new", is_flag=True,
                         help="Record unknown SSH host keys (never changed ones).")(f)
+
+
+@contextmanager
+def with_unset_secrets(job_path: str, environ) -> Iterator[None]:
+    """``validate``/``--dry-run``: when the job file is refused (a schema error), its unset ``secret_env`` and
+    ``notify[].webhook_env`` variables are still named, read from the raw file (one fix round, not two)."""
+    from clusterctl.errors import InputError
+
+    try:
+        yield
+    except InputError:
+        for warning in unset_secret_names(job_path, environ):
+            err.print(f"warning: {warning}", markup=False)
+        raise
+
+
+def unset_secret_names(job_path: str, environ) -> list[str]:
+    """``FILE:LINE: key: NAME is not set ...`` for each secret/webhook variable the raw job file names that
+    ``environ`` lacks (nothing when the file cannot be read as YAML at all)."""
+    from clusterctl.config import yamlfile
+    from clusterctl.errors import ClusterctlError
+
+    try:
+        data = yamlfile.load_yaml_with_lines(job_path)
+    except ClusterctlError:
+        return []
+    if not isinstance(data, dict):
+        return []
+    found = []
+    names = data.get("secret_env")
+    for i, name in enumerate(names if isinstance(names, list) else []):
+        if isinstance(name, str) and name not in environ:
+            found.append((yamlfile.line_of(names, i), f"secret_env[{i}]", name))
+    targets = data.get("notify")
+    for i, t in enumerate(targets if isinstance(targets, list) else []):
+        name = t.get("webhook_env") if isinstance(t, dict) else None
+        if isinstance(name, str) and not environ.get(name):
+            found.append((yamlfile.line_of(t, "webhook_env"), f"notify[{i}].webhook_env", name))
+    return [f"{job_path}:{line}: {key}: {name} is not set in clusterctl's environment (`export {name}=...`)"
+            for line, key, name in found]
 
 
 def print_json(value) -> None:

@@ -19,6 +19,7 @@ from clusterctl.cli.base import (
     output_option,
     print_json,
     progress_bar,
+    with_unset_secrets,
 )
 
 
@@ -68,7 +69,8 @@ def launch_cmd(ctx, job, inventory, dry_run, strict, detach, skip_preflight, nam
                                  environ=os.environ, overrides=launch_overrides(name_override, nodes_override,
                                                                                 env_override))
     if dry_run:   # needs no secret values: they show as ***
-        dry = jobs.dry_run(ws, request)
+        with with_unset_secrets(job, os.environ):
+            dry = jobs.dry_run(ws, request)
         if output == "json":
             print_json({**dry.plan.to_dict(), "warnings": [str(p) for p in dry.problems]})
         else:

@@ -13,6 +13,7 @@ from clusterctl.cli.base import (
     out,
     output_option,
     print_json,
+    with_unset_secrets,
 )
 
 
@@ -101,7 +102,8 @@ def validate_cmd(ctx, job, inventory, strict, output) -> int:
     from clusterctl import jobs
 
     ws = jobs.open_workspace(ctx.obj.state_dir)
-    dry = jobs.dry_run(ws, jobs.LaunchRequest(job, inventory, environ=os.environ))
+    with with_unset_secrets(job, os.environ):
+        dry = jobs.dry_run(ws, jobs.LaunchRequest(job, inventory, environ=os.environ))
     problems = [str(p) for p in dry.problems]
     if output == "json":
         print_json({"valid": not (strict and problems), "job": dry.plan.job_id.removesuffix("-DRYRUN"),

@@ -245,3 +245,17 @@ def test_a_bad_override_is_blamed_on_its_flag_not_the_job_files_first_line(tmp_p
     r = cli(tmp_path, "launch", "job.yaml", "--dry-run", *args)
     assert r.returncode == 2 and expected in r.stderr, r.stderr
     assert "job.yaml:" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("command", [["validate", "job.yaml"], ["launch", "job.yaml", "--dry-run"]])
+def test_unset_secrets_are_reported_together_with_a_schema_error(tmp_path, command):
+    """Item 12: validate and --dry-run named the unset secret only once the schema error was fixed."""
+    write(tmp_path, "job.yaml", "name: j\nscript: t.py\nnodes: x\nsecret_env: [CC_TEST_UNSET_TOKEN]\n"
+                                "notify:\n  - webhook_env: CC_TEST_UNSET_HOOK\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CC_TEST_UNSET")}
+    r = subprocess.run([sys.executable, "-m", "clusterctl", *command], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path, env={**env, "CLUSTERCTL_STATE_DIR": str(tmp_path / "s")})
+    assert r.returncode == 2, r.stderr
+    assert "job.yaml:3: nodes:" in r.stderr, r.stderr
+    assert "job.yaml:4: secret_env[0]: CC_TEST_UNSET_TOKEN is not set" in r.stderr, r.stderr
+    assert "job.yaml:6: notify[0].webhook_env: CC_TEST_UNSET_HOOK is not set" in r.stderr, r.stderr
