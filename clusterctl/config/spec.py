@@ -255,6 +255,7 @@ class SupervisorSettings(_Model):
     probe_interval_s: float = Field(1, gt=0)
     probe_failures: int = Field(2, ge=2)     # consecutive failed probes before a node is declared lost (one is noise)
     hang_timeout_s: float = Field(300, gt=0)  # no progress for this long -> the attempt is hung
+    first_progress_timeout_s: float = Field(1800, gt=0)  # the hang bound until an attempt's first progress
     start_timeout_s: float = Field(60, gt=0)  # bound of each per-node command of a start (leftovers' removal, start)
     collective_timeout_s: int = Field(120, ge=1)  # -> CLUSTERCTL_COLLECTIVE_TIMEOUT_S (process-group timeout)
     cordon_after: int = Field(3, ge=0)       # node_lost/hang failures of one host in 24 h before it is cordoned; 0: never

@@ -88,7 +88,8 @@ def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions, *,
                     max_node_failures=r.max_node_failures, backoff_s=r.backoff_s, backoff_max_s=r.backoff_max_s,
                     window_s=r.window_s, progress_after_s=r.progress_after_s,
                     probe_interval_s=s.probe_interval_s, probe_failures=s.probe_failures,
-                    hang_timeout_s=s.hang_timeout_s, wait_for_nodes_s=float(spec.rendezvous.join_timeout),
+                    hang_timeout_s=s.hang_timeout_s, first_progress_timeout_s=s.first_progress_timeout_s,
+                    wait_for_nodes_s=float(spec.rendezvous.join_timeout),
                     checkpoint_dir=spec.checkpoint.dir, cordon_after=s.cordon_after, slurm_drain=s.slurm_drain)
     return ops, policy, rec.host_names
 

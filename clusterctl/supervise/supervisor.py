@@ -92,22 +92,31 @@ class Health:
     last_progress: float
     failures: dict[str, int] = field(default_factory=dict)
     failed_since: float | None = None   # when a rank's non-zero exit was first seen (user error not yet confirmed)
+    first_progress: bool = False        # the attempt made its first progress: a checkpoint, or output once it
+                                        # ran for hang_timeout_s (before it: first_progress_timeout_s is the bound)
 
 
 def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, probe_failures: int,
-             hang_timeout_s: float, now: float, settle_s: float = 0.0) -> Decision:
+             hang_timeout_s: float, now: float, settle_s: float = 0.0,
+             first_progress_timeout_s: float | None = None) -> Decision:
     """Pure: what the latest round of observations means for the attempt.
 
     A lost node wins over a non-zero exit: when a node dies, the survivors' ranks fail too (gloo "connection
     closed", c10d ``RendezvousConnectionError``), often before the dead node is seen. So a non-zero exit is a
     user error only once it has been seen for ``settle_s`` with every other node answering and none lost (or at
     once when no node is left running); ``PEER_SETTLE`` x ``settle_s`` when every failed rank says a peer went away.
+
+    Hung: no progress for ``hang_timeout_s``; until the attempt's first progress (a checkpoint, or output once it
+    ran for ``hang_timeout_s``: past its start-up) for ``first_progress_timeout_s`` (at least ``hang_timeout_s``):
+    torch.compile, NCCL's init at scale or a large checkpoint load make a silent first step.
     """
     for o in obs:
         if o.state != "probe_error":       # a bug of ours says nothing about the node: the count stands
             health.failures[o.node] = health.failures.get(o.node, 0) + 1 if o.state == "unreachable" else 0
         if o.progress:
             health.last_progress = now
+            if now - health.started >= hang_timeout_s:
+                health.first_progress = True
     lost = [o for o in obs if o.state == "missing" or (o.exit_code == 137 and o.rank is None)
             or health.failures.get(o.node, 0) >= probe_failures]
     if lost:
@@ -156,8 +165,11 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
                         f"{where} exited with code {f.exit_code}", f.error_tail, f.rank)
     if obs and all(o.state == "exited" and o.exit_code == 0 for o in obs):
         return Decision(Verdict.SUCCESS, message="every node finished with exit code 0")
-    if now - health.last_progress > hang_timeout_s:
-        return Decision(Verdict.HANG, message=f"no progress (log output or checkpoint) for {hang_timeout_s:g}s")
+    limit, key = hang_timeout_s, "supervisor.hang_timeout_s"
+    if not health.first_progress and first_progress_timeout_s is not None and first_progress_timeout_s > limit:
+        limit, key = first_progress_timeout_s, "supervisor.first_progress_timeout_s: before the attempt's first progress"
+    if now - health.last_progress > limit:
+        return Decision(Verdict.HANG, message=f"no progress (log output or checkpoint) for {limit:g}s ({key})")
     return Decision(Verdict.CONTINUE)
 
 
@@ -219,6 +231,7 @@ class Policy:
     probe_interval_s: float = 1.0
     probe_failures: int = 2
     hang_timeout_s: float = 300.0
+    first_progress_timeout_s: float | None = None   # the hang bound until the attempt's first progress (None: hang's)
     wait_for_nodes_s: float = 300.0
     checkpoint_every_probes: int = 5     # without a hint from the ops: look for a new checkpoint every N rounds
     stop_every_probes: int = 3           # a steady job looks for `stop` (a DB read) every N rounds; any verdict looks
@@ -266,8 +279,9 @@ class Supervisor:
             raise Preempted() from None
 
     # -------------------------------------------------------------------------------------------- the loop
-    def run(self, *, adopt_attempt: int | None = None) -> JobState:
-        """Supervise until the job ends. ``adopt_attempt``: an attempt already running (controller restart)."""
+    def run(self, *, adopt_attempt: int | None = None, adopt_note: str = "") -> JobState:
+        """Supervise until the job ends. ``adopt_attempt``: an attempt already running (controller restart);
+        ``adopt_note``: appended to the ``adopt`` event (how long the attempt ran unsupervised)."""
         job = self.store.get_job(self.job_id)
         attempt = adopt_attempt if adopt_attempt is not None else job.attempt
         excluded: set[str] = set()
@@ -278,8 +292,8 @@ class Supervisor:
         if running:
             a = self.store.attempts(self.job_id)[-1]
             nodes, rdzv = list(a.nodes), a.rdzv_host
-            self.event(EventKind.ADOPT, f"controller restarted: re-attached to attempt {attempt} on {', '.join(nodes)}",
-                       attempt=attempt, klass="controller_restart")
+            self.event(EventKind.ADOPT, f"controller restarted: re-attached to attempt {attempt} on {', '.join(nodes)}"
+                       + adopt_note, attempt=attempt, klass="controller_restart")
         self._charges = self._charged_before()
         self._attempt = attempt if running else None
         try:
@@ -416,9 +430,11 @@ class Supervisor:
             rounds += 1
             if self._checkpoint_due(rounds) and self._survive(self._checkpoint_progress, attempt, nodes):
                 obs = [dataclasses.replace(o, progress=True) for o in obs]
+                health.first_progress = True      # a new valid checkpoint: the attempt is past its start-up
             now = self.clock()
             d = classify(obs, health, rdzv_host=rdzv, probe_failures=self.policy.probe_failures,
-                         hang_timeout_s=self.policy.hang_timeout_s, now=now, settle_s=self.policy.settle_s)
+                         hang_timeout_s=self.policy.hang_timeout_s, now=now, settle_s=self.policy.settle_s,
+                         first_progress_timeout_s=self.policy.first_progress_timeout_s)
             self._survive(self._record_nodes, attempt, obs)
             if d.verdict != Verdict.CONTINUE:
                 if self.ops.stop_requested():   # `clusterctl stop` killed the nodes: not a failure

@@ -534,3 +534,34 @@ def test_with_nccl_the_rank_that_exited_1_is_the_culprit_not_the_peer_its_watchd
     kw = dict(rdzv_host="a", probe_failures=2, hang_timeout_s=1000, settle_s=3)
     assert classify([Observation("a", R), victim], h, now=1, **kw).verdict == Verdict.CONTINUE
     assert classify([Observation("a", R), victim], h, now=1 + 3 * PEER_SETTLE - 1, **kw).verdict == Verdict.CONTINUE
+
+
+def test_a_silent_first_step_has_its_own_bound_until_the_attempts_first_progress():
+    """torch.compile / NCCL init / a large checkpoint load: silent after the start-up lines. Before the attempt's
+    first progress (output once it ran for hang_timeout_s, or a checkpoint) first_progress_timeout_s is the bound."""
+    kw = dict(rdzv_host="a", probe_failures=2, hang_timeout_s=10, first_progress_timeout_s=50)
+    talk, quiet = [Observation("a", R, progress=True)], [Observation("a", R)]
+    h = Health(0, 0)
+    assert classify(talk, h, now=2, **kw).verdict == Verdict.CONTINUE         # start-up output
+    assert classify(quiet, h, now=40, **kw).verdict == Verdict.CONTINUE       # silent first step: not a hang yet
+    d = classify(quiet, h, now=53, **kw)
+    assert d.verdict == Verdict.HANG and "for 50s" in d.message and "first_progress_timeout_s" in d.message
+    h = Health(0, 0)
+    classify(talk, h, now=12, **kw)                                            # output past its start-up
+    assert classify(quiet, h, now=20, **kw).verdict == Verdict.CONTINUE
+    d = classify(quiet, h, now=23, **kw)
+    assert d.verdict == Verdict.HANG and "for 10s (supervisor.hang_timeout_s)" in d.message
+    h = Health(0, 0)                                                           # a bound below hang's: hang's
+    assert classify(quiet, h, now=11, **{**kw, "first_progress_timeout_s": 5}).verdict == Verdict.HANG
+
+
+def test_a_checkpoint_ends_the_first_progress_bound(store):
+    class Ckpt(FakeOps):
+        def checkpoint_hint(self):
+            return 10
+
+    quiet = [Observation(n, R) for n in "abc"]
+    ops = Ckpt([quiet] * 30, checkpoint=("/ck/step-000000010", 10))
+    job_id, state, _ = run(store, ops, hang_timeout_s=5, first_progress_timeout_s=100, max_node_failures=0)
+    v = next(e for e in store.events(job_id) if e.kind == "verdict")
+    assert v.klass == "hang" and "for 5s (supervisor.hang_timeout_s)" in v.message     # not 100 s: it checkpointed
