@@ -468,8 +468,11 @@ def check_gpu_xid(p: HostProbe) -> CheckResult:
 
 NVIDIA_SMI = Probe("nvidia_smi", lambda host, job, o: section(
     "nvidia_smi", tool_cmd(o.probe_timeout_s, NVIDIA_SMI_ARGV)), applies=has_gpus)
-DRIVER = Check("gpu_driver", "host", check_gpu_driver, ("nvidia_smi", "cuda_init", "smi_fabric"), label="driver")
-COUNT = Check("gpu_count", "host", check_gpu_count, ("nvidia_smi",), label="gpus")
+# The GPU checks are part of launch's quick preflight (issue 35 item 5): a host whose driver cannot start CUDA, or
+# whose GPU faulted (ECC, Xid, failed row remapping), is refused before a job lands on it.
+DRIVER = Check("gpu_driver", "host", check_gpu_driver, ("nvidia_smi", "cuda_init", "smi_fabric"), label="driver",
+               launch=True)
+COUNT = Check("gpu_count", "host", check_gpu_count, ("nvidia_smi",), label="gpus", launch=True)
 SMI_MODES = Probe("smi_modes", lambda host, job, o: section(
     "smi_modes", tool_cmd(o.probe_timeout_s, MODES_ARGV)), applies=has_gpus)
 SMI_REMAP = Probe("smi_remap", lambda host, job, o: section(
@@ -483,4 +486,4 @@ XID = Probe("xid", lambda host, job, o: section("xid", tool_cmd(o.probe_timeout_
 # cuInit and the fabric belong to gpu_driver, the kernel log's Xids and the row remapper to gpu_health: the table
 # keeps one column each and fits 80 columns.
 HEALTH = Check("gpu_health", "host", check_gpu_health, ("nvidia_smi", "smi_modes", "smi_remap", "xid"),
-               label="health")
+               label="health", launch=True)

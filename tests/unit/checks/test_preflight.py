@@ -91,11 +91,14 @@ def test_json_shape_is_exactly_the_contract():
 def test_launch_subset_is_one_round_trip_and_runs_only_the_exposure_cluster_check():
     hosts, fakes = cluster(2)
     report, _ = run(hosts, fakes, JOB, only=LAUNCH_CHECKS)
-    assert [c.id for c in report.hosts[0].checks] == ["ssh", "container_runtime", "nvidia_toolkit", "image", "ports",
+    assert [c.id for c in report.hosts[0].checks] == ["ssh", "gpu_driver", "gpu_count", "gpu_health",
+                                                      "container_runtime", "nvidia_toolkit", "image", "ports",
                                                       "interface"]
     assert [(c.id, c.status) for c in report.cluster] == [("rendezvous_exposure", "pass")]
     assert all(len(f.calls) == 1 for f in fakes.values())
-    assert "nvidia-smi" not in fakes["node1"].calls[0][-1]
+    script = fakes["node1"].calls[0][-1]      # the GPU checks ride in the same round trip (issue 35 item 5)
+    assert "b nvidia_smi;" in script and "b cuda_init;" in script and "b xid;" in script
+    assert "b df_checkpoint;" not in script and "b timedatectl;" not in script
     assert report.interfaces() == {"node1": "eth0", "node2": "eth0"}
 
 

@@ -24,8 +24,9 @@ def test_ids_and_probe_names_are_unique_and_every_need_has_a_probe():
 
 
 def test_the_sets_are_built_from_the_records():
-    assert registry.LAUNCH_CHECKS == {"ssh", "container_runtime", "nvidia_toolkit", "image", "ports", "interface",
-                                      "torchrun", "script", "rendezvous_exposure"}
+    assert registry.LAUNCH_CHECKS == {"ssh", "gpu_driver", "gpu_count", "gpu_health", "container_runtime",
+                                      "nvidia_toolkit", "image", "ports", "interface", "torchrun", "script",
+                                      "rendezvous_exposure"}
     assert registry.ALL_CHECKS == set(registry.HOST_CHECKS + registry.ENTRY_CHECKS + registry.CLUSTER_CHECKS)
     assert registry.LABELS["interface"] == "nic" and "hostnames" not in registry.LABELS
 
