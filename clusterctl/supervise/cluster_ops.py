@@ -98,9 +98,10 @@ class LogSink:
         os.close(paths.open_private(path))
 
     def lines(self, node: str) -> int:
-        """Lines of ``node``'s current section copied so far."""
+        """Lines of ``node``'s ranks (not torchrun's own, ``-``) in its current section copied so far: what counts
+        as a node's progress (``watch.Watches.progress``; the agent's start-up lines are not the job's)."""
         with self.lock:
-            return sum(self.copied.get(node, Counter()).values())
+            return sum(n for rank, n in self.copied.get(node, Counter()).items() if rank != "-")
 
     def begin(self, node: str, attempt: int) -> int:
         """Open (or continue) ``node``'s section of ``attempt``; returns the lines it already holds."""

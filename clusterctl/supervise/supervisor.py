@@ -92,8 +92,8 @@ class Health:
     last_progress: float
     failures: dict[str, int] = field(default_factory=dict)
     failed_since: float | None = None   # when a rank's non-zero exit was first seen (user error not yet confirmed)
-    first_progress: bool = False        # the attempt made its first progress: a checkpoint, or output once it
-                                        # ran for hang_timeout_s (before it: first_progress_timeout_s is the bound)
+    first_progress: bool = False        # the attempt made its first progress: its ranks' first output or a new
+                                        # checkpoint (before it: first_progress_timeout_s is the hang bound)
 
 
 def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, probe_failures: int,
@@ -106,17 +106,16 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
     user error only once it has been seen for ``settle_s`` with every other node answering and none lost (or at
     once when no node is left running); ``PEER_SETTLE`` x ``settle_s`` when every failed rank says a peer went away.
 
-    Hung: no progress for ``hang_timeout_s``; until the attempt's first progress (a checkpoint, or output once it
-    ran for ``hang_timeout_s``: past its start-up) for ``first_progress_timeout_s`` (at least ``hang_timeout_s``):
-    torch.compile, NCCL's init at scale or a large checkpoint load make a silent first step.
+    Hung: no progress (the ranks' output, a new checkpoint; torchrun's own lines are not progress) for
+    ``hang_timeout_s``; until the attempt's first progress for ``first_progress_timeout_s`` (at least
+    ``hang_timeout_s``): torch.compile, NCCL's init at scale or a large checkpoint load make a silent first step.
     """
     for o in obs:
         if o.state != "probe_error":       # a bug of ours says nothing about the node: the count stands
             health.failures[o.node] = health.failures.get(o.node, 0) + 1 if o.state == "unreachable" else 0
         if o.progress:
             health.last_progress = now
-            if now - health.started >= hang_timeout_s:
-                health.first_progress = True
+            health.first_progress = True
     lost = [o for o in obs if o.state == "missing" or (o.exit_code == 137 and o.rank is None)
             or health.failures.get(o.node, 0) >= probe_failures]
     if lost:

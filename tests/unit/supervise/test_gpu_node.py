@@ -77,3 +77,12 @@ def test_a_failed_node_whose_kernel_logged_a_gpu_xid_since_the_attempt_started_h
         assert ops._xid("g", 1) is None
     finally:
         ops.close()
+
+
+def test_progress_is_the_ranks_output_not_torchruns_own_lines(tmp_path):
+    sink = LogSink(tmp_path / "o.log")
+    sink.begin("n1", 1)
+    sink.feed("n1", b"INFO:torch.distributed.elastic.agent.server.api:[default] Starting worker group\n")
+    assert sink.lines("n1") == 0
+    sink.feed("n1", b"[0]:step 1\n[1]:step 1\n")
+    assert sink.lines("n1") == 2

@@ -537,17 +537,17 @@ def test_with_nccl_the_rank_that_exited_1_is_the_culprit_not_the_peer_its_watchd
 
 
 def test_a_silent_first_step_has_its_own_bound_until_the_attempts_first_progress():
-    """torch.compile / NCCL init / a large checkpoint load: silent after the start-up lines. Before the attempt's
-    first progress (output once it ran for hang_timeout_s, or a checkpoint) first_progress_timeout_s is the bound."""
+    """torch.compile / NCCL init / a large checkpoint load: the ranks are silent (torchrun's own start-up lines are
+    not progress: LogSink.lines). Before the attempt's first progress (its ranks' first output, or a checkpoint)
+    first_progress_timeout_s is the bound."""
     kw = dict(rdzv_host="a", probe_failures=2, hang_timeout_s=10, first_progress_timeout_s=50)
     talk, quiet = [Observation("a", R, progress=True)], [Observation("a", R)]
     h = Health(0, 0)
-    assert classify(talk, h, now=2, **kw).verdict == Verdict.CONTINUE         # start-up output
     assert classify(quiet, h, now=40, **kw).verdict == Verdict.CONTINUE       # silent first step: not a hang yet
     d = classify(quiet, h, now=53, **kw)
     assert d.verdict == Verdict.HANG and "for 50s" in d.message and "first_progress_timeout_s" in d.message
     h = Health(0, 0)
-    classify(talk, h, now=12, **kw)                                            # output past its start-up
+    classify(talk, h, now=12, **kw)                                            # the ranks' first output
     assert classify(quiet, h, now=20, **kw).verdict == Verdict.CONTINUE
     d = classify(quiet, h, now=23, **kw)
     assert d.verdict == Verdict.HANG and "for 10s (supervisor.hang_timeout_s)" in d.message
