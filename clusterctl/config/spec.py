@@ -690,9 +690,13 @@ def load_job(path: str) -> JobSpec:
 
 
 def json_schema() -> dict:
-    """The job file's JSON Schema, from the pydantic models (``clusterctl schema``; shipped as
-    ``templates/job.schema.json``, kept equal by a test)."""
-    schema = JobSpec.model_json_schema(mode="validation")
+    """The job file's JSON Schema, from the pydantic models with what a file may write and a description of every
+    key (``config.schema.for_editors``; ``clusterctl schema``; shipped as ``templates/job.schema.json``, kept equal
+    by a test that also validates the template with it)."""
+    from clusterctl.config.schema import for_editors
+
+    schema = for_editors(JobSpec.model_json_schema(mode="validation"))
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "clusterctl job file"
+    schema["description"] = "A clusterctl job: what to run, on how many nodes, and how to recover (docs/job.md)."
     return schema
