@@ -447,6 +447,7 @@ class ResumeRequest:
     options: ConnectOptions = field(default_factory=ConnectOptions)
     exclude: tuple[str, ...] = ()
     checkpoint: str | None = None
+    cleaned: tuple[str, ...] = ()      # hosts whose cleanup is recorded already (a Slurm guard's): not asked again
 
 
 @dataclass(frozen=True)
@@ -520,7 +521,7 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
         if found is not None and found.state.terminal:     # its reconcile ended the job and cleaned up: the rest
             errors = ops.stop(None, list(found.leftovers)) if found.leftovers else {}
         else:
-            errors = ops.stop(None, nodes)
+            errors = ops.stop(None, [n for n in nodes if n not in request.cleaned])
         for node, e in errors.items():
             Ledger(store).event(job_id, EventKind.CLEANUP_PENDING, f"could not clean up {node}: {e.message}",
                                 node=node)
@@ -779,6 +780,7 @@ class SlurmRun:
     action: str                          # launch (the first run of this Slurm job) | resume | succeeded
     job_id: str | None = None
     name: str | None = None
+    leaving: tuple[str, ...] = ()        # the last allocation's hosts this one lacks (resume --exclude)
 
 
 def slurm_run(ws: Workspace, job_path: str, inventory: str | None, slurm_job_id: str, where: str,
@@ -786,8 +788,9 @@ def slurm_run(ws: Workspace, job_path: str, inventory: str | None, slurm_job_id:
     """One run of the sbatch script: the first run of a Slurm job marks it ``launching`` and launches; a requeued
     one (its marker names the clusterctl job, or the job of that name recorded since it was marked) resumes that
     job on this allocation's hosts, or does nothing when it already SUCCEEDED. The hosts of the last run that this
-    allocation lacks leave the record: their Slurm guards (``slurm.guard``) removed the job from them when that
-    run ended (a ``cleanup`` event each), or ``cleanup_pending`` says why not (``srun`` cannot reach them now)."""
+    allocation lacks leave with it (``leaving``: ``resume --exclude``; ``srun`` cannot reach them now, so resume
+    does not try to clean them): their Slurm guards (``slurm.guard``) removed the job from them when that run
+    ended (a ``cleanup`` event each), or ``cleanup_pending`` says why not."""
     from clusterctl.config.spec import load_job
     from clusterctl.slurm import guard, sbatch
 
@@ -811,7 +814,9 @@ def slurm_run(ws: Workspace, job_path: str, inventory: str | None, slurm_job_id:
     rec = ledger.record(j)
     names = {h.name for h in hosts}
     gone = tuple(h.name for h in rec.hosts if h.name not in names)
-    ledger.record_changed(j.job_id, rec.replace(hosts=tuple(hosts)))
+    # the old hosts stay in the record for one step (the last attempt's nodes are observed by name); resume
+    # drops them (--exclude) and relaunches on this allocation's hosts
+    ledger.record_changed(j.job_id, rec.replace(hosts=tuple(hosts) + tuple(h for h in rec.hosts if h.name in gone)))
     ledger.event(j.job_id, EventKind.SLURM_RUN, f"{where}: requeued run, resuming on "
                                                 f"{', '.join(h.name for h in hosts)}"
                                                 + (f" (leaving {', '.join(gone)})" if gone else ""))
@@ -828,7 +833,7 @@ def slurm_run(ws: Workspace, job_path: str, inventory: str | None, slurm_job_id:
             ledger.event(j.job_id, EventKind.CLEANUP_PENDING, f"could not clean up {node}: it left the allocation "
                                                               f"and {why}", node=node)
     slurm_guard_plan(ws, slurm_job_id, j.job_id)
-    return SlurmRun("resume", j.job_id, j.name)
+    return SlurmRun("resume", j.job_id, j.name, gone)
 
 
 def slurm_guard_plan(ws: Workspace, slurm_job_id: str, job_id: str) -> None:

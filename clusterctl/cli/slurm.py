@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from clusterctl.cli.base import app, connect_options, err, inventory_option, out, output_option, print_json
-from clusterctl.cli.lifecycle import _attach, resume_cmd
+from clusterctl.cli.lifecycle import _attach
 
 
 @app.command("sbatch", context_settings={"ignore_unknown_options": True})
@@ -84,13 +84,17 @@ def sbatch_run_cmd(ctx, job, inventory) -> int:
     where = (f"Slurm job {sjid}, SLURM_RESTART_COUNT={sbatch.restart_count(os.environ)}, batch host "
              f"{socket.gethostname()}")
     ws = jobs.open_workspace(ctx.obj.state_dir)
-    run = jobs.slurm_run(ws, job, inventory, sjid, where)
+    run = jobs.slurm_run(ws, job, inventory, sjid, where, restart=sbatch.restart_count(os.environ))
     if run.action == "succeeded":
         err.print(f"job {run.name} already SUCCEEDED", markup=False)
         return 0
-    if run.action == "resume":
-        return ctx.invoke(resume_cmd, job=run.job_id, exclude=run.leaving, checkpoint=None, detach=False,
-                          output="text", accept_new=False)
+    if run.action == "resume":      # the hosts that left: srun cannot reach them; their guards' word is recorded
+        outcome = jobs.resume(ws, jobs.ResumeRequest(run.job_id, connect_options(ctx, False), run.leaving,
+                                                     cleaned=run.leaving))
+        err.print(f"job {outcome.job_id}: {outcome.message}", markup=False)
+        if outcome.pid is None or outcome.action == "already_supervised":
+            return 0
+        return _attach(ws, outcome.job_id, outcome.name, "text", from_start=False)
     request = jobs.LaunchRequest(job, inventory, connect_options(ctx, False), environ=os.environ)
     launched = jobs.launch(ws, request)
     if isinstance(launched, jobs.PreflightFailed):

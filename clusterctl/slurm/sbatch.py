@@ -25,6 +25,8 @@ from typing import Any, Mapping, Sequence
 
 from clusterctl.config.yamlfile import line_of, load_yaml_with_lines
 from clusterctl.errors import InputError
+from clusterctl.slurm.guard import MODULE as GUARD_MODULE
+from clusterctl.transport.srun import EXPORT
 
 DEFAULT_SIGNAL_S = 120
 EVENT = "slurm_run"
@@ -46,6 +48,9 @@ class BatchScript:
         q = shlex.quote
         run = [self.python, "-m", "clusterctl.cli", "--state-dir", self.state_dir, "sbatch-run", self.job_path,
                "-i", self.inventory]
+        srun = ["srun", "--overlap", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--quiet",
+                "--export=" + ",".join(EXPORT)]
+        guard = [self.python, "-m", GUARD_MODULE, self.state_dir]
         return "\n".join([
             "#!/bin/bash",
             f"#SBATCH --job-name={q(self.job_name)}",
@@ -63,6 +68,9 @@ class BatchScript:
             'echo "clusterctl: Slurm job ${SLURM_JOB_ID} run ${SLURM_RESTART_COUNT:-0} on $(hostname)"',
             "trap 'echo \"clusterctl: time limit near: requeueing Slurm job ${SLURM_JOB_ID}\"; "
             "scontrol requeue \"${SLURM_JOB_ID}\"' USR1",
+            "# one guard per node: when this allocation ends (the job ends, is requeued or cancelled), it removes",
+            "# what the job left on its node (containers and detached processes outside Slurm's steps)",
+            f'{shlex.join(srun)} --nodes="${{SLURM_JOB_NUM_NODES}}" {shlex.join(guard)} "${{SLURM_JOB_ID}}" &',
             f"{shlex.join(run)} &",
             "child=$!",
             # `wait` returns early when the trap runs: wait again until the run ends (or Slurm ends the job)

@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clusterctl.config.inventory import Host
+from clusterctl.transport import ConnectOptions
+from clusterctl.transport.srun import SrunTransport
 from tests import testbed as testbeds
 from tests.integration.test_launch import JOB_TIMEOUT, clusterctl, status_json, wait_for, wait_terminal, write_job
 from tests.testbed import profile
@@ -69,11 +72,21 @@ def overlay(path: Path, **vars_) -> Path:
     return path
 
 
-def test_slurm_testbed_steps_live_in_the_nodes_namespace(slurm_tb):
+def test_slurm_testbed_steps_live_in_the_nodes_namespace(slurm_tb, monkeypatch):
     tb = slurm_tb
     assert tb.up_s < 60
     jid = salloc(tb, len(tb.hosts))          # every host: a step can only run on a node of its allocation
     try:
+        # issue 34 item 10: a step of the srun transport gets only srun.EXPORT (and SLURM_*) of the supervisor's
+        # environment, never its secret_env values (srun's default --export=ALL gave it everything)
+        monkeypatch.setenv("SLURM_CONF", tb.slurm.env["SLURM_CONF"])
+        monkeypatch.setenv("CLUSTERCTL_TEST_SECRET", "s3cr3t-value-of-the-job")
+        t = SrunTransport(Host(name="node2", address=tb.hosts[1].address, connection="srun"), ConnectOptions(),
+                          env={"SLURM_JOB_ID": jid})
+        r = t.run(["sh", "-c", "tr '\\0' '\\n' </proc/$$/environ"])
+        assert r.ok, r.stderr
+        assert "s3cr3t-value" not in r.stdout and "CLUSTERCTL_TEST_SECRET" not in r.stdout, r.stdout
+        assert f"SLURM_JOB_ID={jid}" in r.stdout and "\nHOME=" in r.stdout, r.stdout
         for h in tb.hosts:
             r = subprocess.run(["srun", f"--jobid={jid}", "--overlap", "--nodes=1", "--ntasks=1", "-w", h.name,
                                 "sh", "-c", 'hostname; readlink /proc/self/ns/net; '
@@ -193,6 +206,9 @@ def test_sbatch_submit_requeues_after_the_supervisor_node_dies_and_resumes_one_j
         assert r.returncode == 0, r.stderr
         text = r.stdout
         assert "SLURM_RESTART_COUNT=0" in text and "SLURM_RESTART_COUNT=1" in text, text[-3000:]
+        # the dead batch host left the allocation: its guard died with it, so the record says what may be left
+        assert f"could not clean up {batch_host}: it left the allocation and its Slurm guard did not report" \
+            in text, text[-3000:]
         assert len(list((state / "slurm").glob("[0-9]*"))) == 1          # one Slurm job -> one clusterctl job
         log = (state / "slurm" / f"slurmreq-{sjid}.out").read_text(errors="replace")
         assert re.search(r"\] resumed from \S+ at step [1-9]", log), log[-3000:]   # from a checkpoint, not scratch
@@ -200,3 +216,52 @@ def test_sbatch_submit_requeues_after_the_supervisor_node_dies_and_resumes_one_j
         subprocess.run(["scancel", sjid], capture_output=True, timeout=30, env=dict(os.environ, **tb.slurm.env))
         for h in tb.hosts:
             tb.start_slurmd(h)
+
+
+def job_processes(tb, job_id: str) -> list[tuple[str, int, str]]:
+    """(host, pid, cmdline) of every process on the testbed's hosts that carries the job's environment (bare
+    runners, torchrun, ranks)."""
+    found = []
+    needle = f"CLUSTERCTL_JOB_ID={job_id}".encode()
+    for h in tb.hosts:
+        for pid, cmd in tb.processes(h):
+            try:
+                if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    found.append((h.name, pid, cmd))
+            except OSError:
+                pass
+    return found
+
+
+def test_sbatch_guard_removes_what_the_job_left_when_the_slurm_job_ends(slurm_tb, tmp_path):
+    """issue 34 item 6: detached bare runners (and docker's containers) are outside the steps Slurm kills when its
+    job ends, is requeued or cancelled: they ran on in nodes Slurm hands to other jobs. The script's per-node guard
+    removes them when the allocation ends and says so (`<state>/slurm/<id>.left/<node>.json`)."""
+    tb = slurm_tb
+    ov = overlay(tmp_path / "overlay.yaml")
+    job = write_job(tmp_path / "job.yaml", tb, "slurmguard", "bare", steps=2000, step_time=0.25,
+                    extra={"nodes": 2})
+    state = Path(tb.shared) / "state-slurmguard"
+    env = slurm_env(tb)
+    r = clusterctl(state, "sbatch", str(job), "--overlay", str(ov), "--submit", "--output", "json", "--",
+                   "--exclude=node1", "--time=20", env=env)
+    assert r.returncode == 0, r.stderr
+    sjid = json.loads(r.stdout)["slurm_job_id"]
+    try:
+        ckpt = Path(tb.shared) / "slurmguard" / "ckpt"
+        wait_for(lambda: list(ckpt.glob("step-*")), JOB_TIMEOUT, "a first checkpoint", interval=1)
+        job_id = (state / "slurm" / sjid).read_text().strip()
+        nodes = sorted({h for h, _, _ in job_processes(tb, job_id)})
+        assert len(nodes) == 2, job_processes(tb, job_id)
+        scancel(tb, sjid)
+        wait_for(lambda: "JobState=CANCELLED" in tb.scontrol("-o", "show", "job", sjid).stdout, 60,
+                 "the Slurm job to be cancelled")
+        wait_for(lambda: not job_processes(tb, job_id), 30, "the job's processes to go", interval=0.5)
+        for n in nodes:
+            report = json.loads((state / "slurm" / f"{sjid}.left" / f"{n}.json").read_text())
+            assert report["ok"] and report["job_id"] == job_id and report["restart"] == 0, report
+    finally:
+        scancel(tb, sjid)
+        time.sleep(1)
+        for _, pid, _ in job_processes(tb, job_id) if "job_id" in locals() else []:
+            os.kill(pid, 9)

@@ -83,7 +83,8 @@ def config(c: Cluster, hosts, gpus: int, slurmd_timeout: int = 6) -> str:
         "MpiDefault=none", "ReturnToService=2", "JobRequeue=1", f"TaskProlog={c.dir / 'task_prolog.sh'}",
         # a dead node is noticed within seconds (the tests kill hosts); the ping runs every timeout/3
         f"SlurmdTimeout={slurmd_timeout}", "SlurmctldTimeout=10", "MessageTimeout=5", "InactiveLimit=0",
-        "KillWait=2", "MinJobAge=300", "Waittime=0", "TreeWidth=64",
+        # KillWait: the seconds between SIGTERM and SIGKILL: the guard (clusterctl.slurm.guard) cleans in them
+        "KillWait=10", "MinJobAge=300", "Waittime=0", "TreeWidth=64",
         "SchedulerParameters=sched_interval=1,bf_interval=1",
     ]
     gres = ""   # see gres_conf

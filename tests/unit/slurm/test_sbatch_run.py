@@ -3,18 +3,22 @@ script asks for (issue 39 item 11). The real sbatch and requeue run in tests/int
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from click.testing import CliRunner
 
 from clusterctl import jobs
 from clusterctl.cli import app
+from clusterctl.config.inventory import Host
 from clusterctl.config.spec import load_job
 from clusterctl.errors import InputError
 from clusterctl.model import record
-from clusterctl.slurm import sbatch
+from clusterctl.slurm import guard, sbatch
 from clusterctl.store import paths
 from clusterctl.store.ledger import Ledger
 from clusterctl.store.state import JobState, Store
@@ -25,7 +29,7 @@ INVENTORY = """all:
   hosts:
     n1: {ansible_host: 127.0.0.1}
     n2: {ansible_host: 127.0.0.1}
-"""
+"""   # the new allocation
 
 
 @pytest.fixture
@@ -127,3 +131,58 @@ def test_gpus_per_node_is_pure():
     assert sbatch.gpus_per_node("job.yaml", Spec(), None) is None
     assert sbatch.asks_for_gpus(["--gpus-per-node=2"]) and sbatch.asks_for_gpus(["-G", "4"])
     assert not sbatch.asks_for_gpus(["--gres=shard:2", "--time=1:00"])
+
+
+# ------------------------------------------------------------------------- issue 34 item 6: the Slurm guard
+def test_guard_runs_its_nodes_commands_when_slurm_ends_it_and_reports(tmp_path):
+    """A real guard process: it waits; Slurm's SIGTERM (the allocation ends) makes it run its node's removal
+    commands and write its report."""
+    done = tmp_path / "removed"
+    guard.write_plan(tmp_path, "42", "demo-1", {"n1": [["sh", "-c", 'echo "$0" > "$1"', "n1", str(done)]],
+                                                "n2": [["false"]]})
+    p = subprocess.Popen([sys.executable, "-m", guard.MODULE, str(tmp_path), "42"],
+                         env={**os.environ, "SLURMD_NODENAME": "n1", "SLURM_RESTART_COUNT": "3"})
+    time.sleep(1.0)
+    assert p.poll() is None and not done.exists()          # it only waits
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 0
+    assert done.read_text() == "n1\n"
+    report = guard.read_report(tmp_path, "42", "n1")
+    assert (report["ok"], report["restart"], report["job_id"]) == (True, 3, "demo-1")
+    bad = guard.clean(tmp_path, "42", "n2", 0)
+    assert not bad["ok"] and "false" in bad["detail"]
+    assert guard.clean(tmp_path, "43", "n1", 0) == {**guard.read_report(tmp_path, "43", "n1"), "ok": True}
+
+
+def test_a_requeued_run_drops_the_hosts_that_left_with_what_their_guards_said(ws, tmp_path):
+    """Hosts of the last run that the new allocation lacks cannot be reached (srun runs steps on the allocation's
+    nodes only): they leave with resume (--exclude), and their guard's word is recorded: cleaned (a cleanup event)
+    or cleanup_pending with the reason."""
+    job, inv = files(tmp_path)
+    spec = load_job(job)
+    hosts = tuple(Host(name=n, address="127.0.0.1", connection="local", runtime="bare", gpus=0)
+                  for n in ("n1", "n2", "n3", "n4"))
+    job_id = ws.store.create_job(spec.name, record.JobRecord(spec=spec, source=job, hosts=hosts,
+                                                             interfaces={}).to_json(), None, job)
+    sbatch.write_marker(sbatch.marker(ws.root, "9"), job_id)
+    guard.write_plan(ws.root, "9", job_id, {})
+    guard.clean(ws.root, "9", "n3", 0)                   # n3's guard cleaned it when run 0 ended; n4's never spoke
+    run = jobs.slurm_run(ws, job, inv, "9", "run 1", restart=1)
+    assert (run.action, run.job_id, run.leaving) == ("resume", job_id, ("n3", "n4"))   # resume --exclude, not asked
+    assert list(Ledger(ws.store).record(ws.store.get_job(job_id)).host_names) == ["n1", "n2", "n3", "n4"]
+    events = [(e.kind, e.node) for e in ws.store.events(job_id)]
+    assert ("cleanup", "n3") in events and ("cleanup_pending", "n4") in events
+    pending = [e.message for e in ws.store.events(job_id) if e.kind == "cleanup_pending"]
+    assert "did not report" in pending[0]
+    plan = json.loads(guard.plan_path(ws.root, "9").read_text())      # this run's guards know the job's hosts
+    assert plan["job_id"] == job_id and {"n1", "n2"} <= set(plan["nodes"])
+    assert all(plan["nodes"][n] for n in ("n1", "n2"))
+
+
+def test_the_script_starts_a_guard_on_every_node_before_the_supervisor():
+    text = sbatch.BatchScript(job_path="/j/job.yaml", job_name="demo", nodes="2", state_dir="/st",
+                              inventory="slurm", python="/py").render()
+    guard_line = next(line for line in text.splitlines() if "clusterctl.slurm.guard" in line)
+    assert guard_line.startswith("srun --overlap --ntasks-per-node=1 ") and guard_line.endswith(" &")
+    assert '--nodes="${SLURM_JOB_NUM_NODES}"' in guard_line and "--export=PATH," in guard_line
+    assert text.index("clusterctl.slurm.guard") < text.index("sbatch-run")
