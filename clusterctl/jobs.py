@@ -180,7 +180,24 @@ def launch_problems(job_path: str, spec: JobSpec, hosts: Sequence[Host],
     webhook), unusable SSH key files. ``launch --dry-run`` prints each as a warning (exit 2 with ``--strict``)."""
     from clusterctl.transport.ssh import key_file_problems
 
-    return environment_problems(job_path, spec, environ, data) + key_file_problems(hosts)
+    return (environment_problems(job_path, spec, environ, data) + local_torchrun_problems(job_path, spec, hosts, data)
+            + key_file_problems(hosts))
+
+
+def local_torchrun_problems(job_path: str, spec: JobSpec, hosts: Sequence[Host], data: Any = None) -> list[InputError]:
+    """The check launch's preflight makes of a ``local`` bare host's torchrun, made here without a preflight
+    (``validate``, ``--dry-run``): found on PATH or beside clusterctl's interpreter (``transport.local``)."""
+    from clusterctl.launch import runtimes
+    from clusterctl.transport.local import local_path, which_local
+
+    name = spec.torchrun[0]
+    for h in hosts:
+        if h.connection == "local" and not runtimes.containerized(h.runtime) and not which_local(name):
+            return [InputError(job_path, line_of(data, "torchrun") if isinstance(data, dict) else None,
+                               f"{name} not found on {h.name}'s PATH ({local_path()}, then clusterctl's interpreter's "
+                               "directory): activate the venv that has torch, install torch beside clusterctl "
+                               "(`make install`), or set `torchrun:` to its full path", key="torchrun")]
+    return []
 
 
 def check_key_files(hosts: Sequence[Host]) -> None:

@@ -2,16 +2,36 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from clusterctl.errors import CommandTimeout
 from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run, readable
 
 if TYPE_CHECKING:
     from clusterctl.config.inventory import Host
+
+
+def local_path(environ: Mapping[str, str] | None = None) -> str:
+    """The PATH of commands on this machine (the ``local`` connection): clusterctl's own, then the directory of its
+    interpreter when it is not on it already, so that the torchrun installed beside clusterctl (``make install``:
+    its venv's bin, where only ``clusterctl`` is linked onto PATH) is found where PATH has none."""
+    path = (os.environ if environ is None else environ).get("PATH", os.defpath)
+    here = os.path.dirname(sys.executable)
+    return path if not here or here in path.split(os.pathsep) else (f"{path}{os.pathsep}{here}" if path else here)
+
+
+def which_local(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Where a ``local`` host's command ``name`` is (as ``LocalTransport`` runs it), or None."""
+    return shutil.which(name, path=local_path(environ))
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PATH": local_path()}
 
 
 class LocalTransport:
@@ -24,7 +44,8 @@ class LocalTransport:
         timeout = timeout or self.options.command_timeout
         start = time.monotonic()
         try:
-            p = subprocess.run(argv, input=stdin or b"", capture_output=True, timeout=timeout, start_new_session=True)
+            p = subprocess.run(argv, input=stdin or b"", capture_output=True, timeout=timeout, start_new_session=True,
+                               env=_env())
         except subprocess.TimeoutExpired:
             raise CommandTimeout(self.host.name, f"command timed out after {timeout:g}s: {argv[0]}") from None
         except OSError as e:
@@ -37,7 +58,7 @@ class LocalTransport:
 
     def stream(self, argv: Sequence[str], on_data: Callable[[bytes], None], stop: threading.Event) -> None:
         p = subprocess.Popen([str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+                             stderr=subprocess.STDOUT, start_new_session=True, env=_env())
         try:
             while not stop.is_set():
                 if readable(p.stdout.fileno(), 0.5):

@@ -1,4 +1,5 @@
-"""`clusterctl doctor`: this machine, as clusterctl needs it (ssh-agent, ssh config, key files, the state dir).
+"""`clusterctl doctor`: this machine, as clusterctl needs it (ssh-agent, ssh config, key files, the state dir,
+the torchrun a local job would start).
 
 Each check returns a ``Finding`` (a value); nothing here prints or exits."""
 from __future__ import annotations
@@ -80,5 +81,19 @@ def state_dir(root: Path) -> Finding:
     return Finding("state_dir", "pass", f"{root}: private (0700), {mb:.0f} MiB free")
 
 
+def torchrun(environ: Mapping[str, str]) -> Finding:
+    """The torchrun a job on this machine (the embedded default, a ``local`` host, bare runtime) would start:
+    what launch's preflight finds (PATH, then beside clusterctl's interpreter)."""
+    from clusterctl.transport.local import which_local
+
+    found = which_local("torchrun", environ)
+    if found:
+        return Finding("torchrun", "pass", f"{found} (for jobs on this machine)")
+    return Finding("torchrun", "warn", "no torchrun on PATH nor beside clusterctl's interpreter: jobs on this "
+                                       "machine (the embedded default) cannot start",
+                   "install torch beside clusterctl (`make install` does), or set the job's `torchrun:` to its "
+                   "full path; not needed to launch on remote hosts")
+
+
 def diagnose(root: Path, environ: Mapping[str, str], home: Path) -> list[Finding]:
-    return [ssh_agent(environ), ssh_config(home), *key_files(home), state_dir(root)]
+    return [ssh_agent(environ), ssh_config(home), *key_files(home), state_dir(root), torchrun(environ)]

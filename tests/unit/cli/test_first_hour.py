@@ -259,3 +259,39 @@ def test_unset_secrets_are_reported_together_with_a_schema_error(tmp_path, comma
     assert "job.yaml:3: nodes:" in r.stderr, r.stderr
     assert "job.yaml:4: secret_env[0]: CC_TEST_UNSET_TOKEN is not set" in r.stderr, r.stderr
     assert "job.yaml:6: notify[0].webhook_env: CC_TEST_UNSET_HOOK is not set" in r.stderr, r.stderr
+
+
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"     # as after `make install`: clusterctl linked, its venv not on PATH
+
+
+def test_a_local_launch_finds_the_torchrun_beside_clusterctls_interpreter(tmp_path):
+    """Item 6: after `make install` only `clusterctl` is on PATH; the quick start's launch failed its preflight
+    ("torchrun not found on localhost's PATH") although torch is installed beside clusterctl."""
+    from shutil import which
+
+    assert which("torchrun", path=SYSTEM_PATH) is None, "this test needs a PATH without torchrun"
+    write(tmp_path, "hello.py", "print('hello from the rank', flush=True)\n")
+    write(tmp_path, "job.yaml", "name: hello\nscript: hello.py\n")
+    r = cli(tmp_path, "launch", "job.yaml", env={"PATH": SYSTEM_PATH})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[localhost/0] hello from the rank" in r.stdout
+    v = cli(tmp_path, "validate", "job.yaml", env={"PATH": SYSTEM_PATH})
+    assert v.returncode == 0 and "warning" not in v.stderr, v.stderr
+    d = cli(tmp_path, "doctor", "-o", "json", env={"PATH": SYSTEM_PATH})
+    found = [f for f in json.loads(d.stdout) if f["check"] == "torchrun"]
+    assert found and found[0]["status"] == "pass" and found[0]["detail"].startswith(BIN), d.stdout
+
+
+def test_validate_and_doctor_run_launchs_local_torchrun_check(tmp_path):
+    """Item 6: validate, validate --strict and --dry-run passed where launch then failed its preflight."""
+    write(tmp_path, "job.yaml", "name: hello\nscript: hello.py\ntorchrun: [no-such-torchrun]\n")
+    v = cli(tmp_path, "validate", "job.yaml", env={"PATH": SYSTEM_PATH})
+    assert v.returncode == 0 and "no-such-torchrun not found" in v.stderr, v.stderr
+    assert "job.yaml:3: torchrun:" in v.stderr
+    assert cli(tmp_path, "validate", "job.yaml", "--strict", env={"PATH": SYSTEM_PATH}).returncode == 2
+    r = cli(tmp_path, "launch", "job.yaml", "--dry-run", env={"PATH": SYSTEM_PATH})
+    assert r.returncode == 0 and "no-such-torchrun not found" in r.stderr, r.stderr
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    d = cli(tmp_path, "doctor", "-o", "json", env={"PATH": str(empty)})
+    assert any(f["check"] == "torchrun" for f in json.loads(d.stdout)), d.stdout
