@@ -578,6 +578,36 @@ def _broadcast_int(value: int, group: Any = None) -> int:
     return int(t.item())
 
 
+_BARRIERS = [0]                # rank 0's verdicts posted/awaited by this process (every rank calls in one order)
+BARRIER_TIMEOUT_S = 3600.0     # how long a rank waits for rank 0's save (the supervisor's hang bound is shorter)
+
+
+def _rank0_verdict(failed: bool, group: Any = None) -> bool:
+    """Whether rank 0 failed, on every rank: rank 0 posts its verdict, the others wait for it. Through the default
+    group's c10d store (a key, waited on with ``BARRIER_TIMEOUT_S``), not a collective: a slow save must not trip
+    the process group's timeout (on a plain ``nccl`` group a broadcast is an NCCL collective, and its watchdog
+    aborts the job). A subgroup, or no store: a broadcast from its rank 0 as before."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = None
+    if group is None:
+        try:
+            store = dist.distributed_c10d._get_default_store()
+        except Exception:
+            store = None
+    if store is None:
+        return bool(_broadcast_int(1 if failed else 0, group))
+    _BARRIERS[0] += 1
+    key = f"clusterctl/checkpoint/{_BARRIERS[0]}"
+    if dist.get_rank() == 0:
+        store.set(key, b"1" if failed else b"0")
+        return failed
+    store.wait([key], datetime.timedelta(seconds=BARRIER_TIMEOUT_S))
+    return store.get(key) == b"1"
+
+
 def _default_keep(keep: Optional[int]) -> Optional[int]:
     if keep is not None:
         return int(keep)
@@ -625,8 +655,8 @@ def save(state: Any, step: int, root: Optional[str] = None, keep: Optional[int] 
             error = f"{type(e).__name__}: {e}"
             saved_exc = e
     if initialized:
-        # doubles as the barrier: nobody returns before rank 0 has finished (or failed)
-        if _broadcast_int(1 if error else 0):
+        # the barrier: nobody returns before rank 0 has finished (or failed)
+        if _rank0_verdict(bool(error)):
             if saved_exc is not None:
                 raise saved_exc
             raise CheckpointError(f"rank 0 failed to save checkpoint step {step} (see rank 0's log)")
@@ -741,7 +771,7 @@ class AsyncCheckpoint:
             self._error = e
         if self._distributed:
             # a local failure on any rank is reported by that rank; rank 0's verdict reaches all
-            if _broadcast_int(1 if error else 0, self._group) or error:
+            if _rank0_verdict(bool(error), self._group) or error:
                 if self._error is None:
                     self._error = CheckpointError(f"rank 0 failed to finalize checkpoint step {self.step} (see rank 0's log)")
                 raise self._error

@@ -17,6 +17,7 @@ it); at start the script resumes from the latest valid checkpoint. See docs/chec
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
 import os
@@ -193,7 +194,10 @@ def init_distributed():
     else:
         device = torch.device("cpu")
         backend = "gloo"
-    dist.init_process_group(backend=backend)
+    # the collective timeout clusterctl passes (supervisor.collective_timeout_s): a peer that is gone fails the
+    # collective in minutes, not after gloo's 30 (NCCL's watchdog then aborts with its message and flight record)
+    timeout = datetime.timedelta(seconds=float(os.environ.get("CLUSTERCTL_COLLECTIVE_TIMEOUT_S", "600")))
+    dist.init_process_group(backend=backend, timeout=timeout)
     return device
 
 

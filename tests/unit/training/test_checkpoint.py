@@ -400,6 +400,39 @@ def _dist_worker(rank: int, world: int, init_file: str, root: str, with_dcp: boo
     os._exit(0)
 
 
+class SlowToSave:
+    """Pickled by torch.save in 4 s: a save slower than the process group's timeout."""
+
+    def __reduce__(self):
+        time.sleep(4)
+        return (int, (7,))
+
+
+def _slow_save_worker(rank: int, init_file: str, root: str) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    os.environ.pop("RANK", None)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=2))
+    path = ck.save({"slow": SlowToSave()}, 60, root=root)
+    assert ck.latest(root) == path, (rank, path)
+    os._exit(0)
+
+
+def test_save_waits_for_rank_0_without_a_collective(tmp_path):
+    """Issue 35: a save slower than the process group's timeout (here 2 s; NCCL's watchdog would abort the job)
+    must not fail the other ranks: they wait for rank 0 through the store, not in a broadcast."""
+    pytest.importorskip("torch")
+    import torch.multiprocessing as mp
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    mp.spawn(_slow_save_worker, args=(str(tmp_path / "init"), str(root)), nprocs=2, join=True)
+    assert statuses(root) == {"step-000000060": "valid"}
+
+
 def test_two_process_gloo_save(tmp_path):
     torch = pytest.importorskip("torch")
     import torch.multiprocessing as mp
