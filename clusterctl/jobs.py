@@ -482,7 +482,7 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
     """Bring a job back. Idempotent: with a live supervisor it only reports it. An active job whose nodes all
     still run is re-attached; one whose attempt finished well while nobody watched becomes SUCCEEDED; otherwise
     the cause is recorded, the last attempt cleaned up, and the job relaunched from its latest valid checkpoint."""
-    from clusterctl.supervise.reconcile import reconcile
+    from clusterctl.supervise.reconcile import reconcile, unsupervised_span
 
     store, root, options = ws.store, ws.root, request.options
     exclude, checkpoint = tuple(request.exclude), request.checkpoint
@@ -551,7 +551,8 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
              f"checkpoint step {latest[1]} ({latest[0]})" if latest and latest[0] else
              "the start (no valid checkpoint)" if latest else "the latest valid checkpoint")
     Ledger(store).resumed(job_id, f"resumed by user from {start}"
-                          + (f", excluding {', '.join(exclude)}" if exclude else ""), rec)
+                          + (f", excluding {', '.join(exclude)}" if exclude else "")
+                          + ("" if job.terminal else unsupervised_span(job, time.time())), rec)
     pid = spawn(root, job_id, accept_new=accept_new)
     return done("relaunched", f"relaunching attempt {store.get_job(job_id).attempt + 1} from {start}"
                 + (f" without {', '.join(exclude)}" if exclude else "") + f" (supervisor pid {pid})", pid, excluded)
@@ -674,12 +675,23 @@ def job_names(state_dir: str | None) -> list[str]:
 
 
 def job_list(ws: Workspace, *, states: Sequence[str] = (), since: str | None = None, show_all: bool = False,
-             now: float | None = None) -> list[tuple[dict, dict]]:
-    """``status`` without JOB: (view, row) of the active jobs, then the newest finished ones (``views.history``)."""
+             now: float | None = None, options: ConnectOptions | None = None,
+             connect: Connect = default_connect) -> list[tuple[dict, dict]]:
+    """``status`` without JOB: (view, row) of the active jobs, then the newest finished ones (``views.history``).
+    With ``options``, an active job that no supervisor watches is reconciled first, as ``status JOB`` does (a job
+    that ended while unsupervised is listed as it ended, not as RUNNING); a job whose nodes cannot be asked is
+    listed as recorded."""
     from clusterctl.views import history
     from clusterctl.views import status as status_mod
 
     now = time.time() if now is None else now
+    if options is not None:
+        for j in ws.store.list_jobs():
+            if not j.terminal and not controller.supervision(ws.root, j)["supervised"]:
+                try:
+                    controller.reconcile_job(ws.root, ws.store, j.job_id, options, connect=connect)
+                except (ClusterctlError, OSError):    # a key file gone, a node unreadable: listed as recorded
+                    pass
     chosen = history.select(ws.store, ws.store.list_jobs(), states=history.parse_states(states),
                             since=history.parse_since(since, now) if since else None, show_all=show_all)
     return [(status_mod.job_view(ws.store, j, now, supervision=controller.supervision(ws.root, j)),
@@ -738,6 +750,11 @@ def logs(ws: Workspace, job_ref: str, options: ConnectOptions, *, node: str | No
     if not controller.live_supervisor(ws.root, j) and ws.store.attempts(j.job_id):
         missing = controller.fill_logs(ws.root, ws.store, j.job_id, options, attempt=attempt)
     lines = logs_mod.read(logs_mod.path(ws.root, j.job_id), sel, tail)
+    stopped = [e for e in ws.store.events(j.job_id) if e.kind == EventKind.STOP]
+    note = logs_mod.stop_note(ws.store.get_job(j.job_id), lines, time.strftime(
+        "%Y-%m-%d %H:%M:%S UTC", time.gmtime(stopped[-1].time)) if stopped else None)
+    if note and tail != 0:
+        lines = [*lines[1:], note] if tail is not None and len(lines) >= tail else [*lines, note]
 
     def follow(echo: Callable[[str], None]) -> None:
         controller.follow(ws.root, ws.store, j.job_id,

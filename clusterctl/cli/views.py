@@ -58,7 +58,8 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
                 out.print(line, markup=False)
         return 0
     now = time.time()
-    listed = jobs.job_list(ws, states=states, since=since, show_all=show_all, now=now)
+    listed = jobs.job_list(ws, states=states, since=since, show_all=show_all, now=now,
+                           options=connect_options(ctx, accept_new))
     views, rows = [v for v, _ in listed], [r for _, r in listed]
     if output == "json":
         print_json({"jobs": [{**v, **r} for v, r in zip(views, rows)]})

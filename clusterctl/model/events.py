@@ -19,6 +19,7 @@ class EventKind(str, Enum):
     SLURM_RUN = "slurm_run"               # one run of the sbatch script (SLURM_JOB_ID, SLURM_RESTART_COUNT)
     # an attempt, start to end
     ADOPT = "adopt"                       # a new supervisor re-attached to a running attempt
+    SUPERVISOR_LOST = "supervisor_lost"   # `status`/a follower/`resume` found the supervisor gone (since when)
     WAITING = "waiting"                   # fewer healthy nodes than MIN: waiting for lost ones
     START = "start"
     START_FAILED = "start_failed"

@@ -165,3 +165,13 @@ class Ledger:
 
     def supervisor_released(self, job_id: str, pid: int) -> bool:
         return self.store.release_supervisor(job_id, pid)
+
+    def supervisor_lost(self, job_id: str, message: str) -> Event | None:
+        """The job's supervisor found gone (by `status`, a follower, `resume`): a ``supervisor_lost`` event, once
+        per supervisor (none when one was recorded after its last heartbeat). None when there was one already."""
+        with self.store.transaction():
+            job = self.store.get_job(job_id)
+            last = self.store.last_event(job_id, EventKind.SUPERVISOR_LOST.value)
+            if last is not None and last.time >= (job.supervisor_seen_at or job.created_at):
+                return None
+            return self.store.add_event(job_id, EventKind.SUPERVISOR_LOST.value, message, attempt=job.attempt or None)

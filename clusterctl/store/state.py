@@ -641,6 +641,12 @@ class Store:
                              (job_id, self._clock(), kind, self._redact(message) or "", *fields.values()))
             return _row(Event, db.execute("SELECT * FROM events WHERE id = ?", (cur.lastrowid,)).fetchone())
 
+    def last_event(self, job_id: str, kind: str) -> Event | None:
+        """The job's newest event of ``kind``."""
+        rows = self._read("SELECT * FROM events WHERE job_id = ? AND kind = ? ORDER BY id DESC LIMIT 1",
+                          (job_id, str(kind)))
+        return _row(Event, rows[0]) if rows else None
+
     def events(self, job_id: str, *, after_id: int = 0, limit: int | None = None) -> list[Event]:
         """Events in the order they were added; ``after_id`` to follow new ones."""
         rows = self._read("SELECT * FROM events WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?",

@@ -31,7 +31,7 @@ from clusterctl.store.state import (
     this_host,
 )
 from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
-from clusterctl.supervise.reconcile import Reconciled, reconcile
+from clusterctl.supervise.reconcile import Reconciled, reconcile, unsupervised_span
 from clusterctl.supervise.supervisor import Policy, Supervisor
 from clusterctl.transport import ConnectOptions, Transport, connect
 
@@ -108,6 +108,7 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
     """The supervisor's body (``python -m clusterctl.supervise``): claim the job, beat, run the loop, release."""
     store = Store(paths.db_path(root))
     ledger = Ledger(store)
+    before = store.get_job(job_id)          # the last supervisor's claim: since when nobody supervised the job
     if not ledger.supervisor_claimed(job_id, os.getpid(), is_live=lambda pid: is_live_supervisor(pid, job_id)):
         raise UserError(f"job {job_id} already has a live supervisor (pid {store.get_job(job_id).supervisor_pid})")
     beating = threading.Event()
@@ -131,7 +132,7 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
             last = store.attempts(job_id)[-1]
             ops.adopt(attempt, list(last.nodes), last.rdzv_host)
             ops.attach(attempt)
-        return sup.run(adopt_attempt=attempt)
+        return sup.run(adopt_attempt=attempt, adopt_note=unsupervised_span(before, time.time()) if attempt else "")
     except Exception as e:  # noqa: BLE001 - the supervisor never dies silently: the job ends, loudly
         return _end_on_error(store, ops, notifier, job_id, nodes, e)
     finally:

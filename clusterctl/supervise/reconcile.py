@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from clusterctl.model.events import EventKind
+from clusterctl.model.events import EventKind, checkpoint_of
 from clusterctl.store.ledger import Ledger, note
 from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store
 from clusterctl.supervise.supervisor import Decision, Health, Observation, Verdict, classify, node_state
@@ -59,6 +59,7 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
     if job.terminal or not attempts:
         return None
     a = attempts[-1]
+    ledger.supervisor_lost(job_id, lost_message(job))
 
     def tidy() -> tuple[str, ...]:
         return clean_up(ledger, job_id, ops, lambda: keep_logs(a.attempt) if keep_logs else None)
@@ -88,6 +89,9 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
         state=node_state(o), exit_code=o.exit_code, signal=o.signal, rank=o.rank,
         error_tail=(withheld_tail if withheld_tail and o.error_tail else o.error_tail) or None) for o in obs})
     states = tuple((o.node, node_state(o)) for o in obs)
+    answering = [o.node for o in obs if o.state in ("running", "exited")]
+    if d is None or d.verdict == Verdict.SUCCESS:     # the checkpoint on disk now, not the last one a supervisor saw
+        checkpoint_now(ledger, job_id, a.attempt, ops.latest_checkpoint(answering) if answering else None)
     if d is None:
         return Reconciled(a.attempt, states, None, job.state)
     if store.get_job(job_id).terminal:      # someone else (a new supervisor, another status) got there first
@@ -100,8 +104,8 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
                                              "on every node while no supervisor watched it", attempt=a.attempt,
                                              klass="success")])
             return Reconciled(a.attempt, states, d, JobState.SUCCEEDED, leftovers=tidy())
-        healthy = [o.node for o in obs if o.state in ("running", "exited")]
-        checkpoint = ops.latest_checkpoint(healthy) if healthy else None
+        checkpoint = ops.latest_checkpoint(answering) if answering else None
+        checkpoint_now(ledger, job_id, a.attempt, checkpoint)
         step = f"checkpoint step {checkpoint[1]}" if checkpoint and checkpoint[0] else (
             "the start (no checkpoint yet)" if checkpoint else "the latest valid checkpoint")
         ledger.attempt_ended(job_id, a.attempt, d.verdict.value, to=JobState.FAILED, expect=ACTIVE_STATES,
@@ -114,6 +118,39 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
     except InvalidTransition:
         return Reconciled(a.attempt, states, d, store.get_job(job_id).state)
     return Reconciled(a.attempt, states, d, JobState.FAILED, checkpoint, tidy())
+
+
+def utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def lost_message(job) -> str:
+    """What the ``supervisor_lost`` event says: which supervisor, and since when the job runs unsupervised."""
+    who = f"pid {job.supervisor_pid}" + (f" on {job.supervisor_host}" if job.supervisor_host else "") \
+        if job.supervisor_pid else "none recorded"
+    since = (f"its last heartbeat was at {utc(job.supervisor_seen_at)}" if job.supervisor_seen_at else
+             "it never sent a heartbeat")
+    return (f"clusterctl's supervisor ({who}) is gone: {since}; the job runs unsupervised (nothing restarts it on "
+            f"failure) until `clusterctl resume {job.name}`")
+
+
+def unsupervised_span(job, now: float) -> str:
+    """For the ``adopt``/``resume`` event: how long ``job`` ran unsupervised, from its last supervisor's last
+    heartbeat to ``now`` (empty when none is known)."""
+    if not job.supervisor_seen_at:
+        return ""
+    return (f"; it ran unsupervised from {utc(job.supervisor_seen_at)} to {utc(now)} "
+            f"({max(0, int(now - job.supervisor_seen_at))} s)")
+
+
+def checkpoint_now(ledger: Ledger, job_id: str, attempt: int, found: tuple[str, int] | None) -> None:
+    """The latest valid checkpoint the nodes' storage holds now, recorded (a ``checkpoint`` event, as the
+    supervisor records it) when it is not the last one recorded: the job trained on while nobody watched."""
+    if not found or not found[0]:
+        return
+    last = next((c for e in reversed(ledger.store.events(job_id)) if (c := checkpoint_of(e)) is not None), None)
+    if last is None or (last.path, last.step) != found:
+        ledger.checkpoint_seen(job_id, attempt, found[0], found[1])
 
 
 def clean_up(ledger: Ledger, job_id: str, ops, before: Callable[[], object] = lambda: None) -> tuple[str, ...]:

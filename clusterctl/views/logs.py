@@ -101,3 +101,14 @@ def read(log: Path, sel: Selection, tail: int | None = None) -> list[str]:
                 if sel.keeps(line, current.get(head.group(1)) if head else None):
                     out.append(line)
     return list(out)
+
+
+def stop_note(job, lines: list[str], when: str | None = None) -> str | None:
+    """The line ``logs`` adds after the output of a job a user stopped, when that output shows torchrun's answer
+    to the stop's SIGTERM: ``torch.distributed.elastic.multiprocessing.api.SignalException: Process N got signal:
+    15`` and its traceback, which read like a crash at the end of a normal stop. None otherwise."""
+    if str(job.state) != "STOPPED" or not any("SignalException" in line for line in lines):
+        return None
+    return (f"clusterctl: job {job.job_id} was stopped by `clusterctl stop`{f' at {when}' if when else ''}: its "
+            "ranks got SIGTERM, and torchrun's SignalException traceback above is how it reports that, not a "
+            "failure")

@@ -4,6 +4,7 @@ lookup that a dead node cannot stall."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -330,6 +331,8 @@ def test_status_reconciling_stores_error_tails_only_redacted(tmp_path, monkeypat
     monkeypatch.setattr(ClusterOps, "observe", lambda self, attempt, nodes, **kw: [
         Observation("n1", "running"), Observation("n2", "exited", exit_code=1, error_tail=tail, rank=1)])
     monkeypatch.setattr(ClusterOps, "latest_checkpoint", lambda self, nodes: ("", 0))
+    monkeypatch.setattr(ClusterOps, "stop", lambda self, attempt, nodes, grace_s=0.0: {})      # the job's end:
+    monkeypatch.setattr(controller, "complete_logs", lambda *a, **k: {})                     # no node is asked
     controller.reconcile_job(tmp_path, store, job_id, ConnectOptions())
     stored = {n.node: n.error_tail for n in store.nodes(job_id, 1)}["n2"]
     assert "TOPSECRET" not in stored
@@ -526,3 +529,84 @@ def _quick(init):
         kw["every_s"] = 0.05
         init(self, *a, **kw)
     return quick
+
+
+# ------------------------------------------------------------------------------------------- fresh facts
+def test_status_of_an_unsupervised_job_states_fresh_facts(tmp_path):
+    """Issue 39 item 4: once the supervisor is gone, a look at the nodes records the checkpoint their storage
+    holds now (not the one the supervisor saw last), and a ``supervisor_lost`` event says since when the job runs
+    unsupervised, once per lost supervisor; `resume` (relaunch or re-attach) says for how long it ran so."""
+    from clusterctl.supervise.reconcile import reconcile, unsupervised_span
+    from clusterctl.views import status
+
+    store, job_id = _running_job(tmp_path, ("n1", "n2"))
+    store.claim_supervisor(job_id, 999_999_999)
+    Ledger(store).checkpoint_seen(job_id, 1, "/ck/step-000000010", 10)
+    ops = _Ops([Observation("n1", "running"), Observation("n2", "running")])
+    reconcile(store, job_id, ops, deadline_s=1)
+    reconcile(store, job_id, ops, deadline_s=1)                       # a second look: nothing new to say
+    v = status.job_view(store, store.get_job(job_id))
+    assert (v["checkpoint"]["path"], v["checkpoint"]["step"]) == ("/ck/step-000000020", 20)
+    assert [e.kind for e in store.events(job_id)].count("checkpoint") == 2
+    lost = [e for e in store.events(job_id) if e.kind == "supervisor_lost"]
+    assert len(lost) == 1 and "pid 999999999" in lost[0].message and "last heartbeat was at" in lost[0].message
+    job = store.get_job(job_id)
+    span = unsupervised_span(job, job.supervisor_seen_at + 75)
+    assert span.startswith("; it ran unsupervised from ") and span.endswith("(75 s)")
+    store.claim_supervisor(job_id, os.getpid())                      # a new supervisor, lost in its turn
+    store.release_supervisor(job_id, os.getpid())
+    store.claim_supervisor(job_id, 999_999_998)
+    reconcile(store, job_id, ops, deadline_s=1)
+    assert [e.kind for e in store.events(job_id)].count("supervisor_lost") == 2
+
+
+def test_the_job_list_reconciles_unsupervised_jobs(tmp_path, monkeypatch):
+    """Issue 39 item 4: `status` without JOB says what the nodes say of an unsupervised job (it exited 0: it
+    is SUCCEEDED in the list, not RUNNING), and a job whose nodes cannot be asked is listed as recorded."""
+    from clusterctl import jobs
+    from clusterctl.store import paths
+
+    root = paths.ensure_state_dir(tmp_path / "state")
+    store = Store(paths.db_path(root))
+    spec = loads_job(JOB, str(tmp_path / "job.yaml"))
+    rec = record.JobRecord(spec=spec, source=str(tmp_path / "job.yaml"), hosts=HOSTS, interfaces={})
+    ids = [store.create_job(name, rec.to_json(), None, None) for name in ("done", "odd")]
+    for job_id in ids:
+        Ledger(store).attempt_started(job_id, 1, "n1", ["n1"], None, "attempt 1")
+        store.set_state(job_id, JobState.RUNNING)
+        store.claim_supervisor(job_id, 999_999_999)
+
+    def reconcile_job(root_, store_, job_id, options, **kw):
+        if job_id == ids[1]:
+            raise UserError("key file gone")
+        Ledger(store_).attempt_ended(job_id, 1, "succeeded", to=JobState.SUCCEEDED, reason="exit 0 everywhere")
+
+    monkeypatch.setattr(controller, "reconcile_job", reconcile_job)
+    ws = jobs.Workspace(root, store)
+    listed = {v["name"]: v["state"] for v, _ in jobs.job_list(ws, options=ConnectOptions())}
+    assert listed == {"done": "SUCCEEDED", "odd": "RUNNING"}
+
+
+def test_logs_of_a_stopped_job_say_what_the_signal_traceback_is(tmp_path, monkeypatch):
+    """Issue 39 item 4: after a `stop`, torchrun's SignalException traceback ends the log; `logs` says it was the
+    stop, not a crash (and says nothing of the kind for a job that was not stopped)."""
+    from clusterctl import jobs
+    from clusterctl.store import paths
+
+    root = paths.ensure_state_dir(tmp_path / "state")
+    store = Store(paths.db_path(root))
+    spec = loads_job(JOB, str(tmp_path / "job.yaml"))
+    rec = record.JobRecord(spec=spec, source=str(tmp_path / "job.yaml"), hosts=HOSTS, interfaces={})
+    job_id = store.create_job("j", rec.to_json(), None, None)
+    Ledger(store).attempt_started(job_id, 1, "n1", ["n1"], None, "attempt 1")
+    log = paths.ensure_job_dir(root, job_id) / "output.log"
+    log.write_text("[n1/-] === attempt 1 ===\n[n1/0] step 5\n[n1/-] Traceback (most recent call last):\n"
+                   "[n1/-] torch.distributed.elastic.multiprocessing.api.SignalException: Process 41 got signal: 15\n")
+    ws = jobs.Workspace(root, store)
+    monkeypatch.setattr(controller, "fill_logs", lambda *a, **k: {})     # the nodes have nothing more
+    assert jobs.logs(ws, job_id, ConnectOptions()).lines[-1].startswith("[n1/-] torch.distributed")
+    Ledger(store).stop_requested(job_id)
+    got = jobs.logs(ws, job_id, ConnectOptions())
+    assert got.lines[-1].startswith(f"clusterctl: job {job_id} was stopped by `clusterctl stop` at ")
+    assert "SignalException traceback above is how it reports that, not a failure" in got.lines[-1]
+    assert len(jobs.logs(ws, job_id, ConnectOptions(), tail=2).lines) == 2

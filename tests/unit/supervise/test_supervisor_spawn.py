@@ -49,7 +49,7 @@ def test_supervisor_log_lines_are_redacted(tmp_path, monkeypatch):
         def __init__(self, job_id, store, ops, policy, nodes, wait, sleep, on_event):
             self.on_event = on_event
 
-        def run(self, adopt_attempt=None):
+        def run(self, adopt_attempt=None, adopt_note=""):
             self.on_event("node n1 failed: Traceback ... token=s3cr3t-value")
             return JobState.SUCCEEDED
 
