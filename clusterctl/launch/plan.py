@@ -146,7 +146,9 @@ def checkpoint_installer(source: str, extra: Mapping[str, str] | None = None) ->
     return (f'{{ [ -n "${{{v}:-}}" ] && mkdir -p -m 700 "${v}" || '
             f'{v}=$(mktemp -d "${{TMPDIR:-/tmp}}/clusterctl-lib.XXXXXX"); }} && mkdir -p "${v}/clusterctl" && '
             f': >"${v}/clusterctl/__init__.py" &&\n' + "".join(parts)
-            + f'export PYTHONPATH="${v}${{PYTHONPATH:+:$PYTHONPATH}}"\nunset {v}\n')
+            + f'export PYTHONPATH="${v}${{PYTHONPATH:+:$PYTHONPATH}}"\nunset {v}\n'
+            # the flight recorder's dump dir (node_env), made before torchrun starts
+            + '[ -z "${TORCH_FR_DUMP_TEMP_FILE:-}" ] || mkdir -p -- "${TORCH_FR_DUMP_TEMP_FILE%/*}" 2>/dev/null || :\n')
 
 
 def read_secrets(names: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
@@ -207,6 +209,14 @@ def torchrun_argv(spec: JobSpec, *, rdzv_endpoint: str, rdzv_id: str, is_host: b
     return argv + list(spec.args)
 
 
+# torch's flight recorder (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp; docs.pytorch.org "PYTORCH
+# ProcessGroupNCCL Environment Variables", and the Flight Recorder tutorial): a ring buffer of the last collectives,
+# dumped by NCCL's watchdog when a collective times out (DUMP_ON_TIMEOUT needs a buffer size > 0). The file prefix
+# (TORCH_FR_DUMP_TEMP_FILE, torch's default /tmp/nccl_trace_rank_) is set where the job has a checkpoint dir.
+# torch < 2.7 reads TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE instead (set them in `env:`).
+FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+
+
 def node_env(spec: JobSpec, host: Host, *, job_id: str, attempt: int, interface: str | None,
              resume_from: str, resume_step: int, pkg_path: str | None, secret_names: Iterable[str]) -> dict[str, str]:
     env: dict[str, str] = {
@@ -224,6 +234,9 @@ def node_env(spec: JobSpec, host: Host, *, job_id: str, attempt: int, interface:
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]:",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",     # GPU indexes as nvidia-smi numbers them (CUDA's default: fastest first)
     }
+    if spec.checkpoint.dir:    # flight recorder: NCCL's watchdog dumps every rank's record into one dir on a timeout
+        env.update(FLIGHT_RECORDER)
+        env["TORCH_FR_DUMP_TEMP_FILE"] = f"{spec.checkpoint.dir}/flight_recorder/{job_id}-{attempt}/rank_"
     if interface:
         env["GLOO_SOCKET_IFNAME"] = interface
         env["NCCL_SOCKET_IFNAME"] = f"={interface}"   # "=": exactly this NIC (without it, a prefix: eth1 -> eth10)

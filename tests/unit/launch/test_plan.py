@@ -476,3 +476,22 @@ def test_a_job_whose_visible_gpus_are_fewer_than_its_ranks_is_refused_with_the_r
     with pytest.raises(UserError, match="gpu01: CUDA_VISIBLE_DEVICES='0,1' leaves 2 GPU"):
         build_plan(spec, _hosts("podman", 1, gpus=8), job_id="a1", attempt=1)
     assert build_plan(spec, _hosts("podman", 1, gpus=2), job_id="a1", attempt=1).nodes[0].nproc == 2
+
+
+def test_flight_recorder_dumps_on_timeout_into_the_jobs_checkpoint_dir(tmp_path):
+    from clusterctl.launch.plan import checkpoint_installer
+
+    spec = loads_job(f"name: a\nscript: t.py\ncheckpoint: {{dir: {tmp_path}/ck}}\n")
+    env = build_plan(spec, _hosts("podman", 1), job_id="a-1", attempt=3).nodes[0].env
+    assert (env["TORCH_FR_BUFFER_SIZE"], env["TORCH_NCCL_DUMP_ON_TIMEOUT"]) == ("2000", "1")
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == f"{tmp_path}/ck/flight_recorder/a-1-3/rank_"   # every rank, one dir
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env       # deprecated in torch 2.13: a warning per rank
+    assert "TORCH_FR_DUMP_TEMP_FILE" not in build_plan(loads_job("name: a\nscript: t.py\n"), _hosts("podman", 1),
+                                                       job_id="a-1", attempt=3).nodes[0].env
+    # the start shell makes the dump dir before torchrun (not every torch release makes it)
+    script = f"export TORCH_FR_DUMP_TEMP_FILE={shlex.quote(env['TORCH_FR_DUMP_TEMP_FILE'])}\n" + \
+        checkpoint_installer("# checkpoint.py\n") + 'echo "$PYTHONPATH"\n'
+    r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env={"PATH": os.environ["PATH"],
+                                                                                 "TMPDIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ck" / "flight_recorder" / "a-1-3").is_dir()
