@@ -52,7 +52,9 @@ def _send(conn: socket.socket, payload: dict, fds: list[int]) -> None:
 
 def client(sock: str, kind: str, argv: list[str], connect_timeout_s: float = 5.0) -> int:
     """Run ``argv`` as ``kind`` in a child of the zygote at ``sock``; returns its exit code (or re-raises its
-    signal on this process). Exit 125 when the zygote cannot be reached (the caller then runs cold)."""
+    signal on this process). Exit 125 when the zygote cannot be reached or does not answer in time (the caller
+    then runs cold): its first answer within ``connect_timeout_s`` for a ping, and for a fork within that plus the
+    zygote's wait for an old generation's end (``GONE_S``)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(connect_timeout_s)
     try:
@@ -61,9 +63,10 @@ def client(sock: str, kind: str, argv: list[str], connect_timeout_s: float = 5.0
             _send(conn, {"kind": kind, "argv": [], "env": {}, "cwd": "/"}, [])
         else:
             _send(conn, {"kind": kind, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}, [0, 1, 2])
-        conn.settimeout(None)
+            conn.settimeout(connect_timeout_s + GONE_S + 5.0)
         f = conn.makefile("r")
         first = f.readline()
+        conn.settimeout(None)
     except OSError as e:
         print(f"clusterctl-zygote: cannot reach {sock}: {e}", file=sys.stderr)
         return 125
@@ -124,20 +127,56 @@ def may_fork_for(uid: int) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ server
-def _recv(conn: socket.socket) -> tuple[dict, list[int]]:
-    fds = array.array("i")
-    msg, anc, _flags, _addr = conn.recvmsg(1 << 20, socket.CMSG_SPACE(3 * fds.itemsize))
-    for level, typ, data in anc:
-        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
-    (n,) = struct.unpack("!I", msg[:4])
-    body = msg[4:]
-    while len(body) < n:
-        more = conn.recv(n - len(body))
-        if not more:
-            raise OSError("short request")
-        body += more
-    return json.loads(body), list(fds)
+MAX_REQUEST = 16 << 20     # bytes of one request (argv, environment): more is refused
+REQUEST_S = 5.0            # a connection must have sent its whole request within this after it was accepted
+GONE_S = 10.0              # a fork waits at most this for the process groups of another attempt to be gone
+
+
+class Request:
+    """A connection whose request is being read, without blocking the zygote: ``<len:4><json>`` with up to three
+    fds (``SCM_RIGHTS``). Every fd received is closed by ``close`` unless a fork took it (``take``)."""
+
+    def __init__(self, conn: socket.socket, uid: int):
+        self.conn, self.uid = conn, uid
+        self.deadline = time.monotonic() + REQUEST_S
+        self.data = b""
+        self.fds: list[int] = []
+
+    def read(self) -> dict | None:
+        """Read what is there; the request once whole, else None. Raises OSError/ValueError on a bad one."""
+        fds = array.array("i")
+        msg, anc, _flags, _addr = self.conn.recvmsg(1 << 20, socket.CMSG_SPACE(3 * fds.itemsize))
+        for level, typ, data in anc:
+            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+        self.fds += list(fds)
+        if not msg:
+            raise OSError("the client closed the connection before its request was whole")
+        self.data += msg
+        if len(self.data) < 4:
+            return None
+        (n,) = struct.unpack("!I", self.data[:4])
+        if n > MAX_REQUEST:
+            raise ValueError(f"request of {n} bytes (at most {MAX_REQUEST})")
+        if len(self.data) < 4 + n:
+            return None
+        req = json.loads(self.data[4:4 + n])
+        if not isinstance(req, dict) or req.get("kind") not in ("ping", "torchrun", "rank") or \
+                not isinstance(req.get("argv"), list) or not isinstance(req.get("env"), dict) or \
+                not isinstance(req.get("cwd"), str) or (req["kind"] != "ping" and len(self.fds) != 3):
+            raise ValueError("malformed request")
+        return req
+
+    def take(self) -> list[int]:
+        fds, self.fds = self.fds, []
+        return fds
+
+    def close(self) -> None:
+        for fd in self.take():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _run_child(req: dict) -> int:
@@ -342,7 +381,14 @@ def _fork(req: dict, fds: list[int], listener: socket.socket, conns: list[socket
 
 
 def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
+    """Serve ``sock`` until SIGTERM. One loop, never blocked by one client: a request is read as it arrives (a
+    connection silent for ``REQUEST_S`` is dropped, a malformed one answered ``E`` and closed, its fds with it);
+    the children of an attempt that ends are SIGKILLed all at once (each its session: ``killpg``) and reaped as
+    they go (``WNOHANG``), while pings are answered; only the next fork waits for those groups to be gone, at most
+    ``GONE_S`` (a rank stuck in the driver must not wedge the node's zygote)."""
     import importlib
+    import selectors
+
     for name in preload:
         importlib.import_module(name)
     try:
@@ -356,86 +402,155 @@ def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
     finally:
         os.umask(old)
     listener.listen(64)
+    listener.setblocking(False)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    wake_r, wake_w = os.pipe()                      # SIGCHLD wakes the select loop (no polling while idle)
+    wake_r, wake_w = os.pipe()                      # SIGCHLD wakes the loop (no polling while idle)
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
-    children: dict[socket.socket, int] = {}         # connection -> child pid
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    reading: dict[socket.socket, Request] = {}       # connections whose request is not whole yet
+    waiting: list[tuple[Request, dict, float]] = []  # fork requests waiting for the old groups to be gone
+    children: dict[socket.socket, int] = {}         # connection -> child pid (its session and group id)
     attempt_of: dict[int, str] = {}                 # child pid -> CLUSTERCTL_ATTEMPT of its request
     agents: set[int] = set()                        # the children that are torchrun agents
+    dying: set[int] = set()                         # process groups SIGKILLed, not all gone yet
     print(READY, flush=True)
 
+    def drop(conn: socket.socket) -> None:
+        try:
+            sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+
+    def answer(conn: socket.socket, line: str) -> None:
+        try:
+            conn.setblocking(True)
+            conn.settimeout(1.0)
+            conn.sendall(f"{line}\n".encode())
+        except OSError:
+            pass
+
+    def kill_group(pid: int) -> None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        dying.add(pid)
+
     def kill_attempts(keep: str | None = None, only: str | None = None) -> None:
-        """SIGKILL the sessions of the children of other attempts than ``keep`` (or of attempt ``only``), and
-        reap them: a new attempt's agent starts only once the old generation is gone."""
-        for conn, pid in list(children.items()):
+        """SIGKILL the sessions of the children of other attempts than ``keep`` (or of attempt ``only``), all at
+        once; their clients learn how they ended when they are reaped."""
+        for pid in list(children.values()):
             a = attempt_of.get(pid)
-            if (keep is not None and a == keep) or (only is not None and a != only):
-                continue
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            status = _reap(pid)
-            finish(conn, pid, status)
+            if not ((keep is not None and a == keep) or (only is not None and a != only)):
+                kill_group(pid)
 
     def finish(conn: socket.socket, pid: int, status: int | None) -> None:
         children.pop(conn, None)
         attempt_of.pop(pid, None)
         agents.discard(pid)
         if status is not None:
-            msg = f"S {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"X {os.WEXITSTATUS(status)}"
-            try:
-                conn.sendall(f"{msg}\n".encode())
-            except OSError:
-                pass
-        conn.close()
+            answer(conn, f"S {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"X {os.WEXITSTATUS(status)}")
+        drop(conn)
+
+    def gone(pgid: int) -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def fork(r: Request, req: dict) -> None:
+        conns = [r.conn, *children, *reading, *(w[0].conn for w in waiting)]
+        fds = r.take()
+        try:
+            pid = _fork(req, fds, listener, conns)
+        finally:
+            for fd in fds:          # the child has its copies
+                os.close(fd)
+        answer(r.conn, f"P {pid}")
+        r.conn.setblocking(False)
+        children[r.conn] = pid
+        attempt_of[pid] = str(req["env"].get("CLUSTERCTL_ATTEMPT", ""))
+        if req["kind"] == "torchrun":
+            agents.add(pid)
+        sel.register(r.conn, selectors.EVENT_READ)
+
+    def handle(r: Request, req: dict) -> None:
+        if req["kind"] == "ping":
+            answer(r.conn, "X 0")
+            r.close()
+            drop(r.conn)
+            return
+        if not may_fork_for(r.uid):
+            raise PermissionError(f"uid {r.uid} may not have the zygote of uid {os.getuid()} fork")
+        if req["kind"] == "torchrun":
+            kill_attempts(keep=str(req["env"].get("CLUSTERCTL_ATTEMPT", "")))    # no two generations on a node
+        waiting.append((r, req, time.monotonic() + GONE_S))
+
+    def fail(r: Request, e: BaseException) -> None:
+        answer(r.conn, f"E {e}")
+        r.close()
+        drop(r.conn)
 
     try:
         while True:
-            ready, _, _ = select.select([listener, wake_r, *children], [], [], 5.0)
-            for c in ready:
+            now = time.monotonic()
+            deadlines = [r.deadline for r in reading.values()] + [w[2] for w in waiting]
+            timeout = max(0.0, min(deadlines) - now) if deadlines else None
+            if dying or waiting:
+                timeout = min(timeout if timeout is not None else 0.05, 0.05)   # look at the groups' end
+            for key, _ in sel.select(timeout):
+                c = key.fileobj
                 if c == wake_r:
                     try:
                         os.read(wake_r, 512)
                     except BlockingIOError:
                         pass
                 elif c is listener:
-                    conn, _ = listener.accept()
-                    fds: list[int] = []
+                    try:
+                        conn, _ = listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    conn.setblocking(False)
                     try:
                         uid = peer_uid(conn)
-                        req, fds = _recv(conn)
-                        if req["kind"] == "ping":
-                            conn.sendall(b"X 0\n")
-                            conn.close()
-                            continue
-                        if not may_fork_for(uid):
-                            raise PermissionError(f"uid {uid} may not have the zygote of uid {os.getuid()} fork")
-                        attempt = str(req["env"].get("CLUSTERCTL_ATTEMPT", ""))
-                        if req["kind"] == "torchrun":
-                            kill_attempts(keep=attempt)    # no two generations on one node
-                        pid = _fork(req, fds, listener, list(children))
-                        conn.sendall(f"P {pid}\n".encode())
-                        children[conn] = pid
-                        attempt_of[pid] = attempt
-                        if req["kind"] == "torchrun":
-                            agents.add(pid)
-                    except Exception as e:  # noqa: BLE001 - that request fails, the zygote stays
-                        try:
-                            conn.sendall(f"E {e}\n".encode())
-                        except OSError:
-                            pass
+                    except OSError:
                         conn.close()
-                    finally:
-                        for fd in fds:          # the child has its copies
-                            os.close(fd)
+                        continue
+                    reading[conn] = Request(conn, uid)
+                    sel.register(conn, selectors.EVENT_READ)
+                elif c in reading:
+                    r = reading[c]
+                    try:
+                        req = r.read()
+                    except BlockingIOError:
+                        continue
+                    except Exception as e:  # noqa: BLE001 - that request fails, the zygote stays
+                        del reading[c]
+                        fail(r, e)
+                        continue
+                    if req is None:
+                        continue
+                    del reading[c]
+                    sel.unregister(c)
+                    try:
+                        handle(r, req)
+                    except Exception as e:  # noqa: BLE001
+                        fail(r, e)
                 elif c in children:
                     pid = children[c]
                     try:
                         data = c.recv(256)
+                    except BlockingIOError:
+                        continue
                     except OSError:
                         data = b""
                     if data:                         # "K <signal>" lines: the client forwards a signal
@@ -443,17 +558,14 @@ def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
                             if line.startswith("K ") and line[2:].strip().isdigit():
                                 try:
                                     os.kill(pid, int(line[2:]))
-                                except ProcessLookupError:
+                                except (ProcessLookupError, ValueError, OverflowError):
                                     pass
                         continue
-                    # the client went away: its child goes too
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    was_agent = pid in agents
+                    # the client went away: its child goes too (reaped below, or when it has ended)
+                    kill_group(pid)
                     attempt = attempt_of.get(pid)
-                    finish(c, pid, _reap(pid))
+                    was_agent = pid in agents
+                    finish(c, pid, None)
                     if was_agent:               # an agent killed from outside: its ranks (their clients are its
                         kill_attempts(only=attempt)   # children, in its session, gone with it) go too
             conn_of = {pid: conn for conn, pid in children.items()}
@@ -465,11 +577,18 @@ def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
                 if not pid:
                     break
                 if pid in conn_of:
-                    try:
-                        os.killpg(pid, signal.SIGKILL)   # what the child left in its session
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                    kill_group(pid)                  # what the child left in its session
                     finish(conn_of.pop(pid), pid, status)
+            dying.difference_update([g for g in dying if gone(g)])
+            now = time.monotonic()
+            for c in [c for c, r in reading.items() if r.deadline <= now]:
+                fail(reading.pop(c), TimeoutError(f"no whole request within {REQUEST_S:g}s"))
+            while waiting and (not dying or waiting[0][2] <= now):   # the old groups gone, or waited enough
+                r, req, _ = waiting.pop(0)
+                try:
+                    fork(r, req)
+                except Exception as e:  # noqa: BLE001
+                    fail(r, e)
     finally:
         for pid in children.values():
             try:
@@ -482,16 +601,29 @@ def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
             pass
 
 
-def _reap(pid: int, block: bool = True) -> int | None:
-    try:
-        got, status = os.waitpid(pid, 0 if block else os.WNOHANG)
-    except ChildProcessError:
-        return 0
-    return status if got else None
+ENV_FILE = "env.json"                  # beside zygote.py: the job's environment for the zygote (see with_job_env)
+STARTED_WITH = "CLUSTERCTL_ZYGOTE_ENV"  # set in the zygote once it runs with that environment
+
+
+def with_job_env(argv: list[str]) -> None:
+    """``serve``: run with the job's environment (``ENV_FILE`` beside this file: the job's plain variables, no
+    secret, no ``CLUSTERCTL_*``), so that what an interpreter or a library reads once at its start is what a cold
+    rank sees: ``PYTHONHASHSEED``, ``PYTHONOPTIMIZE``, ``LD_LIBRARY_PATH``/``LD_PRELOAD`` (an NCCL net plugin),
+    ``TORCH_LOGS``, ``TORCHINDUCTOR_*``, OpenMP/MKL settings read when torch is imported. The interpreter is
+    started again once (``execve``) with them on top of its own environment; a forked child then gets its
+    client's whole environment as before."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), ENV_FILE)
+    if os.environ.get(STARTED_WITH) or not os.path.isfile(path):
+        return
+    with open(path) as f:
+        job = json.load(f)
+    env = {**os.environ, **{str(k): str(v) for k, v in job.items()}, STARTED_WITH: "1"}
+    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], env)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "serve":    # serve SOCK [MODULE,MODULE...] (default PRELOAD; "" none)
+        with_job_env(argv)
         serve(argv[1], tuple(m for m in argv[2].split(",") if m) if len(argv) > 2 else PRELOAD)
         return 0
     if len(argv) >= 3 and argv[0] == "client":

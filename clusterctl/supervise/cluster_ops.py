@@ -39,6 +39,16 @@ from clusterctl.transport.pool import Pool
 from clusterctl.transport.streams import StreamMux, open_stream
 
 ZYGOTE_SOURCE = Path(zygote.__file__).read_bytes()   # written into each node's warm dir
+
+
+def zygote_stdin(plan_node) -> bytes:
+    """What a zygote's start reads: the job's environment for the zygote as one JSON line (its plain variables: no
+    secret, no ``CLUSTERCTL_*``, which name an attempt and by which a relaunch's cleanup finds the job's processes),
+    then zygote.py (``zygote.with_job_env``: a warm rank sees what a cold one sees at its interpreter's start)."""
+    env = {k: v for k, v in plan_node.env.items()
+           if k not in plan_node.secret_names and not k.startswith("CLUSTERCTL_")}
+    return json.dumps(env).encode() + b"\n" + ZYGOTE_SOURCE
+WARM_DISABLED = "warm disabled: "      # runtimes.WARM_ROOT_SH's words when the node's warm root is not ours
 WARM_PING_S = 5.0       # a survivor's zygote must answer within this, else its relaunch is cold
 # exit 0 when the node has InfiniBand verbs devices (clusterctl_infiniband: auto); a glob, no process per file
 HAS_INFINIBAND = 'for f in /dev/infiniband/uverbs*; do [ -e "$f" ] && exit 0; done; exit 1'
@@ -433,7 +443,8 @@ class ClusterOps:
                 raise CommandFailed(_what_failed(r)[-500:])
             Ledger(self.store).nodes_changed(self.job_id, attempt, {host.name: dict(
                 address=host.address, container=node.container_name, state="running")})
-            if mode == "cold" and node.zygote_argv:   # warm for the next relaunch (after this start: it goes first)
+            # warm for the next relaunch (after this start: it goes first); not where the warm root is not ours
+            if mode == "cold" and node.zygote_argv and not why.startswith(WARM_DISABLED):
                 why += self._start_zygote(host.name, node, timeout)
             self.recovery[host.name] = (mode, why)
 
@@ -476,8 +487,8 @@ class ClusterOps:
         if r.ok:
             return "warm", "its zygote answered: torchrun and the ranks are forked from it"
         text = _what_failed(r).splitlines()[-1][-200:]
-        if r.exit_code == 3:        # the node's warm root is not this user's private dir (runtimes.WARM_ROOT_SH)
-            return "cold", text.removeprefix("clusterctl: ")
+        if r.exit_code == 3 and WARM_DISABLED in text:   # the node's warm root is not this user's private dir
+            return "cold", text[text.index(WARM_DISABLED):]    # (runtimes.WARM_ROOT_SH says why)
         if r.exit_code == 4 or "No such file" in text:
             return "cold", "no zygote on the node (a new node, or its zygote had not started yet)"
         return "cold", f"its zygote did not answer ({text})"
@@ -487,7 +498,7 @@ class ClusterOps:
         rt = self._runtime(node)
         try:
             self._run(node, rt.zygote_remove_argv(self.job_id, node, plan_node.warm_dir), timeout=timeout)
-            r = self._run(node, plan_node.zygote_argv, timeout=timeout, stdin=ZYGOTE_SOURCE)
+            r = self._run(node, plan_node.zygote_argv, timeout=timeout, stdin=zygote_stdin(plan_node))
         except TransportError as e:
             return f"; its zygote could not start: {e}"
         if not r.ok:

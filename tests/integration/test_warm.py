@@ -6,11 +6,19 @@ cold (the event says why) and the job still finishes.
 """
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import string
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
+from clusterctl.launch import runtimes
 from tests.integration import recovery_harness as rh
 from tests.testbed import Testbed as _Testbed  # aliased so pytest does not try to collect it
 from tests.testbed import profile
@@ -22,20 +30,31 @@ def wtb(tmp_path_factory, testbed_slot):
     letter = string.ascii_lowercase[testbed_slot]
     tb = _Testbed(3, tmp_path_factory.mktemp("warm-tb"), [profile(gpus=0)] * 3, prefix=f"tbw{letter}",
                   subnet_octet=claim_octet(range(230 + testbed_slot, 240)))
+    # the hosts' TMPDIR (sshd SetEnv): their warm root is this testbed's own, so that a test may hand it to another
+    # user without touching the warm jobs of other tests on this machine; short, as a warm root must be
+    tmpdir = tempfile.mkdtemp(prefix=f"ccw{letter}-")
+    os.chmod(tmpdir, 0o755)
+    for h in tb.hosts:
+        h.env["TMPDIR"] = tmpdir
     try:
         tb.up()
     except Exception as e:  # noqa: BLE001 - a failure with the reason, never a skip
         pytest.fail(f"testbed could not be built: {type(e).__name__}: {e}", pytrace=False)
     yield tb
     tb.down()
+    shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def warm_root(tb) -> str:
+    return runtimes.warm_root(tmpdir=tb.hosts[0].env["TMPDIR"])
 
 
 @pytest.fixture
 def job(wtb, tmp_path, request):
     runs: list[rh.Run] = []
 
-    def make(**kw) -> rh.Run:
-        name = "warm" + "".join(c for c in request.node.name.replace("test_", "") if c.isalnum())[-24:]
+    def make(name: str = "", **kw) -> rh.Run:
+        name = name or "warm" + "".join(c for c in request.node.name.replace("test_", "") if c.isalnum())[-24:]
         run = rh.new_run(wtb, tmp_path, name, **kw)
         runs.append(run)
         return run
@@ -76,16 +95,30 @@ def finish(run: rh.Run) -> dict:
     return st
 
 
+def long_aliases(run: rh.Run) -> dict[str, str]:
+    """The run's inventory with every host under a 32-character alias (an FQDN-like name); alias -> testbed host."""
+    inv = yaml.safe_load(run.inventory.read_text())
+    hosts = inv["all"]["hosts"]
+    alias = {f"{name}.long-alias.example.test.io"[:32]: name for name in hosts}
+    assert all(len(a) == 32 for a in alias)
+    inv["all"]["hosts"] = {a: hosts[name] for a, name in alias.items()}
+    run.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return alias
+
+
 @pytest.mark.parametrize("runtime", ["podman", "bare"])
 def test_worker_node_killed_survivors_relaunch_warm(job, wtb, runtime):
-    run = job(steps=80, runtime=runtime)
+    """Also with a 40-character job name and 32-character node names (issue 34 item 8: the socket path passed 107
+    bytes, and warm never worked)."""
+    run = job(steps=80, runtime=runtime, name=("wl" + runtime + "x" * 40)[:40])
+    host_of = long_aliases(run)
     run.launch()
     run.wait_step(25)
     rh.wait_zygotes(run)
     victim = rh.other_host(run)
     survivors = [n for n in run.current_attempt().nodes if n != victim]
     t = time.time()
-    assert wtb.kill(victim, pattern=rh.JOB_PATTERN)
+    assert wtb.kill(host_of[victim], pattern=rh.JOB_PATTERN)
     st = finish(run)
     assert relaunches(run, 2) == {n: "warm" for n in survivors}, run.events_text()
     assert any(r["recovery"] == "warm" for r in run.status()["relaunches"])
@@ -155,8 +188,6 @@ def test_a_stop_during_the_warm_relaunch_leaves_nothing(job, wtb):
     agents and ranks, warm dirs."""
     import glob
 
-    from clusterctl.launch.runtimes import WARM_ROOT
-
     run = job(steps=400)
     run.launch()
     run.wait_step(25)
@@ -179,4 +210,126 @@ def test_a_stop_during_the_warm_relaunch_leaves_nothing(job, wtb):
         assert [a.attempt for a in store.attempts(job_id)] == [1, 2], run.events_text()
     rh.check_clean(run)
     no_zygote_left(run)
-    assert not glob.glob(f"{WARM_ROOT}/{job_id}_*"), "warm dirs left"
+    assert not glob.glob(f"{warm_root(wtb)}/{runtimes.warm_job_key(job_id)}-*"), "warm dirs left"
+
+
+@pytest.mark.parametrize("runtime", ["podman", "bare"])
+def test_a_sigkilled_warm_rank_is_class_killed_with_sigkill(job, wtb, runtime):
+    """Issue 39 item 1: a rank of a warm attempt SIGKILLed (the OOM killer's signal) is judged as a cold one: class
+    `killed`, signal SIGKILL, its tail no traceback of the zygote's client (which exited 1 instead of dying of it)."""
+    run = job(steps=120, runtime=runtime)
+    run.launch()
+    run.wait_step(20)
+    rh.wait_zygotes(run)
+    assert wtb.kill(rh.other_host(run), pattern=rh.JOB_PATTERN)
+    run.wait_attempt(2)
+    step = run.max_step()
+    end = time.monotonic() + 120
+    while run.max_step() < step + 5:                     # attempt 2 (warm) trains
+        assert time.monotonic() < end, run.events_text()
+        time.sleep(0.3)
+    assert set(relaunches(run, 2).values()) == {"warm"}, run.events_text()
+    victim = rh.other_host(run)
+    # the warm rank: forked by the zygote, so its command line is the zygote's; its marker names its attempt and rank
+    ranks = Path(warm_root(wtb), runtimes.warm_key(run.job_row().job_id, victim), "s", "ranks")
+    pids = [p for p, c in wtb.processes(victim) if "/py/zygote.py serve " in c and
+            (ranks / _ns_pid(p)).is_file() and (ranks / _ns_pid(p)).read_text().split()[0] == "2"]
+    assert len(pids) == 1, (pids, list(ranks.iterdir()) if ranks.exists() else "no ranks dir")
+    os.kill(pids[0], signal.SIGKILL)
+    st = run.wait_end(400)
+    assert st["state"] == "SUCCEEDED", run.events_text()
+    f = next(f for f in st["failures"] if f["attempt"] == 2)
+    assert (f["class"], f["node"], f["signal"]) == ("killed", victim, "SIGKILL"), st["failures"]
+    assert "zygote.py" not in (f["error_tail"] or ""), f["error_tail"]
+
+
+def _ns_pid(pid: int) -> str:
+    """The pid of ``pid`` in its innermost PID namespace (the zygote's container: its marker's name)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return line.split()[-1]
+    return str(pid)
+
+
+ATTACKER = r"""
+import os, socket, sys, time
+root, keys, stop = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
+plant = "import os\nopen(os.path.join(%r, 'RAN-%%d' %% os.getpid()), 'w').write(repr(os.environ.get('SECRET')))\n" % root
+socks = []
+def own(d):          # a dir of mine where the job's would be: a zygote.py and a json.py that report when they run
+    os.makedirs(d + "/py", exist_ok=True)
+    os.makedirs(d + "/s", exist_ok=True)
+    for f in ("zygote.py", "json.py"):
+        with open(d + "/py/" + f, "w") as fh:
+            fh.write(plant)
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        os.unlink(d + "/s/z.sock")
+    except OSError:
+        pass
+    s.bind(d + "/s/z.sock")
+    os.chmod(d + "/s/z.sock", 0o777)
+    s.listen(8)
+    s.setblocking(False)
+    socks.append(s)
+for k in keys:
+    own(os.path.join(root, k))
+n = 0
+while not os.path.exists(stop):
+    for e in os.listdir(root):             # anything of another user in my root: swapped for mine
+        p = os.path.join(root, e)
+        if not e.startswith(("RAN-", "old-")) and os.lstat(p).st_uid != os.getuid():
+            n += 1
+            os.rename(p, os.path.join(root, "old-%d" % n))
+            own(p)
+    for s in socks:                        # a fake zygote: whoever connects is reported
+        try:
+            c, _ = s.accept()
+            open(os.path.join(root, "RAN-connect-%d" % time.time_ns()), "w").write("connected")
+            c.sendall(b"X 0\n")
+            c.close()
+        except BlockingIOError:
+            pass
+    time.sleep(0.05)
+"""
+
+
+def test_a_warm_root_another_user_made_first_runs_nothing_of_it_and_the_job_finishes(job, wtb):
+    """Issue 34 items 1-2: uid 65534 made the warm root first (sticky and world-writable, as /tmp/clusterctl-warm
+    was), planted a zygote.py and a json.py and a fake zygote socket where the job's warm dirs go, and swaps any dir
+    another user makes there, while a node is killed. Nothing of that user runs or is connected to, warm is off on
+    every node with the reason in the events, and the job finishes, cold."""
+    root = warm_root(wtb)
+    shutil.rmtree(root, ignore_errors=True)
+    os.mkdir(root)
+    os.chown(root, 65534, 65534)
+    os.chmod(root, 0o1777)
+    stop = Path(root, "stop")
+    run = job(steps=60)
+    script = Path(wtb.hosts[0].env["TMPDIR"], "attacker.py")
+    script.write_text(ATTACKER)
+    script.chmod(0o644)
+    attacker = None
+    try:
+        run.launch()
+        job_id = run.job_row().job_id
+        keys = ",".join(runtimes.warm_key(job_id, h.name) for h in wtb.hosts)
+        attacker = subprocess.Popen(["/usr/bin/python3", str(script), root, keys, str(stop)], user=65534, cwd="/")
+        run.wait_step(15)
+        victim = rh.other_host(run)
+        assert wtb.kill(victim, pattern=rh.JOB_PATTERN)
+        st = finish(run)
+        assert st["attempt"] == 2
+        got = relaunches(run, 2)
+        assert got and set(got.values()) == {"cold"}, run.events_text()
+        for e in run.events():
+            if e["kind"] == "relaunch" and e["attempt"] == 2:
+                assert f"warm disabled: {root} is not a private directory of uid 0 (owner uid 65534" in e["message"], e
+        assert attacker.poll() is None, "the attacker's process ended early"
+    finally:
+        stop.touch()
+        if attacker is not None:
+            attacker.wait(10)
+        ran = sorted(p.name for p in Path(root).iterdir() if p.name.startswith("RAN-"))
+        shutil.rmtree(root, ignore_errors=True)
+    assert ran == [], ran

@@ -169,7 +169,7 @@ exit 0
 # this user's checked warm root (``WARM_ROOT_SH``). It is started without the job's environment, so KILL_JOB (by
 # CLUSTERCTL_JOB_ID) leaves it for the next relaunch; a forked agent or rank keeps the zygote's command line, which
 # is how ZYGOTE_REMOVE finds them all.
-# $1 the warm key  $2 the job's torchrun; stdin: zygote.py. Returns once the zygote is started (it then imports
+# $1 the warm key  $2 the job's torchrun; stdin: a JSON line (py/env.json), then zygote.py. Returns once the zygote is started (it then imports
 # torch for seconds before it serves <warm dir>/s/z.sock).
 ZYGOTE_START = f"""k=$1 t=$2
 tp=$(command -v "$t") || {{ echo "clusterctl: $t not found on PATH: no zygote" >&2; exit 127; }}
@@ -178,7 +178,8 @@ case $py in */python*|*" python"*) ;; *) echo "clusterctl: $tp is not a Python s
 {WARM_ROOT_SH}
 warm_root create || exit 125
 w=$r/$k
-rm -rf -- "$w" && mkdir -m 700 -- "$w" "$w/py" "$w/s" && cat >"$w/py/zygote.py" || exit 125
+rm -rf -- "$w" && mkdir -m 700 -- "$w" "$w/py" "$w/s" || exit 125
+(umask 077 && IFS= read -r e && printf '%s\\n' "$e" >"$w/py/env.json" && cat >"$w/py/zygote.py") || exit 125
 cd / || exit 125
 # $py unquoted: a #! line is the interpreter and at most one argument ("/usr/bin/env python3")
 setsid nohup $py "$w/py/zygote.py" serve "$w/s/z.sock" </dev/null >>"$w/zygote.log" 2>&1 &
@@ -270,7 +271,7 @@ class BareRuntime:
 
     # ------------------------------------------------------------------ warm recovery
     def zygote_start_argv(self, req: RunRequest, key: str) -> list[str]:
-        """Start the node's zygote on the host (stdin: zygote.py's source), by the interpreter of the job's
+        """Start the node's zygote on the host (stdin: one line, the JSON of the job's environment for the zygote (``zygote.with_job_env``), then zygote.py's source), by the interpreter of the job's
         torchrun (``req.command[0]``), in the warm dir of ``key``. Remove an old one first (``zygote_remove_argv``)."""
         return ["sh", "-c", ZYGOTE_START, "clusterctl-zygote", key, req.command[0]]
 

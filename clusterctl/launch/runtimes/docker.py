@@ -46,9 +46,11 @@ ZYGOTE_REMOVE = (WARM_ROOT_SH + '\ni=0; while :; do ids=$("$0" ps -aq --filter="
                  'warm_root 2>/dev/null || exit 0; '
                  'if [ -n "$3" ]; then rm -rf -- "$r/$3"; else rm -rf -- "$r/$4"-*; fi')
 # $1 the warm key, then the runtime's run argv (its WARM_PLACEHOLDERs: the warm dir): a fresh warm dir in this user's
-# checked warm root (``WARM_ROOT_SH``), zygote.py (stdin) in its read-only part, then start the zygote.
+# checked warm root (``WARM_ROOT_SH``), env.json (stdin's first line) and zygote.py (the rest) in its read-only part,
+# then start the zygote.
 ZYGOTE_START = (WARM_ROOT_SH + '\nwarm_root create || exit 125\nw=$r/$1; shift\n'
-                'rm -rf -- "$w" && mkdir -m 700 -- "$w" "$w/py" "$w/s" && cat >"$w/py/zygote.py" || exit 125\n'
+                'rm -rf -- "$w" && mkdir -m 700 -- "$w" "$w/py" "$w/s" && (umask 077 && IFS= read -r e && '
+                'printf "%s\\n" "$e" >"$w/py/env.json" && cat >"$w/py/zygote.py") || exit 125\n'
                 + SUBSTITUTE + '\nexec "$@"')
 
 INIT_GONE = (PID_ALIVE + '; ' + SELECT_CONTAINER.replace("exit 1", "exit 0") + '; '
@@ -132,7 +134,7 @@ class ContainerRuntime:
         return [f"{WARM_PLACEHOLDER}/s:{inside}/s", f"{WARM_PLACEHOLDER}/py:{inside}/py:ro"]
 
     def zygote_start_argv(self, req: RunRequest, key: str) -> list[str]:
-        """Start the node's zygote container (stdin: zygote.py's source): the job's image, mounts, GPUs and
+        """Start the node's zygote container (stdin: one line, the JSON of the job's environment for the zygote (``zygote.with_job_env``), then zygote.py's source): the job's image, mounts, GPUs and
         workdir, as the attempt's container has them, plus the warm dir of ``key``; its process imports torch and
         serves ``<warm dir>/s/z.sock`` (clusterctl/launch/zygote.py). Remove an old one first
         (``zygote_remove_argv``)."""

@@ -45,10 +45,12 @@ def test_zygote_start_writes_zygote_py_into_a_fresh_private_dir_then_runs_the_co
     wdir, inside = f"{root}/{key}", f"/run/clusterctl-warm/{key}"
     req = RunRequest(job="w", job_id=job_id, attempt=1, node=node, name="c", image="img:1", workdir="/w",
                      node_dir="/nd", command=("torchrun",), gpus=0, ulimits=())
-    r = subprocess.run(rt.zygote_start_argv(req, key), input=b"print('zygote')\n", env=_env(tmp_path),
-                       capture_output=True, timeout=30)
+    r = subprocess.run(rt.zygote_start_argv(req, key), input=b'{"PYTHONHASHSEED": "7"}\nprint(\'zygote\')\n',
+                       env=_env(tmp_path), capture_output=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert open(f"{wdir}/py/zygote.py").read() == "print('zygote')\n"
+    assert open(f"{wdir}/py/env.json").read() == '{"PYTHONHASHSEED": "7"}\n'        # the job's, for the zygote
+    assert oct(os.stat(f"{wdir}/py/env.json").st_mode & 0o777) == "0o600"
     assert all(oct(os.stat(d).st_mode & 0o777) == "0o700" for d in (root, wdir, f"{wdir}/py", f"{wdir}/s"))
     line = (tmp_path / "log").read_text()
     assert line.startswith(f"run -d --name=clusterctl-zygote-{job_id}_{node} --label=clusterctl.warm={job_id} "
@@ -103,8 +105,8 @@ def test_bare_zygote_runs_detached_by_torchruns_interpreter_and_remove_kills_wha
                      node_dir="/nd", command=(str(torchrun), "--nnodes=2"), gpus=0, ulimits=())
     try:
         t0 = time.monotonic()
-        r = subprocess.run(rt.zygote_start_argv(req, runtimes.warm_key(job_id, node)), input=FAKE_ZYGOTE.encode(),
-                           capture_output=True, timeout=30, env=env)
+        r = subprocess.run(rt.zygote_start_argv(req, runtimes.warm_key(job_id, node)),
+                           input=b"{}\n" + FAKE_ZYGOTE.encode(), capture_output=True, timeout=30, env=env)
         assert r.returncode == 0, r.stderr
         assert time.monotonic() - t0 < 5                          # detached: it did not wait for the zygote
         end = time.monotonic() + 10

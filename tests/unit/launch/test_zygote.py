@@ -343,3 +343,120 @@ def test_root_may_have_another_users_zygote_fork(open_dir):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A zygote (nothing preloaded) and its pid."""
+    path = str(tmp_path / "z.sock")
+    proc = subprocess.Popen([sys.executable, ZYGOTE, "serve", path, ""], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == zygote.READY
+    yield path, proc.pid
+    proc.terminate()
+    proc.wait(10)
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _ping_s(path: str) -> float:
+    t0 = time.monotonic()
+    assert subprocess.run(client(path, "ping"), timeout=20).returncode == 0
+    return time.monotonic() - t0
+
+
+def test_malformed_requests_leak_no_fd_and_a_silent_connection_blocks_nobody(served, tmp_path):
+    """Issue 34 item 7: 50 malformed requests (not JSON, of no kind, short, a length past the bound, fds with a
+    bad body) leave the zygote's fd count as it was (before: 6 -> 156); a connection that never sends its request
+    does not stop the zygote from answering others (before: its loop blocked in recvmsg), and is dropped."""
+    import json as _json
+    import socket
+    import struct
+
+    path, pid = served
+    _ping_s(path)
+    before = _fds(pid)
+    bad = [b"not json", _json.dumps({"kind": "nope", "argv": [], "env": {}, "cwd": "/"}).encode(),
+           _json.dumps({"kind": "rank", "argv": "x", "env": {}, "cwd": "/"}).encode(), b"[1, 2]"]
+    for i in range(50):
+        with socket.socket(socket.AF_UNIX) as c:
+            c.connect(path)
+            if i % 10 == 9:
+                c.sendall(struct.pack("!I", 1 << 30))                      # too long
+            elif i % 10 == 8:
+                c.sendall(b"\0\0")                                          # short, then closed
+                continue
+            else:
+                body = bad[i % len(bad)]
+                c.sendmsg([struct.pack("!I", len(body)) + body],
+                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, __import__("array").array("i", [0, 1, 2]))])
+            c.settimeout(10)
+            assert c.recv(1000).startswith(b"E "), i
+    silent = socket.socket(socket.AF_UNIX)
+    silent.connect(path)
+    try:
+        assert _ping_s(path) < 2.0
+        time.sleep(0.2)
+        assert _fds(pid) == before + 1                                  # the silent one, for now
+        silent.settimeout(zygote.REQUEST_S + 5)
+        assert silent.recv(1000).startswith(b"E no whole request")     # dropped at its deadline
+    finally:
+        silent.close()
+    assert _ping_s(path) < 2.0
+    end = time.monotonic() + 5
+    while _fds(pid) != before and time.monotonic() < end:
+        time.sleep(0.05)
+    assert _fds(pid) == before
+
+
+def test_a_new_attempts_agent_kills_the_old_ranks_and_the_zygote_answers_meanwhile(served, tmp_path):
+    """A torchrun request of attempt 2 SIGKILLs attempt 1's sessions at once (its ranks' clients die of SIGKILL),
+    the zygote keeps answering pings, and the agent is forked once the old groups are gone."""
+    path, _ = served
+    script = tmp_path / "r.py"
+    script.write_text("import os, time\nif os.fork() == 0:\n    time.sleep(60)\nprint('up', flush=True)\n"
+                      "time.sleep(60)\n")              # a rank with a child in its group
+    olds = [subprocess.Popen(client(path, "rank", str(script)), stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, CLUSTERCTL_ATTEMPT="1")) for _ in range(3)]
+    try:
+        assert [p.stdout.readline() for p in olds] == ["up\n"] * 3
+        agent = subprocess.Popen(client(path, "torchrun", "--help"), stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, CLUSTERCTL_ATTEMPT="2"))
+        assert [p.wait(20) for p in olds] == [-signal.SIGKILL] * 3
+        assert _ping_s(path) < 2.0
+        out, _ = agent.communicate(timeout=120)
+        assert agent.returncode == 0 and "usage: torchrun" in out
+    finally:
+        for p in olds:
+            p.kill()
+            p.wait(10)
+
+
+def test_the_zygote_runs_with_the_jobs_environment_so_a_forked_rank_sees_what_a_cold_one_sees(tmp_path):
+    """Issue 35 item 7: what an interpreter reads once at its start (here ``PYTHONHASHSEED``, ``PYTHONOPTIMIZE``)
+    is the job's in a warm rank too: the zygote starts again once with the job's environment (``env.json`` beside
+    zygote.py, as the zygote's start writes it)."""
+    import json as _json
+    import shutil
+
+    d = tmp_path / "py"
+    d.mkdir()
+    shutil.copy(ZYGOTE, d / "zygote.py")
+    (d / "env.json").write_text(_json.dumps({"PYTHONHASHSEED": "123", "PYTHONOPTIMIZE": "1"}))
+    path = str(tmp_path / "z.sock")
+    proc = subprocess.Popen([sys.executable, str(d / "zygote.py"), "serve", path, ""], stdout=subprocess.PIPE,
+                            text=True)
+    script = tmp_path / "r.py"
+    script.write_text("import sys\nprint(hash('clusterctl'), sys.flags.optimize)\n")
+    try:
+        assert proc.stdout.readline().strip() == zygote.READY
+        env = dict(os.environ, PYTHONHASHSEED="123", PYTHONOPTIMIZE="1")
+        warm = subprocess.run(client(path, "rank", str(script)), env=env, capture_output=True, text=True,
+                              timeout=20)
+        cold = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=20)
+        assert warm.returncode == cold.returncode == 0, (warm.stderr, cold.stderr)
+        assert warm.stdout == cold.stdout, (warm.stdout, cold.stdout)
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -250,6 +250,36 @@ def test_warm_recovery_forks_survivors_from_their_zygote_and_a_node_without_one_
         ops.close()
 
 
+class WarmRootNotOurs(Node):
+    """A node whose warm root another user made first: the ping says so (exit 3, runtimes.WARM_ROOT_SH)."""
+
+    WHY = ("warm disabled: /tmp/clusterctl-warm-0 is not a private directory of uid 0 (owner uid 65534, "
+           "mode drwxrwxrwt)")
+
+    def run(self, argv, *, timeout, stdin=None) -> CommandResult:
+        if argv[3:4] == ["clusterctl-warm-ping"]:
+            self.runs.append(list(argv))
+            return CommandResult(tuple(argv), 3, "", f"clusterctl: {self.WHY}\n", 0.01)
+        return super().run(argv, timeout=timeout, stdin=stdin)
+
+
+def test_a_node_whose_warm_root_is_not_ours_starts_cold_with_the_reason_and_no_zygote(tmp_path):
+    nodes = {"n1": WarmRootNotOurs(HOSTS["n1"]), "n2": Zygotes(HOSTS["n2"], True), "n3": Zygotes(HOSTS["n3"], True)}
+    ops = _ops(tmp_path, nodes)
+    rt = runtimes.get("podman")
+    try:
+        assert ops.start(1, list(HOSTS), "n2", ("", 0)) == {}
+        for n in nodes.values():
+            n.runs.clear()
+        assert ops.start(2, list(HOSTS), "n2", ("", 0)) == {}
+        node = ops.plan.node("n1")
+        assert ops.recovery["n1"] == ("cold", WarmRootNotOurs.WHY)
+        assert nodes["n1"].runs == [rt.remove_job_argv("j-1"), rt.zygote_ping_argv(node.warm_dir),
+                                    list(node.runtime_argv)]            # no zygote start: it would fail the same
+    finally:
+        ops.close()
+
+
 class WarmStartFails(Zygotes):
     """The zygote answers its ping, then the warm start (the attempt container with the zygote's client) fails."""
 
