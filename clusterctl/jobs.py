@@ -65,17 +65,25 @@ class JobContext:
 
 
 def with_overrides(data: Any, overrides: Mapping[str, Any]) -> Any:
-    """The job file's data with `launch --name/--nodes/--env K=V` applied (``env`` entries merged; the others
-    replace the file's value), validated as if the file said so."""
+    """The job file's data with `launch --name/--nodes/--env K=V -- ARGS` applied (``env`` entries merged, ARGS
+    after the file's ``args``; the others replace the file's value), validated as if the file said so."""
     if not overrides or not isinstance(data, dict):
         return data
     out = yamlfile.LineDict(data)
     out.line, out.lines, out.texts = data.line, dict(data.lines), dict(getattr(data, "texts", {}))
     # an error in an overridden value names its flag, not the job file's line (spec.parse_job)
     out.overrides = {("env", k): f"--env {k}" for k in overrides.get("env", {})}
-    out.overrides.update({(k,): f"--{k}" for k in overrides if k != "env"})
+    out.overrides.update({(k,): f"--{k}" for k in overrides if k not in ("env", "args")})
     for key, value in overrides.items():
-        if key == "env":
+        if key == "args":     # `launch job.yaml -- ARGS`: after the file's own args (kept at their lines)
+            old = data.get("args")
+            args = yamlfile.LineList([*(old if isinstance(old, list) else []), *value])
+            args.line, args.lines = getattr(old, "line", 0), dict(getattr(old, "lines", {}))
+            args.texts = dict(getattr(old, "texts", {}))
+            first = len(args) - len(value)
+            out.overrides.update({("args", first + i): f"script argument {a!r} (after --)" for i, a in enumerate(value)})
+            out["args"] = args if isinstance(old, list) or old is None else old
+        elif key == "env":
             env = yamlfile.LineDict(data.get("env") or {})
             old = data.get("env")
             env.line, env.lines = getattr(old, "line", 0), dict(getattr(old, "lines", {}))

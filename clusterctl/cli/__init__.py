@@ -65,6 +65,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     except click.exceptions.Exit as e:
         code = e.exit_code
     except click.UsageError as e:
+        if isinstance(e, click.NoSuchOption) and e.ctx is not None and e.ctx.command.name == "launch":
+            e.message += " (arguments for the script go after `--`: clusterctl launch job.yaml -- --lr 0.1)"
         e.show()
         code = 2
     except click.ClickException as e:

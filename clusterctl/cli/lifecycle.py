@@ -23,9 +23,10 @@ from clusterctl.cli.base import (
 )
 
 
-def launch_overrides(name: str | None, nodes: str | None, env: tuple) -> dict:
-    """`launch --name/--nodes/--env K=V` as job-file keys (validated with the job file)."""
-    out: dict = {}
+def launch_overrides(name: str | None, nodes: str | None, env: tuple, script_args: tuple = ()) -> dict:
+    """`launch --name/--nodes/--env K=V [-- ARGS]` as job-file keys (validated with the job file; ARGS follow
+    the file's ``args``)."""
+    out: dict = {"args": list(script_args)} if script_args else {}
     if name is not None:
         out["name"] = name
     if nodes is not None:
@@ -55,10 +56,12 @@ def launch_overrides(name: str | None, nodes: str | None, env: tuple) -> dict:
               help="Add or override an env entry (repeatable; not for secrets: use secret_env).")
 @output_option
 @accept_option
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARGS...]")
 @click.pass_context
 def launch_cmd(ctx, job, inventory, dry_run, strict, detach, skip_preflight, name_override, nodes_override,
-               env_override, output, accept_new) -> int:
-    """Start JOB (a job YAML) on the inventory's hosts and supervise it."""
+               env_override, output, accept_new, script_args) -> int:
+    """Start JOB (a job YAML) on the inventory's hosts and supervise it. Arguments after `--` go to the script,
+    after the job file's `args` (`clusterctl launch job.yaml -- --lr 0.1`)."""
     import os
 
     from clusterctl import jobs
@@ -67,7 +70,7 @@ def launch_cmd(ctx, job, inventory, dry_run, strict, detach, skip_preflight, nam
     ws = jobs.open_workspace(ctx.obj.state_dir)
     request = jobs.LaunchRequest(job, inventory, connect_options(ctx, accept_new), skip_preflight=skip_preflight,
                                  environ=os.environ, overrides=launch_overrides(name_override, nodes_override,
-                                                                                env_override))
+                                                                                env_override, script_args))
     if dry_run:   # needs no secret values: they show as ***
         with with_unset_secrets(job, os.environ):
             dry = jobs.dry_run(ws, request)

@@ -295,3 +295,16 @@ def test_validate_and_doctor_run_launchs_local_torchrun_check(tmp_path):
     empty.mkdir()
     d = cli(tmp_path, "doctor", "-o", "json", env={"PATH": str(empty)})
     assert any(f["check"] == "torchrun" for f in json.loads(d.stdout)), d.stdout
+
+
+def test_script_arguments_after_a_double_dash_follow_the_job_files_args(tmp_path):
+    """Item 11: `launch job.yaml -- --lr 0.1` as torchrun takes them."""
+    write(tmp_path, "job.yaml", "name: j\nscript: t.py\nargs: [--epochs, 3]\n")
+    r = cli(tmp_path, "launch", "job.yaml", "--dry-run", "-o", "json", "--", "--lr", "0.10", "--name", "x y")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    text = json.dumps(plan["nodes"][0]["torchrun_argv"])
+    assert text.index('"--epochs"') < text.index('"--lr"') and '"0.10"' in text and '"x y"' in text, text
+    assert plan["job_id"] == "j-DRYRUN"                       # `--name` after `--` is the script's, not launch's
+    r = cli(tmp_path, "launch", "job.yaml", "--dry-run", "--lr", "0.1")
+    assert r.returncode == 2 and "arguments for the script go after `--`" in r.stderr, r.stderr
