@@ -87,6 +87,14 @@ class JobNotFound(UserError):
         super().__init__(f"no job with id or name {ref!r} (see `clusterctl status`)")
 
 
+class AmbiguousJob(UserError):
+    def __init__(self, ref: str, job_ids: list[str]):
+        self.ref, self.job_ids = ref, job_ids
+        shown = ", ".join(job_ids[:20]) + (", ..." if len(job_ids) > 20 else "")
+        super().__init__(f"{ref!r} is ambiguous: it starts {'more than 20' if len(job_ids) > 20 else len(job_ids)} "
+                         f"job ids: {shown}; give more of the id")
+
+
 class JobActive(UserError):
     def __init__(self, job: "Job"):
         self.job = job
@@ -481,11 +489,19 @@ class Store:
         return _job(rows[0]) if rows else None
 
     def get_job(self, job_id_or_name: str) -> Job:
-        """Like ``find_job`` but raises ``JobNotFound`` (a ``UserError``)."""
+        """Like ``find_job``, then a unique prefix of a job id (as docker and git take one); ``JobNotFound`` or,
+        for a prefix of several ids, ``AmbiguousJob`` (both ``UserError``s)."""
         job = self.find_job(job_id_or_name)
-        if job is None:
-            raise JobNotFound(job_id_or_name)
-        return job
+        if job is not None:
+            return job
+        if job_id_or_name:
+            rows = self._read("SELECT * FROM jobs WHERE substr(job_id, 1, ?) = ? ORDER BY created_at DESC, rowid DESC"
+                              " LIMIT 21", (len(job_id_or_name), job_id_or_name))
+            if len(rows) == 1:
+                return _job(rows[0])
+            if rows:
+                raise AmbiguousJob(job_id_or_name, [r["job_id"] for r in rows])
+        raise JobNotFound(job_id_or_name)
 
     def job_state(self, job_id: str) -> JobState:
         """Only the state of job ``job_id`` (the supervisor asks every probe round: one column, not the row)."""

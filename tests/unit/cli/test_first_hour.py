@@ -308,3 +308,19 @@ def test_script_arguments_after_a_double_dash_follow_the_job_files_args(tmp_path
     assert plan["job_id"] == "j-DRYRUN"                       # `--name` after `--` is the script's, not launch's
     r = cli(tmp_path, "launch", "job.yaml", "--dry-run", "--lr", "0.1")
     assert r.returncode == 2 and "arguments for the script go after `--`" in r.stderr, r.stderr
+
+
+def test_a_unique_prefix_of_a_job_id_names_the_job_and_an_ambiguous_one_lists_the_candidates(tmp_path):
+    """Item 11: as docker and git take an id's unique prefix."""
+    first = _finished(tmp_path, name="bert", lines=1)
+    second = _finished(tmp_path, name="bert", lines=1)
+    other = _finished(tmp_path, name="vit", lines=1)
+    r = cli(tmp_path, "status", "vi", "-o", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["job_id"] == other, r.stderr
+    r = cli(tmp_path, "logs", first[:-3])                 # all but the last hex digits: unique
+    assert r.returncode == 0 and "[localhost/0] line 0" in r.stdout, r.stderr
+    r = cli(tmp_path, "status", "bert-")
+    assert r.returncode == 2 and first in r.stderr and second in r.stderr and other not in r.stderr, r.stderr
+    assert "ambiguous" in r.stderr
+    assert json.loads(cli(tmp_path, "status", "bert", "-o", "json").stdout)["job_id"] == second  # a name: newest
+    assert cli(tmp_path, "status", "nope").returncode == 2
