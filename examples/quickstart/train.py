@@ -283,14 +283,12 @@ def main(argv=None) -> int:
     phases.mark("started", process_start_time())
     _imports()
     phases.mark("torch")                                    # torch imported (module level, and _imports)
-    device = init_distributed()
-    phases.mark("process_group")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    attempt = os.environ.get("CLUSTERCTL_ATTEMPT", "")
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
-    ckpt_enabled = bool(os.environ.get("CLUSTERCTL_CHECKPOINT_DIR"))
-
-    seed_everything(SEED)                                   # the same initial model on every rank
+    # The DataLoader's worker processes are forked first, before the process group exists: this process has no
+    # thread but its own yet. Forked after init_process_group, a worker is a copy of a process that runs gloo's
+    # threads (three), taken at an instant one of them may hold a lock (POSIX allows such a child only
+    # async-signal-safe calls); a first attempt now and then never trained: one rank waiting on its workers in
+    # `select`, the others in DDP's first forward, until the hang verdict (issue 34 item 12).
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     data = TeacherData()
     sampler = sampler_mod.ResumableDistributedSampler(data, num_replicas=world, rank=rank, seed=SEED)
     # its own generator: iter(DataLoader) draws the workers' base seed from it, not from the global torch stream
@@ -298,6 +296,16 @@ def main(argv=None) -> int:
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler,
                         num_workers=args.workers, persistent_workers=args.workers > 0,
                         generator=torch.Generator())
+    if args.workers > 0:
+        iter(loader)      # forks the (persistent) workers now; what they prefetch is dropped by the next iter()
+    device = init_distributed()
+    phases.mark("process_group")
+    assert (dist.get_rank(), dist.get_world_size()) == (rank, world), "RANK/WORLD_SIZE differ from the group's"
+    attempt = os.environ.get("CLUSTERCTL_ATTEMPT", "")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    ckpt_enabled = bool(os.environ.get("CLUSTERCTL_CHECKPOINT_DIR"))
+
+    seed_everything(SEED)                                   # the same initial model on every rank
     model = nn.Sequential(nn.Linear(IN_DIM, HIDDEN), nn.ReLU(), nn.Dropout(0.1), nn.Linear(HIDDEN, HIDDEN),
                           nn.ReLU(), nn.Linear(HIDDEN, OUT_DIM)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
