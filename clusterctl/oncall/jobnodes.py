@@ -8,6 +8,7 @@ from clusterctl.config.inventory import Host
 from clusterctl.config.spec import JobSpec
 from clusterctl.errors import UserError
 from clusterctl.launch import runtimes
+from clusterctl.model import events as events_mod
 from clusterctl.model import record as record_mod
 from clusterctl.store.state import Job, Store
 
@@ -20,6 +21,7 @@ class JobNodes:
     rdzv_host: str
     nodes: tuple[str, ...]            # the current attempt's nodes, in rank order
     hosts: dict[str, Host]            # every host of the job, by inventory name
+    warm: frozenset[str] = frozenset()    # the nodes whose current attempt was forked by their zygote
 
     def host(self, node: str) -> Host:
         return self.hosts[node]
@@ -56,12 +58,18 @@ def load(store: Store, job_ref: str) -> JobNodes:
     missing = [n for n in a.nodes if n not in hosts]
     if missing:
         raise UserError(f"nodes {', '.join(missing)} of job {job.name} are not in its record")
-    return JobNodes(job, rec.spec, a.attempt, a.rdzv_host or a.nodes[0], tuple(a.nodes), hosts)
+    warm = frozenset(r.node for r in map(events_mod.relaunch_of, store.events(job.job_id))
+                     if r is not None and r.attempt == a.attempt and r.mode == "warm")
+    return JobNodes(job, rec.spec, a.attempt, a.rdzv_host or a.nodes[0], tuple(a.nodes), hosts, warm)
 
 
 def in_job_argv(jn: JobNodes, node: str, argv: list[str], *, interactive: bool = False, tty: bool = False) -> list[str]:
-    """``argv`` where the job runs on ``node``: in its container (``exec [-i] [-t] NAME argv``), or for a bare
-    job on the host in the job's directory."""
+    """``argv`` where the job runs on ``node``: in its container (``exec [-i] [-t] NAME argv``; on a warm attempt
+    the zygote's container, where its ranks are), or for a bare job on the host in the job's directory."""
+    rt = runtimes.get(jn.host(node).runtime)
+    if node in jn.warm:
+        warm = rt.zygote_exec_argv(jn.job.job_id, node, argv, interactive=interactive, tty=tty)
+        if warm is not None:
+            return warm
     ref = runtimes.Ref(jn.container(node), jn.node_dir(node), None, jn.job.job_id)   # selected by the job's label
-    return runtimes.get(jn.host(node).runtime).exec_argv(ref, argv, interactive=interactive, tty=tty,
-                                                         workdir=jn.workdir())
+    return rt.exec_argv(ref, argv, interactive=interactive, tty=tty, workdir=jn.workdir())

@@ -289,6 +289,11 @@ class BareRuntime:
         its dir."""
         return ["sh", "-c", ZYGOTE_REMOVE, "clusterctl-zygote-rm", key, warm_job_key(job_id)]
 
+    def zygote_exec_argv(self, job_id: str, node: str, argv: list[str], *, interactive: bool = False,
+                         tty: bool = False) -> None:
+        """None: a warm attempt's ranks are on the host, as a cold one's (``exec_argv``)."""
+        return None
+
     def zygote_ping_argv(self, key: str) -> list[str]:
         """Exit 0 when the zygote of ``key`` answers (the host's python3, torch-free client; ``WARM_PING``)."""
         return zygote_ping_argv(key)

@@ -161,6 +161,16 @@ class ContainerRuntime:
         return ["sh", "-c", ZYGOTE_REMOVE.replace("RMFLAGS", " ".join(self.rm_flags())), self.program, job_id,
                 node or "", key, warm_job_key(job_id)]
 
+    def zygote_exec_argv(self, job_id: str, node: str, argv: list[str], *, interactive: bool = False,
+                         tty: bool = False) -> list[str]:
+        """``exec [-i] [-t]`` in the job's zygote container of ``node``: where the ranks of a warm attempt run
+        (its attempt container holds only their clients). Selected as ``exec_argv`` selects, by the job's warm
+        label and the exact name."""
+        flags = (" -i" if interactive else "") + (" -t" if tty else "")
+        select = SELECT_CONTAINER.replace(f"label={LABEL_JOB_ID}=", f"label={LABEL_WARM}=")
+        return ["sh", "-c", f'{select}; shift 2; exec "$0" exec{flags} "$cid" "$@"', self.program, job_id,
+                self.zygote_name(job_id, node), *argv]
+
     def zygote_ping_argv(self, key: str) -> list[str]:
         """Exit 0 when the zygote of ``key`` answers (host's python3, torch-free client; ``WARM_PING``)."""
         return zygote_ping_argv(key)
