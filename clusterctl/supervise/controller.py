@@ -232,11 +232,13 @@ def beating(job, now: float | None = None) -> bool:
 
 def live_supervisor(root: Path, job, now: float | None = None) -> int | None:
     """The pid of a live supervisor of ``job``: a supervisor on another host with a fresh heartbeat (a shared
-    state dir), or a process here (from the DB claim or the pid file of one being started)."""
-    if elsewhere(job):
-        return job.supervisor_pid if beating(job, now) else None
+    state dir), or a process here (from the DB claim or the pid file of one being started: also when the last
+    claim was another host's, as when a requeued sbatch run resumes on a new batch host)."""
+    other = elsewhere(job)
+    if other and beating(job, now):
+        return job.supervisor_pid
     pid_file = paths.supervisor_pid_path(root, job.job_id)
-    candidates = [job.supervisor_pid]
+    candidates = [] if other else [job.supervisor_pid]      # another host's pid means nothing in this /proc
     if pid_file.exists():
         try:
             candidates.append(int(pid_file.read_text().strip()))
@@ -272,9 +274,9 @@ def supervision(root: Path, job, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     other = elsewhere(job)
     seen = job.supervisor_seen_at
-    if other:
-        alive = beating(job, now)
-        live = job.supervisor_pid
+    if other:       # beating there, or one being started here (its pid file)
+        live = live_supervisor(root, job, now)
+        alive = bool(live)
     else:
         live = live_supervisor(root, job)
         fresh = seen is None or now - seen <= STALE_S

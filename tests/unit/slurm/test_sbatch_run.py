@@ -186,3 +186,30 @@ def test_the_script_starts_a_guard_on_every_node_before_the_supervisor():
     assert guard_line.startswith("srun --overlap --ntasks-per-node=1 ") and guard_line.endswith(" &")
     assert '--nodes="${SLURM_JOB_NUM_NODES}"' in guard_line and "--export=PATH," in guard_line
     assert text.index("clusterctl.slurm.guard") < text.index("sbatch-run")
+
+
+def test_a_supervisor_being_started_here_counts_when_the_last_one_ran_on_another_batch_host(tmp_path):
+    """A requeued run resumes on a new batch host; the dead supervisor's claim names the old one (stale heartbeat).
+    The supervisor resume just started here (its pid file) is alive: an attached follower reconciled the job under
+    it (the requeue test ended FAILED: 'attempt 1 had ended ... and the supervisor was gone')."""
+    from types import SimpleNamespace
+
+    from clusterctl.supervise import controller
+
+    job_id = "demo-20261204-000000-abcdefabcdef"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "clusterctl.supervise", job_id])
+    try:
+        root = paths.ensure_state_dir(tmp_path / "state")
+        paths.ensure_job_dir(root, job_id)
+        paths.supervisor_pid_path(root, job_id).write_text(f"{child.pid}\n")
+        job = SimpleNamespace(job_id=job_id, supervisor_pid=4242, supervisor_host="old-batch-host",
+                              supervisor_boot="b", supervisor_seen_at=time.time() - 120, terminal=False)
+        assert controller.live_supervisor(root, job) == child.pid
+        view = controller.supervision(root, job)
+        assert view["supervised"] and view["pid"] == child.pid
+        child.kill()
+        child.wait()
+        assert not controller.supervision(root, job)["supervised"]       # nothing here, nothing beating there
+    finally:
+        child.kill()
+        child.wait()
