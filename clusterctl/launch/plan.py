@@ -40,6 +40,7 @@ class NodePlan:
     warm_argv: tuple[str, ...] = ()       # runtime_argv, torchrun and its ranks forked by the zygote
     zygote_argv: tuple[str, ...] = ()     # starts the node's zygote container (stdin: zygote.py)
     cold_why: str = ""                    # why this node has no warm path ("" when it has one)
+    infiniband: bool = False              # its containers get the InfiniBand devices (NCCL should not use sockets)
 
     def env_script(self, secrets: Mapping[str, str], prelude: str = "") -> bytes:
         """The stdin for ``runtime_argv``: ``export NAME='value'`` lines with the real secret values filled in,
@@ -218,7 +219,8 @@ FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT":
 
 
 def node_env(spec: JobSpec, host: Host, *, job_id: str, attempt: int, interface: str | None,
-             resume_from: str, resume_step: int, pkg_path: str | None, secret_names: Iterable[str]) -> dict[str, str]:
+             resume_from: str, resume_step: int, pkg_path: str | None, secret_names: Iterable[str],
+             infiniband: bool = False) -> dict[str, str]:
     env: dict[str, str] = {
         "CLUSTERCTL_JOB": spec.name,
         "CLUSTERCTL_JOB_ID": job_id,
@@ -242,6 +244,9 @@ def node_env(spec: JobSpec, host: Host, *, job_id: str, attempt: int, interface:
         env["NCCL_SOCKET_IFNAME"] = f"={interface}"   # "=": exactly this NIC (without it, a prefix: eth1 -> eth10)
     user_pythonpath = spec.env.get("PYTHONPATH")
     env.update(spec.env)                                  # the job may override NIC vars and PYTHONUNBUFFERED
+    if infiniband and "NCCL_DEBUG" not in spec.env:       # NCCL says which network it chose (a handful of lines
+        env["NCCL_DEBUG"] = "INFO"                        # per rank): a fall back to sockets is then an event
+        env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
     if pkg_path:
         env["PYTHONPATH"] = f"{pkg_path}:{user_pythonpath}" if user_pythonpath else pkg_path
     for name in secret_names:
@@ -331,9 +336,10 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
         is_host = h.name == rdzv_host.name
         targv = torchrun_argv(spec, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, is_host=is_host,
                               local_addr=h.address, nproc=nproc, nnodes_arg=nnodes_arg)
+        ib = infiniband_on(h, infiniband.get(h.name))
         env = node_env(spec, h, job_id=job_id, attempt=attempt, interface=interfaces.get(h.name) or h.interface,
                        resume_from=resume_from, resume_step=resume_step, pkg_path=pkg_path,
-                       secret_names=secret_names)
+                       secret_names=secret_names, infiniband=ib)
         name = runtimes.container_name(job_id, h.name)
         rt = runtimes.get(h.runtime)
         bare = not rt.containerized      # on the host: the job's workdir defaults to the job file's directory
@@ -341,9 +347,9 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
             job=spec.name, job_id=job_id, attempt=attempt, node=h.name, name=name, image=spec.image,
             workdir=spec.workdir or (spec.source_dir if bare else None), node_dir=ndir, command=tuple(targv),
             mounts=tuple(spec.mounts), gpus=h.gpus, gpu_flags=gpu_flags.get(h.name),
-            infiniband=infiniband_on(h, infiniband.get(h.name)),
+            infiniband=ib,
             ipc=spec.container.ipc, shm_size=spec.container.shm_size, pids_limit=spec.container.pids_limit,
-            ulimits=container_ulimits(spec, infiniband_on(h, infiniband.get(h.name))),
+            ulimits=container_ulimits(spec, ib),
             extra_args=tuple(spec.container.extra_args))
         cold_why = warm_unavailable(spec, h.runtime)
         warm: dict[str, Any] = {"cold_why": cold_why}
@@ -358,7 +364,7 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
             host=h.name, address=h.address, runtime=h.runtime, container_name=name,
             runtime_argv=tuple(rt.run_argv(req)), torchrun_argv=tuple(targv), env=env, secret_names=secret_names,
             node_dir=ndir, log_path=rt.log_path(ndir), nproc=nproc, is_rdzv_host=is_host,
-            job_id=job_id, **warm))
+            job_id=job_id, infiniband=ib, **warm))
     return LaunchPlan(job=spec.name, job_id=job_id, attempt=attempt, rdzv_endpoint=endpoint, nodes=tuple(nodes),
                       nnodes=nnodes_arg, image=spec.image, spares=tuple(spares), excluded=tuple(excluded),
                       notify=tuple(t.describe() for t in spec.notify))

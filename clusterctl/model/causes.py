@@ -179,6 +179,22 @@ def recent_xid(probe_output: str, within_s: float) -> Xid | None:
     return found[-1] if found else None
 
 
+# ------------------------------------------------------------------------------ NCCL on sockets where IB is expected
+# With NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS INIT or NET) each rank says which network transport NCCL chose: "NCCL INFO
+# Using network IB" / "NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ..." or, when the verbs devices are unusable,
+# "NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>" and "NCCL INFO Using network Socket" (NCCL's environment
+# variables documentation, NCCL_DEBUG; src/transport/net_socket.cc, src/net.cc).
+NCCL_NET_LINE = re.compile(r"NCCL INFO (?:Using network (\w+)|NET/(\w+) : Using)")
+
+
+def nccl_network(lines: list[str]) -> tuple[str, str] | None:
+    """(transport, line): the network NCCL says it uses in ``lines`` ("Using network X" first, else the first
+    "NET/X : Using"), or None when it said nothing (NCCL_DEBUG below INFO, or no NCCL)."""
+    found = [(m, line) for line in lines for m in [NCCL_NET_LINE.search(line)] if m]
+    m, line = next(((m, ln) for m, ln in found if m.group(1)), found[0] if found else (None, ""))
+    return ((m.group(1) or m.group(2)), line.strip()[:300]) if m else None
+
+
 # ------------------------------------------------------------------------------ failures a retry cannot fix
 CANT_OPEN = re.compile(r"can't open file '([^']+)': \[Errno 2\]")
 NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")

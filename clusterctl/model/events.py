@@ -37,6 +37,7 @@ class EventKind(str, Enum):
     CLEANUP_PENDING = "cleanup_pending"
     CORDON = "cordon"
     SLURM_DRAIN = "slurm_drain"
+    NETWORK = "network"                   # NCCL came up on sockets where InfiniBand is expected (a warning)
     # the supervisor's own trouble
     NOTIFY_FAILED = "notify_failed"
 

@@ -641,6 +641,22 @@ class ClusterOps:
             return False
         return rt.oom_killed(r.stdout, pid)
 
+    def socket_fallback(self, attempt: int) -> list[tuple[str, str]]:
+        """(node, line) for each node of ``attempt`` with InfiniBand on (the plan) whose NCCL said it uses sockets
+        (``causes.nccl_network`` over the lines a grep of its log finds; one bounded command per such node)."""
+        if self._plan is None or self._plan.attempt != attempt:
+            return []
+
+        def look(host: Host) -> tuple[str, str] | None:
+            argv = self._runtime(host.name).logs_argv(self._ref(host.name, attempt))
+            r = self._run(host.name, ["sh", "-c", '"$@" 2>&1 | grep -m 50 -E "NCCL INFO (Using network|NET/)"',
+                                      "clusterctl-net", *argv], timeout=self.probe_timeout_s)
+            got = causes.nccl_network(causes.node_lines(r.stdout, host.name))
+            return (host.name, got[1]) if got and got[0].lower() == "socket" else None
+
+        ib = [self.hosts[n.host] for n in self._plan.nodes if n.infiniband]
+        return [r.value for r in fan_out(ib, look, host_timeout=self.probe_timeout_s + 5) if r.ok and r.value]
+
     def checkpoint_hint(self) -> int | None:
         """The newest checkpoint step any watch has seen on the shared storage (cheap, unverified)."""
         return self._watches.checkpoint_hint()

@@ -92,6 +92,7 @@ class Health:
     last_progress: float
     failures: dict[str, int] = field(default_factory=dict)
     failed_since: float | None = None   # when a rank's non-zero exit was first seen (user error not yet confirmed)
+    first_checkpoint: bool = False      # the attempt wrote its first new checkpoint
     first_progress: bool = False        # the attempt made its first progress: its ranks' first output or a new
                                         # checkpoint (before it: first_progress_timeout_s is the hang bound)
 
@@ -429,6 +430,9 @@ class Supervisor:
             rounds += 1
             if self._checkpoint_due(rounds) and self._survive(self._checkpoint_progress, attempt, nodes):
                 obs = [dataclasses.replace(o, progress=True) for o in obs]
+                if not health.first_checkpoint:   # NCCL is up by now: on the network it should be?
+                    health.first_checkpoint = True
+                    self._check_network(attempt)
                 health.first_progress = True      # a new valid checkpoint: the attempt is past its start-up
             now = self.clock()
             d = classify(obs, health, rdzv_host=rdzv, probe_failures=self.policy.probe_failures,
@@ -540,6 +544,23 @@ class Supervisor:
             self._cleanup(None, self.all_nodes)
             return self.store.get_job(self.job_id).state
         return None
+
+    def _check_network(self, attempt: int) -> None:
+        """Where InfiniBand is expected and NCCL came up on sockets (10-100x slower), say so loudly: a ``network``
+        event per node (optional ``NodeOps.socket_fallback(attempt) -> [(node, NCCL's line)]``)."""
+        look = getattr(self.ops, "socket_fallback", None)
+        if look is None:
+            return
+        try:
+            found = look(attempt)
+        except Exception as e:  # noqa: BLE001 - a diagnosis: never in the way of the job
+            print(f"clusterctl: could not read NCCL's network choice: {e}", file=sys.stderr, flush=True)
+            return
+        for node, line in found:
+            self.event(EventKind.NETWORK, f"WARNING: {node}: NCCL uses sockets where InfiniBand is expected (10-100x "
+                                          f"slower; check the IB devices, port state and nvidia_peermem with "
+                                          f"`clusterctl preflight`): {line}", attempt=attempt, node=node,
+                       klass="socket")
 
     def _take_stacks(self, attempt: int, nodes: list[str]) -> None:
         """Record every rank's stack as a ``stacks`` event (optional ``NodeOps.stacks(attempt, nodes) -> str``)."""

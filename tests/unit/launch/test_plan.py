@@ -495,3 +495,15 @@ def test_flight_recorder_dumps_on_timeout_into_the_jobs_checkpoint_dir(tmp_path)
                                                                                  "TMPDIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "ck" / "flight_recorder" / "a-1-3").is_dir()
+
+
+def test_where_infiniband_is_on_nccl_says_which_network_it_uses():
+    hosts = [Host("ib", "10.1.0.1", runtime="podman", gpus=8, infiniband=True),
+             Host("eth", "10.1.0.2", runtime="podman", gpus=8, infiniband=False)]
+    plan = build_plan(loads_job("name: a\nnodes: 2\nscript: t.py\n"), hosts, job_id="a1", attempt=1)
+    assert (plan.node("ib").env["NCCL_DEBUG"], plan.node("ib").env["NCCL_DEBUG_SUBSYS"]) == ("INFO", "INIT,NET")
+    assert plan.node("ib").infiniband and not plan.node("eth").infiniband
+    assert "NCCL_DEBUG" not in plan.node("eth").env
+    plan = build_plan(loads_job("name: a\nnodes: 2\nscript: t.py\nenv: {NCCL_DEBUG: WARN}\n"), hosts, job_id="a1",
+                      attempt=1)
+    assert plan.node("ib").env["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG_SUBSYS" not in plan.node("ib").env

@@ -134,3 +134,19 @@ def test_recent_xid_only_gpu_failures_since_the_attempt_started():
     assert causes.recent_xid(t, within_s=1e6).code == 94                          # the last one
     assert causes.recent_xid(t.replace("[61212.550087]", "[50000.0]"), within_s=120) is None   # an old one
     assert causes.recent_xid("", within_s=120) is None
+
+
+# NCCL's own INFO lines (NCCL_DEBUG=INFO; NCCL docs, "Environment Variables", NCCL_DEBUG / NCCL_DEBUG_SUBSYS): the
+# transport it chose, as src/net.cc and src/transport/net_{ib,socket}.cc print it.
+def test_nccl_network_names_the_transport_nccl_chose():
+    ib = ["[n1/0] n1:4242:4300 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>",
+          "[n1/0] n1:4242:4300 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth0:10.0.0.1<0>",
+          "[n1/0] n1:4242:4300 [0] NCCL INFO Using network IB"]
+    assert causes.nccl_network(ib)[0] == "IB"
+    sock = ["[n1/0] n1:4242:4300 [0] NCCL INFO NET/IB : No device found.",
+            "[n1/0] n1:4242:4300 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>",
+            "[n1/0] n1:4242:4300 [0] NCCL INFO Using network Socket"]
+    transport, line = causes.nccl_network(sock)
+    assert transport == "Socket" and line.endswith("Using network Socket")
+    assert causes.nccl_network(sock[1:2])[0] == "Socket"        # no "Using network" line: the NET/ one
+    assert causes.nccl_network(["[n1/0] step 1", "[n1/0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>"]) is None

@@ -86,3 +86,32 @@ def test_progress_is_the_ranks_output_not_torchruns_own_lines(tmp_path):
     assert sink.lines("n1") == 0
     sink.feed("n1", b"[0]:step 1\n[1]:step 1\n")
     assert sink.lines("n1") == 2
+
+
+def test_socket_fallback_reads_nccls_choice_on_the_infiniband_nodes_only(tmp_path):
+    class LogNode(Node):
+        def __init__(self, log, **kw):
+            super().__init__(**kw)
+            self.log = log
+
+        def run(self, argv, *, timeout, stdin=None):
+            if argv[:2] == ["sh", "-c"] and "clusterctl-net" in argv:
+                self.runs.append(list(argv))
+                return CommandResult(tuple(argv), 0, self.log, "", 0.01)
+            return super().run(argv, timeout=timeout, stdin=stdin)
+
+    hosts = {"ib": Host("ib", "10.0.0.1", runtime="podman", gpus=8, infiniband=True),
+             "ok": Host("ok", "10.0.0.2", runtime="podman", gpus=8, infiniband=True),
+             "eth": Host("eth", "10.0.0.3", runtime="podman", gpus=8, infiniband=False)}
+    nodes = {"ib": LogNode("[0]:ib:42:42 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n"
+                           "[0]:ib:42:42 [0] NCCL INFO Using network Socket\n"),
+             "ok": LogNode("[1]:ok:42:42 [0] NCCL INFO Using network IB\n"),
+             "eth": LogNode("[2]:eth:42:42 [0] NCCL INFO Using network Socket\n")}
+    ops = _ops(tmp_path, hosts, nodes)
+    try:
+        assert ops.socket_fallback(1) == []                     # nothing started: nothing to read
+        ops.start(1, list(hosts), "ib", ("", 0))
+        assert ops.socket_fallback(1) == [("ib", "[ib/0] ib:42:42 [0] NCCL INFO Using network Socket")]
+        assert not any("clusterctl-net" in r for r in nodes["eth"].runs)       # no IB expected there
+    finally:
+        ops.close()

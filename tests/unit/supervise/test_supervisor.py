@@ -565,3 +565,25 @@ def test_a_checkpoint_ends_the_first_progress_bound(store):
     job_id, state, _ = run(store, ops, hang_timeout_s=5, first_progress_timeout_s=100, max_node_failures=0)
     v = next(e for e in store.events(job_id) if e.kind == "verdict")
     assert v.klass == "hang" and "for 5s (supervisor.hang_timeout_s)" in v.message     # not 100 s: it checkpointed
+
+
+def test_nccl_on_sockets_where_infiniband_is_expected_is_a_loud_event_once_per_attempt(store):
+    class Net(FakeOps):
+        asked = 0
+
+        def checkpoint_hint(self):
+            return len(self.script)          # a new step every round
+
+        def latest_checkpoint(self, nodes):
+            return (f"/ck/step-{100 - len(self.script)}", 100 - len(self.script))
+
+        def socket_fallback(self, attempt):
+            self.asked += 1
+            return [("b", "[b/1] b:42:42 [0] NCCL INFO Using network Socket")]
+
+    ops = Net([obs(a=R, b=R, c=R)] * 4 + [obs(a=(E, 0), b=(E, 0), c=(E, 0))])
+    job_id, state, _ = run(store, ops)
+    assert state == JobState.SUCCEEDED and ops.asked == 1      # at the attempt's first checkpoint, once
+    net = [e for e in store.events(job_id) if e.kind == "network"]
+    assert len(net) == 1 and net[0].node == "b" and "WARNING" in net[0].message
+    assert "InfiniBand" in net[0].message and "Using network Socket" in net[0].message
