@@ -61,10 +61,14 @@ def nonempty(ctx, param, value):
 
 
 def load_hosts(path):
-    """``-i``: an inventory file, ``slurm[:OVERLAY]`` or the embedded default."""
+    """``-i``: an inventory file, ``slurm[:OVERLAY]`` or the embedded default; its notes (Ansible vars accepted
+    but not used) on stderr."""
     from clusterctl.slurm.allocation import load_hosts as load
 
-    return load(path)
+    inv = load(path)
+    for note in inv.notes:
+        err.print(f"note: {note}", markup=False)
+    return inv
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -121,8 +125,9 @@ def complete_jobs(ctx, param, incomplete: str) -> list:
 def complete_hosts(ctx, param, incomplete: str) -> list:
     """Shell completion of HOST: the default inventory's host names ($CLUSTERCTL_INVENTORY, ./inventory.yaml)."""
     try:
+        from clusterctl.slurm.allocation import load_hosts as load     # quietly: no notes into the user's shell
 
-        return [h.name for h in load_hosts(ctx.params.get("inventory")).hosts if h.name.startswith(incomplete)]
+        return [h.name for h in load(ctx.params.get("inventory")).hosts if h.name.startswith(incomplete)]
     except Exception:  # noqa: BLE001
         return []
 

@@ -26,7 +26,8 @@ def inventory_cmd(inventory: str | None, output: str) -> int:
     inv = load_hosts(inventory)
     if output == "json":
         print_json({"source": inv.source, "hosts": [h.to_dict() for h in inv.hosts],
-                    "groups": {g: list(h) for g, h in inv.groups.items()}})
+                    "groups": {g: list(h) for g, h in inv.groups.items()},
+                    "notes": [n.to_dict() for n in inv.notes]})
         return 0
     from clusterctl.views.columns import Column, fit
 

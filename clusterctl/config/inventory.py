@@ -42,6 +42,39 @@ KNOWN_VARS: dict[str, tuple[tuple[type, ...], str]] = {
                                       "an IPv4 address or [IPv6])"),
 }
 
+# Ansible vars an Ansible inventory commonly holds that clusterctl has no use for: accepted, with a note saying why
+# (refusing them made an existing inventory unusable as is). Passwords stay refused (PASSWORD_VARS).
+_BECOME = "clusterctl does not escalate privileges: the SSH user runs the job (give it docker/podman access)"
+_OWN_SSH = ("clusterctl speaks SSH itself (paramiko): use ~/.ssh/config, ansible_ssh_private_key_file or "
+            "clusterctl_proxy_jump")
+IGNORED_VARS: dict[str, str] = {
+    "ansible_python_interpreter": "clusterctl runs no Python on the hosts but the job's own (the job's torchrun:)",
+    "ansible_become": _BECOME, "ansible_become_user": _BECOME, "ansible_become_method": _BECOME,
+    "ansible_become_flags": _BECOME, "ansible_become_exe": _BECOME,
+    "ansible_ssh_common_args": _OWN_SSH, "ansible_ssh_extra_args": _OWN_SSH, "ansible_ssh_args": _OWN_SSH,
+    "ansible_ssh_pipelining": _OWN_SSH, "ansible_pipelining": _OWN_SSH, "ansible_ssh_executable": _OWN_SSH,
+    "ansible_timeout": "clusterctl's connect timeout is its own (5 s)",
+    "ansible_shell_type": "clusterctl runs POSIX sh on the hosts", "ansible_shell_executable":
+    "clusterctl runs POSIX sh on the hosts",
+}
+
+
+@dataclass(frozen=True)
+class Note:
+    """An inventory var clusterctl accepted but does not use (``IGNORED_VARS``), at its first line."""
+    file: str
+    line: int | None
+    var: str
+    why: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.var}: accepted but not used ({self.why})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "var": self.var, "why": self.why}
+
+
 HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})$")
 # ansible_host and proxy-jump hosts: a DNS name (labels of letters, digits, '_' and '-', not starting with '-')
 # or an IP literal. Never a known_hosts pattern (`*`, `?`, `!`, `,`) or shell text: the name is written into
@@ -146,6 +179,7 @@ class Inventory:
     # the hosts are a scheduler's allocation (-i slurm): every one is the job's, those beyond nodes' MAX its spares
     # (from a file, only a job's `hosts:` does that: an inventory of 100 hosts is not a job's 3 and 97 spares)
     allocation: bool = False
+    notes: tuple[Note, ...] = ()      # Ansible vars accepted but not used (IGNORED_VARS), once per var
 
     def get(self, name: str) -> Host:
         for h in self.hosts:
@@ -267,6 +301,7 @@ class _Parser:
         self.host_lines: dict[str, int | None] = {}
         self.membership: dict[str, set[str]] = {}                 # host -> groups (incl. ancestors)
         self.groups: dict[str, dict[str, None]] = {}              # group -> hosts in order (a dict: O(1) "in")
+        self.notes: dict[str, Note] = {}                          # var -> its note (IGNORED_VARS), first line
 
     def err(self, node, key, message, dotted=None):
         raise InputError(self.file, line_of(node, key), message, key=dotted)
@@ -355,12 +390,15 @@ class _Parser:
             if isinstance(v, (dict, list)) and expanded_items(v) > MAX_VALUE_ITEMS:
                 self.err(vars_, k, f"YAML aliases expand this value to more than {MAX_VALUE_ITEMS} items (an alias "
                                    "repeated inside aliases?): write the value out, or keep it smaller", dotted=k)
+            if k in IGNORED_VARS:
+                self.notes.setdefault(k, Note(self.file, line_of(vars_, k), k, IGNORED_VARS[k]))
+                continue
             if k.startswith(("ansible_", "clusterctl_")):
                 if k in PASSWORD_VARS:
                     self.err(vars_, k, "passwords are not supported: use an SSH key "
                                        "(ansible_ssh_private_key_file) or an ssh-agent (SSH_AUTH_SOCK)", dotted=k)
                 if k not in KNOWN_VARS:
-                    hint = difflib.get_close_matches(k, list(KNOWN_VARS), 1)
+                    hint = difflib.get_close_matches(k, [*KNOWN_VARS, *IGNORED_VARS], 1)
                     self.err(vars_, k, "unknown variable" + (f" (did you mean {hint[0]!r}?)" if hint else ""), dotted=k)
                 types, _ = KNOWN_VARS[k]
                 if (isinstance(v, bool) and bool not in types) or not isinstance(v, types):
@@ -437,7 +475,8 @@ class _Parser:
             if g in self.host_vars:
                 raise InputError(self.file, self.host_lines.get(g), f"name {g!r} is both a host and a group")
         return Inventory(source=self.file, hosts=tuple(hosts),
-                         groups={g: tuple(v) for g, v in self.groups.items()})
+                         groups={g: tuple(v) for g, v in self.groups.items()},
+                         notes=tuple(sorted(self.notes.values(), key=lambda n: (n.line or 0, n.var))))
 
 
 def parse(path: str) -> Inventory:

@@ -324,3 +324,23 @@ def test_a_unique_prefix_of_a_job_id_names_the_job_and_an_ambiguous_one_lists_th
     assert "ambiguous" in r.stderr
     assert json.loads(cli(tmp_path, "status", "bert", "-o", "json").stdout)["job_id"] == second  # a name: newest
     assert cli(tmp_path, "status", "nope").returncode == 2
+
+
+def test_common_ansible_vars_are_accepted_with_a_note(tmp_path):
+    """Item 11: an Ansible inventory's ansible_python_interpreter / ansible_become were refused as unknown."""
+    write(tmp_path, "inventory.yaml", "all:\n  vars:\n    ansible_python_interpreter: /usr/bin/python3\n"
+                                      "    ansible_become: true\n  hosts:\n    node1:\n      ansible_host: 10.9.0.1\n"
+                                      "      ansible_become_user: root\n    node2:\n      ansible_host: 10.9.0.2\n")
+    r = cli(tmp_path, "inventory", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert [h["name"] for h in data["hosts"]] == ["node1", "node2"]
+    notes = r.stderr.splitlines()
+    assert len([n for n in notes if n.startswith("note: ")]) == 3, r.stderr         # once per var, not per host
+    assert any("inventory.yaml:3: ansible_python_interpreter" in n for n in notes), r.stderr
+    assert any("inventory.yaml:4: ansible_become" in n and "not" in n for n in notes), r.stderr
+    assert {n["var"] for n in data["notes"]} == {"ansible_python_interpreter", "ansible_become",
+                                                  "ansible_become_user"}
+    write(tmp_path, "inventory.yaml", "all:\n  hosts:\n    node1:\n      ansible_bcome: true\n")
+    r = cli(tmp_path, "inventory")
+    assert r.returncode == 2 and "did you mean 'ansible_become'" in r.stderr, r.stderr
