@@ -8,7 +8,7 @@ import pytest
 
 from clusterctl.model.events import Relaunch
 from clusterctl.store import paths
-from clusterctl.store.ledger import Ledger
+from clusterctl.store.ledger import Ledger, note
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise import jobdir
 from clusterctl.supervise.cluster_ops import LogSink
@@ -99,3 +99,57 @@ def test_goodput_json_is_kept_and_the_dir_alone_gives_the_report_after_forget(st
     (d / jobdir.EVENTS).unlink()
     assert jobdir.report_from_dir(d, now=0) == kept         # goodput.json alone
     assert jobdir.report_from_dir(tmp_path / "nothing", now=0) is None
+
+
+def test_the_supervisor_keeps_steps_events_and_goodput_json_in_the_job_dir(tmp_path, monkeypatch):
+    """controller.supervise wires them: the log copy's step lines -> steps.jsonl, each state change -> events.jsonl,
+    its exit -> goodput.json (the same report `clusterctl report` computes)."""
+    from clusterctl.config.spec import loads_job
+    from clusterctl.supervise import controller
+    from clusterctl.transport import ConnectOptions
+
+    root = paths.ensure_state_dir(tmp_path / "state")
+    store = Store(paths.db_path(root))
+    job_id = Ledger(store).job_recorded("j", "{}", None, "/j.yaml")
+    sink = LogSink(paths.output_log(root, job_id))
+
+    class Ops:
+        secrets: dict = {}
+        spec = loads_job("name: j\nnodes: 1\nnproc_per_node: 1\nscript: t.py\n")
+
+        def __init__(self):
+            self.sink = sink
+
+        def wait_for_change(self, timeout):
+            pass
+
+        def sleep_unless_stopped(self, seconds):
+            pass
+
+        def close(self):
+            pass
+
+    class Sup:
+        def __init__(self, job_id, store, ops, policy, nodes, wait, sleep, on_event):
+            self.job_id, self.store, self.ops = job_id, store, ops
+
+        def run(self, adopt_attempt=None, adopt_note=""):
+            ledger = Ledger(self.store)
+            ledger.attempt_started(self.job_id, 1, "n1", ["n1"], None, "attempt 1")
+            ledger.attempt_running(self.job_id, 1)
+            self.ops.sink.begin("n1", 1)
+            self.ops.sink.feed("n1", b"[0]:step 1/3 loss 1\n[0]:step 2/3 loss 1\n[0]:step 3/3 loss 1\n")
+            ledger.event(self.job_id, jobdir_kind("verdict"), "ok", attempt=1, klass="success")
+            ledger.attempt_ended(self.job_id, 1, "succeeded", to=JobState.SUCCEEDED,
+                                 notes=[note(jobdir_kind("end"), "job SUCCEEDED")])
+            return JobState.SUCCEEDED
+
+    monkeypatch.setattr(controller, "build_ops", lambda root, store, job_id, options: (Ops(), None, ["n1"]))
+    monkeypatch.setattr(controller, "Supervisor", Sup)
+    assert controller.supervise(root, job_id, ConnectOptions(), echo=lambda m: None) == JobState.SUCCEEDED
+    d = paths.job_dir(root, job_id)
+    assert [s.step for s in jobdir.read_steps(d / jobdir.STEPS)] == [1, 2, 3]
+    assert [m.kind for m in jobdir.read_marks(d / jobdir.EVENTS)] == ["start", "verdict", "end"]
+    kept = json.loads((d / jobdir.GOODPUT).read_text())
+    assert kept["state"] == "SUCCEEDED" and kept["steps"]["last"] == 3 and kept["disruptions"] == []
+    store.close()
