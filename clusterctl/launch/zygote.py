@@ -324,6 +324,31 @@ def _name(req: dict) -> None:
         pass
 
 
+def _retitle(req: dict) -> None:
+    """What ``ps`` shows for a forked child (a fork keeps the zygote's command line): ``clusterctl rank N attempt A
+    job NAME <zygote.py> serve`` (``agent`` for torchrun's), written over the command line's own memory
+    (``/proc/self/mem``, between ``arg_start`` and ``arg_end``; the job's name is cut to fit). It keeps the
+    zygote's path and ``serve``: the zygote's removal and ``stacks`` find what a zygote forked by them."""
+    env = req.get("env", {})
+    what = f"rank {env.get('RANK', '?')}" if req.get("kind") == "rank" else "agent"
+    head = f"clusterctl {what} attempt {env.get('CLUSTERCTL_ATTEMPT', '?')} job "
+    tail = f" {os.path.abspath(__file__)} serve "
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])       # arg_start, arg_end (fields 48 and 49)
+        room = end - start - 1 - len(head.encode()) - len(tail.encode())
+        if room < 1:
+            return
+        job = str(env.get("CLUSTERCTL_JOB", "?")).encode()[:room].decode(errors="ignore")
+        title = f"{head}{job}{tail}".encode()
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            mem.write(title + b"\0" * (end - start - len(title)))
+    except (OSError, ValueError, IndexError):
+        pass
+
+
 def _die_with_parent(parent: int) -> None:
     """SIGKILL this child when the zygote dies (Linux ``PR_SET_PDEATHSIG``): a killed zygote leaves no agent or
     rank running on (in a container its removal ends them all; on a bare host nothing else would)."""
@@ -354,6 +379,7 @@ def _fork(req: dict, fds: list[int], listener: socket.socket, conns: list[socket
         os.setsid()                          # its own session: the zygote kills the whole of it
         _die_with_parent(zygote)
         _name(req)
+        _retitle(req)
         signal.set_wakeup_fd(-1)
         for s in FORWARDED + (signal.SIGCHLD,):
             signal.signal(s, signal.SIG_DFL)

@@ -460,3 +460,15 @@ def test_the_zygote_runs_with_the_jobs_environment_so_a_forked_rank_sees_what_a_
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_ps_shows_a_forked_rank_as_the_jobs_rank_and_keeps_the_zygotes_path(sock, tmp_path):
+    """Issue 39 item 3: a forked rank's command line (what ``ps`` shows) says job, attempt and rank, and still
+    names the zygote's path and ``serve`` (how the zygote's removal and ``stacks`` find it)."""
+    script = tmp_path / "r.py"
+    script.write_text("import os\nprint(open('/proc/self/cmdline', 'rb').read().replace(b'\\0', b'|').decode())\n")
+    env = dict(os.environ, CLUSTERCTL_ATTEMPT="2", RANK="3", CLUSTERCTL_JOB="myjob")
+    r = subprocess.run(client(sock, "rank", str(script)), env=env, capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    title = r.stdout.strip()
+    assert title.startswith(f"clusterctl rank 3 attempt 2 job myjob {os.path.abspath(ZYGOTE)} serve |"), title
