@@ -54,10 +54,18 @@ def test_stub_nvidia_smi_follows_the_profile(testbed):
                         f"nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits; nvidia-smi -L")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("0, NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB, 0, No, GPU-")
+    # retired_pages.pending is [N/A] on an H100 (row remapping replaced page retirement: issue 35 item 6)
+    assert lines[0].startswith("0, NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB, 0, [N/A], GPU-")
     assert lines[1].startswith("1, NVIDIA H100 80GB HBM3")
     assert lines[2:4] == ["81559", "81559"]
     assert lines[4].startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-")
+    r = ssh(testbed, h, "nvidia-smi --query-remapped-rows=gpu_uuid,remapped_rows.pending,remapped_rows.failure "
+                        "--format=csv,noheader; nvidia-smi --query-gpu=index,fabric.state --format=csv,noheader; "
+                        "dmesg | grep -c NVRM; python3 -c 'import ctypes; print(ctypes.CDLL(\"libcuda.so.1\").cuInit(0))'")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("GPU-") and lines[0].endswith(", 0, 0") and lines[2] == "0, Completed"
+    assert lines[4:] == ["1", "0"]          # the driver's load line, no Xid; the stub libcuda's cuInit: success
     r = ssh(testbed, h, "nvidia-ctk --version; nvidia-ctk cdi list")
     assert r.stdout.splitlines()[0] == "NVIDIA Container Toolkit CLI version 1.14.6"
     assert r.stdout.splitlines()[2:] == ["nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=all"]
