@@ -217,10 +217,22 @@ def torchrun_argv(spec: JobSpec, *, rdzv_endpoint: str, rdzv_id: str, is_host: b
 # torch < 2.7 reads TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE instead (set them in `env:`).
 FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 
+# Containers: torch.compile's caches (Inductor's, Triton's) on a named volume per node and job name, mounted into
+# every container of the job (docker and podman create it on first use; it outlives the containers), so a cold
+# relaunch does not compile again. Bare runs on the host, where the defaults (/tmp/torchinductor_<user>,
+# ~/.triton/cache) already outlive the processes.
+CACHE_DIR = "/var/cache/clusterctl"
+COMPILE_CACHES = {"TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/inductor", "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton"}
+
+
+def cache_volume(job: str) -> str:
+    """The node's named volume that holds the compile caches of the jobs called ``job``."""
+    return f"clusterctl-cache-{job}:{CACHE_DIR}"
+
 
 def node_env(spec: JobSpec, host: Host, *, job_id: str, attempt: int, interface: str | None,
              resume_from: str, resume_step: int, pkg_path: str | None, secret_names: Iterable[str],
-             infiniband: bool = False) -> dict[str, str]:
+             infiniband: bool = False, containerized: bool = False) -> dict[str, str]:
     env: dict[str, str] = {
         "CLUSTERCTL_JOB": spec.name,
         "CLUSTERCTL_JOB_ID": job_id,
@@ -236,6 +248,8 @@ def node_env(spec: JobSpec, host: Host, *, job_id: str, attempt: int, interface:
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]:",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",     # GPU indexes as nvidia-smi numbers them (CUDA's default: fastest first)
     }
+    if containerized:
+        env.update(COMPILE_CACHES)
     if spec.checkpoint.dir:    # flight recorder: NCCL's watchdog dumps every rank's record into one dir on a timeout
         env.update(FLIGHT_RECORDER)
         env["TORCH_FR_DUMP_TEMP_FILE"] = f"{spec.checkpoint.dir}/flight_recorder/{job_id}-{attempt}/rank_"
@@ -339,14 +353,14 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
         ib = infiniband_on(h, infiniband.get(h.name))
         env = node_env(spec, h, job_id=job_id, attempt=attempt, interface=interfaces.get(h.name) or h.interface,
                        resume_from=resume_from, resume_step=resume_step, pkg_path=pkg_path,
-                       secret_names=secret_names, infiniband=ib)
+                       secret_names=secret_names, infiniband=ib, containerized=rt.containerized)
         name = runtimes.container_name(job_id, h.name)
-        rt = runtimes.get(h.runtime)
         bare = not rt.containerized      # on the host: the job's workdir defaults to the job file's directory
         req = runtimes.RunRequest(
             job=spec.name, job_id=job_id, attempt=attempt, node=h.name, name=name, image=spec.image,
             workdir=spec.workdir or (spec.source_dir if bare else None), node_dir=ndir, command=tuple(targv),
-            mounts=tuple(spec.mounts), gpus=h.gpus, gpu_flags=gpu_flags.get(h.name),
+            mounts=(*spec.mounts, cache_volume(spec.name)) if rt.containerized else tuple(spec.mounts),
+            gpus=h.gpus, gpu_flags=gpu_flags.get(h.name),
             infiniband=ib,
             ipc=spec.container.ipc, shm_size=spec.container.shm_size, pids_limit=spec.container.pids_limit,
             ulimits=container_ulimits(spec, ib),

@@ -507,3 +507,19 @@ def test_where_infiniband_is_on_nccl_says_which_network_it_uses():
     plan = build_plan(loads_job("name: a\nnodes: 2\nscript: t.py\nenv: {NCCL_DEBUG: WARN}\n"), hosts, job_id="a1",
                       attempt=1)
     assert plan.node("ib").env["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG_SUBSYS" not in plan.node("ib").env
+
+
+def test_compile_caches_live_on_a_per_node_volume_in_every_container():
+    spec = loads_job("name: cc\nnodes: 2\nscript: t.py\n")
+    for rt in ("podman", "docker"):
+        plan = build_plan(spec, _hosts(rt, 2), job_id="cc-1", attempt=2)
+        for n in plan.nodes:
+            assert n.env["TORCHINDUCTOR_CACHE_DIR"] == "/var/cache/clusterctl/inductor"
+            assert n.env["TRITON_CACHE_DIR"] == "/var/cache/clusterctl/triton"
+            for argv in (n.runtime_argv, n.warm_argv, n.zygote_argv):      # a warm rank lives in the zygote's
+                assert "--volume=clusterctl-cache-cc:/var/cache/clusterctl" in argv
+    bare = build_plan(spec, _hosts("bare", 2), job_id="cc-1", attempt=1).nodes[0]
+    assert "TORCHINDUCTOR_CACHE_DIR" not in bare.env          # the host's defaults outlive the processes
+    env = build_plan(loads_job("name: cc\nscript: t.py\nenv: {TRITON_CACHE_DIR: /x}\n"), _hosts("podman", 1),
+                     job_id="cc-1", attempt=1).nodes[0].env
+    assert env["TRITON_CACHE_DIR"] == "/x"
