@@ -11,7 +11,10 @@ memory_mib          81559                      ``memory.total`` in MiB
 driver              "550.54.15"                driver_version (also NVRM version)
 cuda                "12.4"                     CUDA version in the ``nvidia-smi`` banner
 ecc_uncorrectable   [0] * gpus                 ``ecc.errors.uncorrected.volatile.total`` per GPU
-retired_pending     [False] * gpus             ``retired_pages.pending`` per GPU (Yes/No)
+retired_pending     None                       ``retired_pages.pending`` per GPU (Yes/No): a pre-Ampere GPU;
+                                               None: [N/A], as A100/H100/H200 print it (row remapping)
+remapped_pending    [False] * gpus             ``--query-remapped-rows`` remapped_rows.pending per GPU (1/0)
+remapped_failure    [False] * gpus             remapped_rows.failure per GPU (1/0)
 mismatch            False                      every nvidia-smi call fails with NVML mismatch, exit 18
 toolkit             True (False if gpus == 0)  nvidia-ctk + nvidia-container-cli present
 toolkit_version     "1.14.6"                   ``nvidia-ctk --version``
@@ -25,11 +28,13 @@ docker              False                      a ``docker`` shim (``exec podman 
                                                hold: on the dev image a real docker CLI with no daemon)
 ==================  =========================  ================================================
 
-Formats the stubs print (copied from the real tools; parsers are written against these):
+Formats the stubs print (the vendors' documented formats: nvidia-smi(1), https://docs.nvidia.com/deploy/nvidia-smi/;
+the NVIDIA Container Toolkit docs; NVIDIA's Xid catalog, https://docs.nvidia.com/deploy/xid-errors/; the CUDA
+Driver API's CUresult values; parsers are written against these):
 
 ``nvidia-smi --query-gpu=index,name,driver_version,memory.total,ecc.errors.uncorrected.volatile.total,retired_pages.pending,uuid --format=csv,noheader``::
 
-    0, NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB, 0, No, GPU-3b0a5b0e-7d1c-4f4e-8a55-000000000000
+    0, NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB, 0, [N/A], GPU-3b0a5b0e-7d1c-4f4e-8a55-000000000000
 
   with ``nounits``: ``81559`` instead of ``81559 MiB``. Without ``noheader`` a header line comes first:
   ``index, name, driver_version, memory.total [MiB], ecc.errors.uncorrected.volatile.total,
