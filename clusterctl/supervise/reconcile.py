@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -83,15 +84,21 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
         except InvalidTransition:     # a new supervisor (or a stop) moved the job meanwhile: theirs
             return Reconciled(a.attempt, (), None, store.get_job(job_id).state)
         return Reconciled(a.attempt, (), None, JobState.FAILED, leftovers=tidy())
+    # the checkpoint on the nodes' storage is asked while they are observed (a look takes the longer, not both)
+    asking = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+    on_disk = asking.submit(ops.latest_checkpoint, list(a.nodes))
+    asking.shutdown(wait=False)
     obs = ops.observe(a.attempt, list(a.nodes), watch=False, deadline_s=deadline_s)
     d = judge(obs, rdzv_host=a.rdzv_host or "", now=clock())
     ledger.nodes_changed(job_id, a.attempt, {o.node: dict(
         state=node_state(o), exit_code=o.exit_code, signal=o.signal, rank=o.rank,
         error_tail=(withheld_tail if withheld_tail and o.error_tail else o.error_tail) or None) for o in obs})
     states = tuple((o.node, node_state(o)) for o in obs)
-    answering = [o.node for o in obs if o.state in ("running", "exited")]
-    if d is None or d.verdict == Verdict.SUCCESS:     # the checkpoint on disk now, not the last one a supervisor saw
-        checkpoint_now(ledger, job_id, a.attempt, ops.latest_checkpoint(answering) if answering else None)
+    try:
+        checkpoint = on_disk.result()     # ClusterOps: bounded by its probe timeout (the slowest node not waited for)
+    except Exception:  # noqa: BLE001 - no node could tell: unknown, never "none"
+        checkpoint = None
+    checkpoint_now(ledger, job_id, a.attempt, checkpoint)   # the one on disk now, not the last a supervisor saw
     if d is None:
         return Reconciled(a.attempt, states, None, job.state)
     if store.get_job(job_id).terminal:      # someone else (a new supervisor, another status) got there first
@@ -104,8 +111,6 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
                                              "on every node while no supervisor watched it", attempt=a.attempt,
                                              klass="success")])
             return Reconciled(a.attempt, states, d, JobState.SUCCEEDED, leftovers=tidy())
-        checkpoint = ops.latest_checkpoint(answering) if answering else None
-        checkpoint_now(ledger, job_id, a.attempt, checkpoint)
         step = f"checkpoint step {checkpoint[1]}" if checkpoint and checkpoint[0] else (
             "the start (no checkpoint yet)" if checkpoint else "the latest valid checkpoint")
         ledger.attempt_ended(job_id, a.attempt, d.verdict.value, to=JobState.FAILED, expect=ACTIVE_STATES,
