@@ -315,12 +315,22 @@ def launch(ws: Workspace, request: LaunchRequest, *, connect: Connect = default_
             return PreflightFailed(report)
         interfaces = report.interfaces()
         gpu_flags = report.gpu_flags()
-        warnings = [(c.detail, c.hint) for c in report.cluster
-                    if c.id == "rendezvous_exposure" and c.status == "warn"]
+        warnings = launch_warnings(report, spec)
     job_id = record_job(ws.store, ctx, request.job_path, interfaces, gpu_flags)
     pid = spawn(ws.root, job_id, accept_new=request.options.accept_new_host_keys)
     return Launched(job_id, spec.name, pid, tuple(h.name for h in ctx.hosts[: spec.max_nodes]),
                     tuple(h.name for h in ctx.hosts[spec.max_nodes:]), ctx.excluded, tuple(warnings))
+
+
+def launch_warnings(report: Any, spec: JobSpec) -> list[tuple[str, str | None]]:
+    """What ``launch`` warns of from its quick preflight: the rendezvous port listening on addresses outside the
+    cluster network (c10d's TCPStore binds every address; torch has no way to bind one), unless the job file
+    acknowledges it (``rendezvous.exposure_ok: true``: firewalled, or a machine of one's own)."""
+    if spec.rendezvous.exposure_ok:
+        return []
+    return [(c.detail, f"{c.hint}; once it is (or on a machine of your own), `rendezvous: {{exposure_ok: true}}` "
+                       "in the job file stops this warning")
+            for c in report.cluster if c.id == "rendezvous_exposure" and c.status == "warn"]
 
 
 def record_job(store: Store, ctx: JobContext, job_path: str, interfaces: Mapping[str, str],

@@ -46,6 +46,8 @@ DESCRIPTIONS: dict[str, str] = {
     "rendezvous.keep_alive_interval": "Seconds between agent heartbeats.",
     "rendezvous.keep_alive_max_attempt": "Missed heartbeats before a node is dropped from the rendezvous.",
     "rendezvous.read_timeout": "Seconds for one read from the rendezvous store.",
+    "rendezvous.exposure_ok": "true: launch does not warn that the rendezvous port listens on addresses outside "
+                              "the cluster network (firewalled, or a machine of your own).",
     "checkpoint": "Passed to the script as CLUSTERCTL_CHECKPOINT_* (see clusterctl.checkpoint).",
     "checkpoint.dir": "Shared checkpoint directory (absolute), e.g. /shared/ckpt/my-job.",
     "checkpoint.keep": "Complete checkpoints to keep (>= 1).",

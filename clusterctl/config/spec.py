@@ -209,6 +209,7 @@ class Rendezvous(_Model):
     keep_alive_interval: int = Field(5, ge=1)
     keep_alive_max_attempt: int = Field(3, ge=1)
     read_timeout: int = Field(60, ge=1)
+    exposure_ok: bool = False               # true: launch does not warn that the port listens on every address
 
     @field_validator("host")
     @classmethod

@@ -344,3 +344,17 @@ def test_common_ansible_vars_are_accepted_with_a_note(tmp_path):
     write(tmp_path, "inventory.yaml", "all:\n  hosts:\n    node1:\n      ansible_bcome: true\n")
     r = cli(tmp_path, "inventory")
     assert r.returncode == 2 and "did you mean 'ansible_become'" in r.stderr, r.stderr
+
+
+def test_the_rendezvous_exposure_warning_says_how_to_acknowledge_it_and_then_goes_away():
+    """Item 12: every single-node local launch warned "runs code sent by anyone" with no way to act on it."""
+    from clusterctl.checks.results import ClusterCheck, PreflightReport
+    from clusterctl.config.spec import loads_job
+    from clusterctl.jobs import launch_warnings
+
+    report = PreflightReport.build([], [ClusterCheck("rendezvous_exposure", "warn", "localhost:29400 will listen on "
+                                                     "all interfaces, including 192.0.2.2 (eth0)", "firewall TCP "
+                                                     "29400", ("localhost",))], 0.1)
+    (detail, hint), = launch_warnings(report, loads_job("name: j\nscript: t.py\n"))
+    assert "192.0.2.2" in detail and "exposure_ok: true" in hint
+    assert launch_warnings(report, loads_job("name: j\nscript: t.py\nrendezvous: {exposure_ok: true}\n")) == []
