@@ -585,14 +585,19 @@ class Store:
 
     def end_attempt(self, job_id: str, attempt: int, result: str) -> bool:
         """Record the attempt's end and result, once: an attempt that has ended keeps its recorded result (a
-        later writer, e.g. a supervisor that saw a `stop`'s effect, or a reconcile, never overwrites it).
-        Returns whether this call recorded it."""
+        later writer, e.g. a supervisor that saw a `stop`'s effect, or a reconcile, never overwrites it). An
+        attempt that ends ``stopped`` has no node left ``running`` (a `stop` during its start: the nodes that
+        had started read stopped). Returns whether this call recorded it."""
+        now = self._clock()
         with self._write() as db:
             cur = db.execute("UPDATE attempts SET ended_at = ?, result = ? WHERE job_id = ? AND attempt = ?"
-                             " AND ended_at IS NULL", (self._clock(), result, job_id, attempt))
+                             " AND ended_at IS NULL", (now, result, job_id, attempt))
             if cur.rowcount == 0 and db.execute("SELECT 1 FROM attempts WHERE job_id = ? AND attempt = ?",
                                                 (job_id, attempt)).fetchone() is None:
                 raise ClusterctlError(f"job {job_id}: no attempt {attempt}")
+            if cur.rowcount and result == "stopped":
+                db.execute("UPDATE nodes SET state = 'stopped', updated_at = ? WHERE job_id = ? AND attempt = ?"
+                           " AND state = 'running'", (now, job_id, attempt))
             return cur.rowcount > 0
 
     def attempts(self, job_id: str) -> list[Attempt]:

@@ -467,6 +467,14 @@ def test_a_stop_during_a_start_leaves_no_node_running_and_a_stopped_node_stays_s
     assert rows == {"n1": ("stopped", None, "10.0.0.1"), "n2": ("stopped", None, "10.0.0.2")}
     ledger.attempt_ended(job_id, 1, "node_lost")            # a supervisor's later verdict: the stop's stands
     assert store.attempts(job_id)[-1].result == "stopped"
+    # the stop came before the supervisor recorded attempt 2's nodes as started; the supervisor, preempted, ends
+    # the attempt stopped (its node rows not given): none of them reads running
+    store.set_state(job_id, JobState.RECOVERING)
+    Ledger(store).attempt_started(job_id, 2, "n1", ["n1", "n2"], None, "attempt 2")
+    ledger.nodes_changed(job_id, 2, {"n1": {"state": "running"}, "n2": {"state": "running"}})
+    ledger.stop_requested(job_id)
+    ledger.attempt_ended(job_id, 2, "stopped")
+    assert {n.node: n.state for n in store.nodes(job_id, 2)} == {"n1": "stopped", "n2": "stopped"}
 
 
 # ------------------------------------------------------------------------------------------- followers
