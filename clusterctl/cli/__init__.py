@@ -23,7 +23,7 @@ from clusterctl.errors import ClusterctlError
 __all__ = ["app", "main"]
 
 
-GLOBAL_FLAGS = ("--debug",)
+GLOBAL_FLAGS = ("--debug", "--version")
 
 
 GLOBAL_OPTIONS = ("--state-dir",)

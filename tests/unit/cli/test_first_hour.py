@@ -358,3 +358,14 @@ def test_the_rendezvous_exposure_warning_says_how_to_acknowledge_it_and_then_goe
     (detail, hint), = launch_warnings(report, loads_job("name: j\nscript: t.py\n"))
     assert "192.0.2.2" in detail and "exposure_ok: true" in hint
     assert launch_warnings(report, loads_job("name: j\nscript: t.py\nrendezvous: {exposure_ok: true}\n")) == []
+
+
+def test_version_is_accepted_after_a_subcommand_as_the_readme_says(tmp_path):
+    """Item 13: the README lists --version among the global flags "accepted after the subcommand too"."""
+    from clusterctl import __version__
+
+    for args in (["--version"], ["status", "--version"], ["logs", "JOB", "--version"]):
+        r = cli(tmp_path, *args)
+        assert r.returncode == 0 and r.stdout.strip() == f"clusterctl {__version__}", (args, r.stdout, r.stderr)
+    r = cli(tmp_path, "exec", "--", "printf", "%s\\n", "--version")       # after --: the remote command's
+    assert r.returncode == 0 and "--version" in r.stdout and __version__ not in r.stdout, r.stdout + r.stderr
