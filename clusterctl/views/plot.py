@@ -26,6 +26,8 @@ def check_path(path: str) -> Path:
     p = Path(path)
     if p.suffix.lower() not in FORMATS:
         raise UserError(f"--plot {path}: the file's extension says the format: .png or .svg")
+    if not p.parent.is_dir():
+        raise UserError(f"--plot {path}: no directory {p.parent}")
     return p
 
 

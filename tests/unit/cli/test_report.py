@@ -109,6 +109,8 @@ def test_plot_refuses_another_extension_and_names_the_extra_when_matplotlib_is_m
     record_job(root, store, steps=True)
     rc, _, err = cli(capsys, "--state-dir", str(root), "report", "demo", "--plot", str(tmp_path / "x.pdf"))
     assert rc == 2 and ".png or .svg" in err
+    rc, _, err = cli(capsys, "--state-dir", str(root), "report", "demo", "--plot", str(tmp_path / "no" / "x.png"))
+    assert rc == 2 and "no directory" in err
     monkeypatch.setitem(sys.modules, "matplotlib", None)      # `import matplotlib` raises ImportError
     rc, _, err = cli(capsys, "--state-dir", str(root), "report", "demo", "--plot", str(tmp_path / "x.png"))
     assert rc == 2 and "clusterctl[plot]" in err and "Traceback" not in err
