@@ -315,7 +315,7 @@ def test_followers_say_unsupervised_and_a_reconcile_ending_a_warm_job_leaves_not
     run = job(steps=1, nproc=1)
     edit_job(run, script=str(CHATTER), args=["1500", "0.2"], nodes=2)
     run.launch()
-    rh.wait_zygotes(run)
+    rh.wait_zygotes(run, timeout=240)               # torch's import in each zygote: slow on a loaded box
     job_id = run.job_row().job_id
     out_log = run.state_dir / "jobs" / job_id / "output.log"
     wait_for(lambda: "tick 5" in out_log.read_text(errors="replace"), 60, "the ranks' first lines")
