@@ -333,15 +333,16 @@ class Store:
         conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None,
                                check_same_thread=False)
         conn.row_factory = sqlite3.Row
+        why = ("" if self.journal == "wal" else
+               f" (it is on a network file system, where SQLite's WAL does not work, so clusterctl uses a "
+               f"{self.journal.upper()} journal there; a process that still has it open in WAL mode, e.g. a "
+               "supervisor of an older clusterctl, must end first, or keep the state dir on a local disk)")
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
             mode = conn.execute(f"PRAGMA journal_mode = {self.journal.upper()}").fetchone()[0]
             if mode.lower() != self.journal:
-                why = ("it is on a network file system, where WAL does not work, and another process still has it "
-                       "open in WAL mode (stop it, or keep the state dir on a local disk)"
-                       if self.journal != "wal" else "")
                 raise ClusterctlError(f"{self.path}: cannot switch the state database to {self.journal.upper()} "
-                                      f"mode ({mode})" + (f": {why}" if why else ""))
+                                      f"mode ({mode}){why}")
             # WAL: NORMAL is durable enough (a commit may be lost at a power cut, never the database); a rollback
             # journal needs FULL for that
             conn.execute("PRAGMA synchronous = NORMAL" if self.journal == "wal" else "PRAGMA synchronous = FULL")
@@ -351,7 +352,7 @@ class Store:
             if "not a database" in str(exc) or "malformed" in str(exc):
                 raise UserError(f"{self.path}: not a clusterctl state database ({exc}): move it aside (mv "
                                 f"{self.path} {self.path}.corrupt) and rerun to start a new history") from None
-            raise ClusterctlError(f"{self.path}: cannot open state database: {exc}") from None
+            raise ClusterctlError(f"{self.path}: cannot open state database: {exc}{why}") from None
         self._pid = os.getpid()
         return conn
 

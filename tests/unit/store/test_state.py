@@ -478,3 +478,13 @@ def test_the_journal_is_wal_on_a_local_disk_and_a_rollback_journal_on_a_network_
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     raw.close()
     assert not list(tmp_path.glob("state.db-wal")) and not list(tmp_path.glob("state.db-shm"))
+    store.close()
+    other.close()
+    # a database another process (an older clusterctl) still holds in WAL mode: refused with the reason, not
+    # opened half-way; once that one ends, the switch happens and the history is kept
+    wal = Store(tmp_path / "old.db", journal="wal", busy_timeout_s=0.5)
+    wal.create_job("llm", SPEC, None, None)
+    with pytest.raises(ClusterctlError, match="network file system, where SQLite's WAL does not work"):
+        Store(tmp_path / "old.db", journal="delete", busy_timeout_s=0.5)
+    wal.close()
+    assert [j.name for j in Store(tmp_path / "old.db", journal="delete").list_jobs()] == ["llm"]
