@@ -473,16 +473,19 @@ NVIDIA_SMI = Probe("nvidia_smi", lambda host, job, o: section(
 DRIVER = Check("gpu_driver", "host", check_gpu_driver, ("nvidia_smi", "cuda_init", "smi_fabric"), label="driver",
                launch=True)
 COUNT = Check("gpu_count", "host", check_gpu_count, ("nvidia_smi",), label="gpus", launch=True)
-SMI_MODES = Probe("smi_modes", lambda host, job, o: section(
-    "smi_modes", tool_cmd(o.probe_timeout_s, MODES_ARGV)), applies=has_gpus)
-SMI_REMAP = Probe("smi_remap", lambda host, job, o: section(
-    "smi_remap", tool_cmd(o.probe_timeout_s, REMAP_ARGV)), applies=has_gpus)
-SMI_FABRIC = Probe("smi_fabric", lambda host, job, o: section(
-    "smi_fabric", tool_cmd(o.probe_timeout_s, FABRIC_ARGV)), applies=has_gpus)
-CUDA_INIT = Probe("cuda_init", lambda host, job, o: section(
-    "cuda_init", tool_cmd(o.probe_timeout_s, CUDA_ARGV)), applies=has_gpus)
-XID = Probe("xid", lambda host, job, o: section("xid", tool_cmd(o.probe_timeout_s, ("sh", "-c", XID_SCRIPT))),
-            applies=has_gpus)
+def _with_nvidia_smi(name: str, argv: tuple[str, ...]) -> Probe:
+    """A section that runs only where nvidia-smi exists (elsewhere gpu_driver skips or fails before reading it:
+    a host without the driver is not made to start python3 or read its kernel log), exit 127 otherwise."""
+    return Probe(name, lambda host, job, o: section(
+        name, f"if command -v nvidia-smi >/dev/null 2>&1; then {tool_cmd(o.probe_timeout_s, argv)}; "
+              "else echo 'nvidia-smi not found'; (exit 127); fi"), applies=has_gpus)
+
+
+SMI_MODES = _with_nvidia_smi("smi_modes", MODES_ARGV)
+SMI_REMAP = _with_nvidia_smi("smi_remap", REMAP_ARGV)
+SMI_FABRIC = _with_nvidia_smi("smi_fabric", FABRIC_ARGV)
+CUDA_INIT = _with_nvidia_smi("cuda_init", CUDA_ARGV)
+XID = _with_nvidia_smi("xid", ("sh", "-c", XID_SCRIPT))
 # cuInit and the fabric belong to gpu_driver, the kernel log's Xids and the row remapper to gpu_health: the table
 # keeps one column each and fits 80 columns.
 HEALTH = Check("gpu_health", "host", check_gpu_health, ("nvidia_smi", "smi_modes", "smi_remap", "xid"),

@@ -114,8 +114,28 @@ def test_fabric_not_complete_with_cuinit_ok_warns():
 def test_the_cuda_probe_is_a_child_python_with_fixed_text():
     script = build_probe_script(Host(name="n", address="10.0.0.1", runtime="bare", gpus=8), PreflightJob(),
                                 PreflightOptions())
-    assert "b cuda_init; to 15 python3 -c " in script
+    assert "b cuda_init; if command -v nvidia-smi >/dev/null 2>&1; then to 15 python3 -c " in script
     assert "ctypes.CDLL(" in gpu.CUDA_PROGRAM and "cuInit(0)" in gpu.CUDA_PROGRAM
     cpu = build_probe_script(Host(name="n", address="10.0.0.1", runtime="bare", gpus=0), PreflightJob(),
                              PreflightOptions())
     assert "cuda_init" not in cpu
+
+
+def test_a_host_without_nvidia_smi_starts_no_python_and_reads_no_kernel_log(tmp_path):
+    """clusterctl_gpus unset and no driver (a laptop, the embedded default): the quick preflight stays quick."""
+    import subprocess
+
+    from clusterctl.checks.probe import split_sections
+
+    log = tmp_path / "calls"
+    for tool in ("python3", "dmesg", "journalctl"):
+        (tmp_path / tool).write_text(f"#!/bin/sh\necho {tool} >> {log}\n")
+        (tmp_path / tool).chmod(0o755)
+    script = build_probe_script(Host(name="n", address="127.0.0.1", runtime="bare", gpus=None), PreflightJob(),
+                                PreflightOptions(only=frozenset({"ssh", "gpu_driver", "gpu_health"})))
+    p = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60,
+                       env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    sections = split_sections(p.stdout)
+    assert {n: sections[n].rc for n in ("nvidia_smi", "cuda_init", "xid", "smi_remap")} == dict.fromkeys(
+        ("nvidia_smi", "cuda_init", "xid", "smi_remap"), 127)
+    assert not log.exists(), log.read_text()
