@@ -198,6 +198,9 @@ def test_a_supervisor_being_started_here_counts_when_the_last_one_ran_on_another
 
     job_id = "demo-20261204-000000-abcdefabcdef"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "clusterctl.supervise", job_id])
+    end = time.monotonic() + 10
+    while not open(f"/proc/{child.pid}/cmdline", "rb").read() and time.monotonic() < end:
+        time.sleep(0.01)     # Popen may return while the child's exec is under way (its cmdline empty)
     try:
         root = paths.ensure_state_dir(tmp_path / "state")
         paths.ensure_job_dir(root, job_id)
