@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -144,7 +145,7 @@ def write_stubs(bin_dir: Path, prof: dict, host_index: int) -> None:
     header = f"#!{os.path.realpath(sys.executable)} -IS\nPROFILE = {str(bin_dir / 'profile.json')!r}\n"
     if prof["gpus"] > 0:
         _script(bin_dir / "nvidia-smi", header + _NVIDIA_SMI)
-        _script(bin_dir / "dmesg", header + _DMESG)
+        _script(bin_dir / "dmesg", dmesg_script(prof))
     if prof["toolkit"]:
         _script(bin_dir / "nvidia-ctk", header + _NVIDIA_CTK)
         _script(bin_dir / "nvidia-container-cli", header + _NVIDIA_CONTAINER_CLI)
@@ -397,11 +398,9 @@ if r.returncode != 0:
 # dmesg on a GPU host: the driver's load line, then the profile's NVRM lines, in dmesg's default format
 # ("[seconds.micros] text"; util-linux dmesg(1)). Xid lines follow NVIDIA's Xid catalog format
 # (https://docs.nvidia.com/deploy/xid-errors/index.html): "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., name=..., text".
-_DMESG = r"""
-import json
-P = json.load(open(PROFILE))
-print("[    5.412331] nvidia: loading out-of-tree module taints kernel.")
-print("[    5.498120] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  %s  (buildmeister@builder)" % P["driver"])
-for i, line in enumerate(P["xid"]):
-    print("[%5d.%06d] NVRM: %s" % (3284 + i, 436120, line))
-"""
+# A shell script with the lines baked in (no interpreter to start: the probe runs it on every host).
+def dmesg_script(prof: dict) -> str:
+    lines = ["[    5.412331] nvidia: loading out-of-tree module taints kernel.",
+             f"[    5.498120] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  {prof['driver']}  (buildmeister@builder)"]
+    lines += [f"[{3284 + i:5d}.436120] NVRM: {line}" for i, line in enumerate(prof["xid"])]
+    return "#!/bin/sh\n" + "".join(f"printf '%s\\n' {shlex.quote(ln)}\n" for ln in lines)
