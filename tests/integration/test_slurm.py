@@ -111,6 +111,7 @@ def test_preflight_and_launch_from_slurm_allocation_over_srun_without_ssh(slurm_
         env = job_env(tb, jid)
         ov = overlay(tmp_path / "overlay.yaml")
         state = tmp_path / "state"
+        state.mkdir()                         # inventory and preflight read a state dir that exists
         r = clusterctl(state, "inventory", "-i", f"slurm:{ov}", "--output", "json", env=env)
         assert r.returncode == 0, r.stderr
         inv = json.loads(r.stdout)
