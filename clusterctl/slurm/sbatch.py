@@ -10,8 +10,8 @@ here): the first run of a Slurm job writes ``<state>/slurm/<SLURM_JOB_ID>`` (the
 run of the same Slurm job (requeued after its supervisor's node died, a node failure, or the time-limit trap)
 finds the marker and resumes the same job record (``resume`` semantics: newest valid checkpoint) on the hosts of
 the new allocation; a marker still ``launching`` names the job of that name recorded since (a requeue between the
-launch and the marker's job id resumes it, never launches a second job), or none (launched again). Each run records an event with
-``SLURM_JOB_ID`` and ``SLURM_RESTART_COUNT``. The state dir must be on storage every node sees (it is given to the
+launch and the marker's job id resumes it, never launches a second job), or none (launched again). Each run
+records an event with ``SLURM_JOB_ID`` and ``SLURM_RESTART_COUNT``. The state dir must be on storage every node sees (it is given to the
 script as an absolute path).
 """
 from __future__ import annotations

@@ -89,7 +89,8 @@ def test_marker_is_replaced_atomically_and_a_foreign_file_is_an_input_error(tmp_
 
 def overlay(tmp_path, gpus, name="overlay.yaml") -> str:
     p = tmp_path / name
-    p.write_text("all:\n  vars:\n    clusterctl_runtime: bare\n" + (f"    clusterctl_gpus: {gpus}\n" if gpus is not None else ""))
+    p.write_text("all:\n  vars:\n    clusterctl_runtime: bare\n"
+                 + (f"    clusterctl_gpus: {gpus}\n" if gpus is not None else ""))
     return str(p)
 
 
