@@ -79,10 +79,10 @@ def test_the_80_column_examples_of_oncall_md_have_the_clis_headers(tmp_path):
     assert shown[0] == got[0], (shown[0], got[0])
 
 
-@pytest.mark.parametrize("doc", ["oncall.md", "job.md", "preflight.md"])
+@pytest.mark.parametrize("doc", ["README.md", *(f"docs/{p.name}" for p in sorted((REPO / "docs").glob("*.md")))])
 def test_documented_job_ids_have_the_clis_shape(doc):
     """Job ids in examples are `<name>-<YYYYMMDD-HHMMSS>-<12 hex>` as the CLI makes them (not 4 hex digits)."""
-    text = (REPO / "docs" / doc).read_text()
+    text = (REPO / doc).read_text()
     ids = re.findall(r"\b[a-z0-9-]+-20\d{6}-\d{6}-[0-9a-f]+\b", text)
     short = sorted({i for i in ids if len(i.rsplit("-", 1)[1]) != 12})
     assert not short, f"{doc}: job ids with a suffix other than 12 hex digits: {short[:5]}"
