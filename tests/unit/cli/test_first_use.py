@@ -332,8 +332,10 @@ def test_a_swapped_job_and_inventory_say_which_file_each_looks_like(tmp_path, in
     assert r.returncode == 2 and "looks like a job file" in r.stderr
 
 
-def test_every_flag_the_readme_names_is_in_the_commands_help():
-    """README's command table and the CLI stay in step: each `--flag`/`-x` a row names is in that command's help."""
+@pytest.mark.parametrize("doc,heading", [("README.md", "## Commands"), ("docs/oncall.md", "## Every command")])
+def test_every_flag_the_readme_names_is_in_the_commands_help(doc, heading):
+    """README's command table (and the full one in docs/oncall.md) and the CLI stay in step: each `--flag`/`-x` a
+    row names is in that command's help."""
     import re
     from pathlib import Path
 
@@ -341,8 +343,8 @@ def test_every_flag_the_readme_names_is_in_the_commands_help():
 
     from clusterctl.cli import app
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    table = readme.split("## Commands", 1)[1].split("\n\n", 2)[1]
+    readme = (Path(__file__).resolve().parents[3] / doc).read_text()
+    table = next(p for p in readme.split(heading, 1)[1].split("\n\n") if p.startswith("| command"))
     checked = 0
     for row in table.splitlines()[2:]:
         cell = row.split("|")[1]
