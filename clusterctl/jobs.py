@@ -623,11 +623,16 @@ class Forgotten:
     job_id: str
     name: str
     checkpoint_dir_kept: str | None       # never deleted
+    nodes_cleaned: tuple[str, ...] = ()   # with nodes=True: the nodes whose job directory is gone
+    node_errors: Mapping[str, str] = field(default_factory=dict)   # node -> why its directory may remain
 
 
-def forget(ws: Workspace, refs: Sequence[str]) -> list[Forgotten]:
+def forget(ws: Workspace, refs: Sequence[str], *, nodes: bool = False, options: ConnectOptions | None = None,
+           connect: Connect = default_connect) -> list[Forgotten]:
     """Delete finished jobs' records and controller-side logs; ``UserError`` (and nothing deleted) when one of
-    them is active or still has a live supervisor. Checkpoints are never touched."""
+    them is active or still has a live supervisor. Checkpoints are never touched. ``nodes``: first remove each
+    job's directory on every node it ran on (``~/.clusterctl/nodes/<node>/jobs/<job_id>``: its node logs, exit
+    files, env dir), a node that cannot be reached said in ``node_errors`` (the record is forgotten anyway)."""
     import shutil
 
     from clusterctl.store import paths
@@ -640,10 +645,38 @@ def forget(ws: Workspace, refs: Sequence[str]) -> list[Forgotten]:
     done = []
     for j in found:
         ckpt = (json.loads(j.spec_json).get("spec") or {}).get("checkpoint", {}).get("dir")
+        cleaned, errors = _remove_node_dirs(ws, j, options or ConnectOptions(), connect) if nodes else ((), {})
         Ledger(ws.store).forgotten(j.job_id)
         shutil.rmtree(paths.job_dir(ws.root, j.job_id), ignore_errors=True)
-        done.append(Forgotten(j.job_id, j.name, ckpt))
+        done.append(Forgotten(j.job_id, j.name, ckpt, cleaned, errors))
     return done
+
+
+# `forget --nodes`: a finished job's directory on a node ($1, `~/` expanded there), nothing else
+_RM_JOB_DIR = 'd=$1; case $d in "~/"*) d=$HOME/${d#"~/"};; esac; rm -rf -- "$d"'
+
+
+def _remove_node_dirs(ws: Workspace, job: Any, options: ConnectOptions,
+                      connect: Connect) -> tuple[tuple[str, ...], dict[str, str]]:
+    from clusterctl.launch import runtimes
+    from clusterctl.transport import fan_out
+
+    hosts = list(Ledger(ws.store).record(job).hosts)
+
+    def remove(h: Host) -> None:
+        t = connect(h, options)
+        try:
+            root = runtimes.jobs_root_for(runtimes.DEFAULT_JOBS_ROOT, h.name)
+            r = t.run(["sh", "-c", _RM_JOB_DIR, "clusterctl-forget", f"{root.rstrip('/')}/{job.job_id}"],
+                      timeout=options.command_timeout)
+            if r.exit_code != 0:
+                raise ClusterctlError(r.stderr.strip() or f"exit {r.exit_code}")
+        finally:
+            t.close()
+
+    results = fan_out(hosts, remove, host_timeout=options.connect_timeout * 3 + options.command_timeout)
+    return (tuple(r.host.name for r in results if r.ok),
+            {r.host.name: str(r.error) for r in results if not r.ok})
 
 
 @dataclass(frozen=True)

@@ -194,18 +194,26 @@ def resume_cmd(ctx, job, exclude, checkpoint, detach, output, accept_new) -> int
 
 @app.command("forget")
 @click.argument("jobs", nargs=-1, required=True)
+@click.option("--nodes", "on_nodes", is_flag=True,
+              help="Also remove each job's directory on the nodes it ran on (node logs, exit files).")
 @output_option
+@accept_option
 @click.pass_context
-def forget_cmd(ctx, jobs, output) -> int:
-    """Delete finished jobs' records and controller-side logs (never checkpoints, never an active job)."""
+def forget_cmd(ctx, jobs, on_nodes, output, accept_new) -> int:
+    """Delete finished jobs' records and controller-side logs (never checkpoints, never an active job); with
+    --nodes also their directories on the nodes."""
     from clusterctl import jobs as jobs_mod
 
-    done = jobs_mod.forget(jobs_mod.open_workspace(ctx.obj.state_dir), jobs)
+    done = jobs_mod.forget(jobs_mod.open_workspace(ctx.obj.state_dir), jobs, nodes=on_nodes,
+                           options=connect_options(ctx, accept_new))
     if output == "json":
         print_json({"forgotten": [dataclasses.asdict(f) for f in done]})
     else:
         for f in done:
             err.print(f"forgot {f.job_id}: its records and controller-side logs"
+                      + (f", its directory on {', '.join(f.nodes_cleaned)}" if f.nodes_cleaned else "")
                       + (f" (checkpoints in {f.checkpoint_dir_kept} are kept)" if f.checkpoint_dir_kept else ""),
                       markup=False)
-    return 0
+            for node, why in f.node_errors.items():
+                err.print(f"{node}: its directory of {f.job_id} may remain: {why}", markup=False)
+    return 1 if any(f.node_errors for f in done) else 0

@@ -369,3 +369,28 @@ def test_version_is_accepted_after_a_subcommand_as_the_readme_says(tmp_path):
         assert r.returncode == 0 and r.stdout.strip() == f"clusterctl {__version__}", (args, r.stdout, r.stderr)
     r = cli(tmp_path, "exec", "--", "printf", "%s\\n", "--version")       # after --: the remote command's
     assert r.returncode == 0 and "--version" in r.stdout and __version__ not in r.stdout, r.stdout + r.stderr
+
+
+def test_forget_nodes_removes_the_jobs_node_side_directories(tmp_path):
+    """Item 11: forgotten jobs left ~/.clusterctl/nodes/<node>/jobs/<job_id> on every node for good."""
+    home = tmp_path / "home"
+    home.mkdir()
+    write(tmp_path, "hello.py", "print('hello', flush=True)\n")
+    write(tmp_path, "job.yaml", "name: hello\nscript: hello.py\n")
+    env = {"HOME": str(home)}
+    assert cli(tmp_path, "launch", "job.yaml", env=env).returncode == 0
+    kept = cli(tmp_path, "launch", "job.yaml", "-d", "-o", "json", env=env)
+    assert kept.returncode == 0, kept.stderr
+    jobs_dir = home / ".clusterctl" / "nodes" / "localhost" / "jobs"
+    second = json.loads(kept.stdout)["job_id"]
+    for _ in range(100):        # the detached one ends by itself
+        if json.loads(cli(tmp_path, "status", second, "-o", "json").stdout)["state"] == "SUCCEEDED":
+            break
+    first, = [p.name for p in jobs_dir.iterdir() if p.name != second]
+    assert (jobs_dir / second).is_dir()
+    r = cli(tmp_path, "forget", first, env=env)
+    assert r.returncode == 0 and (jobs_dir / first).is_dir()          # plain forget: the nodes are not touched
+    r = cli(tmp_path, "forget", second, "--nodes", "-o", "json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["forgotten"][0]["nodes_cleaned"] == ["localhost"]
+    assert not (jobs_dir / second).exists() and (jobs_dir / first).is_dir()
