@@ -161,6 +161,13 @@ def test_finished_while_unsupervised_is_succeeded_and_resume_relaunches_nothing(
     st = run.status()
     assert st["state"] == "SUCCEEDED", st
     assert any(e["kind"] == "reconciled" and e["class"] == "success" for e in run.events())
+    # issue 39 item 4: the checkpoint shown is the newest on disk (the dead supervisor saw step 10 at most), an
+    # event says the supervisor was lost and since when; the look that ended the job removed its leftovers
+    on_disk = max(int(p.name.split("-")[1]) for p in (run.record.parent / "ckpt").iterdir()
+                  if p.name.startswith("step-"))
+    assert st["checkpoint"] and st["checkpoint"]["step"] == on_disk, (st["checkpoint"], on_disk)
+    assert [e["kind"] for e in run.events()].count("supervisor_lost") == 1, run.events_text()
+    rh.check_clean(run)
     out = run.cli("resume", run.name, "--detach", "-o", "json", timeout=120)
     res = json.loads(out.stdout)
     assert res["outcome"] == "succeeded" and res["supervisor_pid"] is None, res
