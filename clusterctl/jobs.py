@@ -712,6 +712,22 @@ def uncordon(ws: Workspace, hosts: Sequence[str]) -> dict[str, bool]:
 
 
 # ---------------------------------------------------------------------------------------------- what is kept
+def job_node_names(state_dir: str | None, job_ref: str | None) -> list[str]:
+    """Shell completion of --node: the nodes of ``job_ref``'s latest attempt, or (None: the shell's words did not
+    say which job) of every job's, newest first; none without a database."""
+    from clusterctl.store.paths import db_path
+    from clusterctl.store.paths import state_dir as resolve
+
+    root = resolve(state_dir)
+    if not db_path(root).exists():
+        return []
+    with Store(db_path(root)) as store:
+        found = store.find_job(job_ref) if job_ref else None
+        chosen = [found] if found is not None else [] if job_ref else store.list_jobs()
+        attempts = [store.attempts(j.job_id) for j in chosen]
+    return list(dict.fromkeys(n for a in attempts if a for n in a[-1].nodes))
+
+
 def job_names(state_dir: str | None) -> list[str]:
     """Every job's name and id in the state dir (shell completion); none when it has no database yet."""
     from clusterctl.store.paths import db_path

@@ -102,7 +102,7 @@ def refuse_missing_state_dir(state_dir: str, command: str | None) -> None:
 
 
 def inventory_option(f):
-    return click.option("-i", "--inventory", default=None, callback=nonempty,
+    return click.option("-i", "--inventory", default=None, callback=nonempty, type=click.Path(),
                         help="Inventory YAML (default: $CLUSTERCTL_INVENTORY, ./inventory.yaml, else this machine).")(f)
 
 
@@ -128,6 +128,19 @@ def complete_hosts(ctx, param, incomplete: str) -> list:
         from clusterctl.slurm.allocation import load_hosts as load     # quietly: no notes into the user's shell
 
         return [h.name for h in load(ctx.params.get("inventory")).hosts if h.name.startswith(incomplete)]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def complete_nodes(ctx, param, incomplete: str) -> list:
+    """Shell completion of --node/--exclude: the nodes of the command's JOB (its latest attempt; click does not
+    parse JOB when the line ends in an option: then every job's), and the default inventory's hosts."""
+    try:
+        from clusterctl import jobs
+
+        names = jobs.job_node_names((ctx.find_root().params or {}).get("state_dir"), ctx.params.get("job"))
+        names = list(dict.fromkeys([*names, *complete_hosts(ctx, param, "")]))
+        return [n for n in names if n.startswith(incomplete)]
     except Exception:  # noqa: BLE001
         return []
 

@@ -11,6 +11,7 @@ from clusterctl.cli.base import (
     accept_option,
     app,
     complete_jobs,
+    complete_nodes,
     connect_options,
     err,
     inventory_option,
@@ -43,7 +44,7 @@ def launch_overrides(name: str | None, nodes: str | None, env: tuple, script_arg
 
 
 @app.command("launch")
-@click.argument("job")
+@click.argument("job", type=click.Path())
 @inventory_option
 @click.option("--dry-run", is_flag=True, help="Print the per-node plan (secrets as ***) and a warning per problem "
                                                "launch would refuse (unset secret variables, key files); exit 0.")
@@ -165,7 +166,8 @@ def stop_cmd(ctx, job, grace, output, accept_new) -> int:
 
 @app.command("resume")
 @click.argument("job", shell_complete=complete_jobs)
-@click.option("--exclude", multiple=True, callback=nonempty, help="Do not use this host (repeatable).")
+@click.option("--exclude", multiple=True, callback=nonempty, shell_complete=complete_nodes,
+              help="Do not use this host (repeatable).")
 @click.option("--checkpoint", default=None, callback=nonempty,
               help="Resume from this checkpoint instead of the latest valid one.")
 @click.option("--detach", "-d", is_flag=True,

@@ -10,7 +10,9 @@ from clusterctl.cli.base import (
     accept_option,
     app,
     check_key_files,
+    complete_hosts,
     complete_jobs,
+    complete_nodes,
     connect_options,
     err,
     inventory_option,
@@ -30,10 +32,11 @@ def _job_nodes(ctx, job):
 
 @app.command("exec")
 @inventory_option
-@click.option("--limit", default=None, callback=nonempty,
+@click.option("--limit", default=None, callback=nonempty, shell_complete=complete_hosts,
               help="Hosts, groups, comma lists, globs (as preflight --limit).")
 @click.option("--job", default=None, callback=nonempty, help="Run on the nodes of this job's current attempt.")
-@click.option("--node", default=None, callback=nonempty, help="With --job: only this node.")
+@click.option("--node", default=None, callback=nonempty, shell_complete=complete_nodes,
+              help="With --job: only this node.")
 @click.option("--in-container", is_flag=True, help="With --job: inside the job's container (bare: in its directory).")
 @click.option("--timeout", default=60.0, show_default=True, type=Finite(0.1, 86400),
               help="Seconds the command may run on each host.")
@@ -77,7 +80,7 @@ def exec_cmd(ctx, inventory, limit, job, node, in_container, timeout, output, ac
 
 @app.command("shell")
 @click.argument("job", shell_complete=complete_jobs)
-@click.option("--node", default=None, callback=nonempty,
+@click.option("--node", default=None, callback=nonempty, shell_complete=complete_nodes,
               help="This node (default: the current attempt's rendezvous host).")
 @accept_option
 @click.pass_context
@@ -102,7 +105,8 @@ def shell_cmd(ctx, job, node, accept_new) -> int:
 
 @app.command("stacks")
 @click.argument("job", shell_complete=complete_jobs)
-@click.option("--node", default=None, callback=nonempty, help="Only the ranks on this node.")
+@click.option("--node", default=None, callback=nonempty, shell_complete=complete_nodes,
+              help="Only the ranks on this node.")
 @output_option
 @accept_option
 @click.pass_context

@@ -9,6 +9,7 @@ from clusterctl.cli.base import (
     accept_option,
     app,
     check_key_files,
+    complete_hosts,
     connect_options,
     inventory_option,
     load_hosts,
@@ -21,8 +22,8 @@ from clusterctl.cli.base import (
 
 @app.command("preflight")
 @inventory_option
-@click.argument("job", required=False)
-@click.option("--limit", default=None, callback=nonempty,
+@click.argument("job", required=False, type=click.Path())
+@click.option("--limit", default=None, callback=nonempty, shell_complete=complete_hosts,
               help="Hosts, groups, comma lists, the inventory's ranges (gpu[01:04]) and globs (node*).")
 @output_option
 @click.option("--strict", is_flag=True, help="Warnings fail too.")

@@ -43,7 +43,7 @@ def inventory_cmd(inventory: str | None, output: str) -> int:
 
 
 @app.command("init")
-@click.argument("file", default="job.yaml", required=False)
+@click.argument("file", default="job.yaml", required=False, type=click.Path())
 def init_cmd(file) -> int:
     """Write the commented job file template to FILE (default job.yaml; - for stdout); never overwrites."""
     import os
@@ -90,7 +90,7 @@ def doctor_cmd(ctx, output) -> int:
 
 
 @app.command("validate")
-@click.argument("job")
+@click.argument("job", type=click.Path())
 @inventory_option
 @click.option("--strict", is_flag=True, help="Warnings (unset secret variables, key files) fail too (exit 2).")
 @output_option

@@ -11,6 +11,7 @@ from clusterctl.cli.base import (
     accept_option,
     app,
     complete_jobs,
+    complete_nodes,
     connect_options,
     err,
     nonempty,
@@ -171,7 +172,7 @@ def events_cmd(ctx, job, follow, output) -> int:
 
 @app.command("logs")
 @click.argument("job", shell_complete=complete_jobs)
-@click.option("--node", default=None, callback=nonempty, help="Only this node.")
+@click.option("--node", default=None, callback=nonempty, shell_complete=complete_nodes, help="Only this node.")
 @click.option("--rank", default=None, type=click.IntRange(0, MAX_COUNT), help="Only this global rank.")
 @click.option("--attempt", default=None, type=click.IntRange(1, MAX_COUNT), help="Only this attempt.")
 @click.option("--tail", default=None, type=click.IntRange(0, MAX_COUNT),

@@ -394,3 +394,20 @@ def test_forget_nodes_removes_the_jobs_node_side_directories(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["forgotten"][0]["nodes_cleaned"] == ["localhost"]
     assert not (jobs_dir / second).exists() and (jobs_dir / first).is_dir()
+
+
+def test_shell_completion_of_nodes_limits_and_files(tmp_path):
+    """Item 13: --node, --limit and --exclude completed nothing; nor did JOB.yaml (no file completion)."""
+    job = _finished(tmp_path, name="bert", lines=1)
+    write(tmp_path, "inventory.yaml", "all:\n  hosts:\n    node1:\n    node2:\n")
+
+    def complete(words):
+        env = {"COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+               "_CLUSTERCTL_COMPLETE": "bash_complete"}
+        return cli(tmp_path, env=env).stdout.split()
+
+    assert complete(f"clusterctl logs {job} --node lo") == ["plain,localhost"]      # the job's node
+    assert complete("clusterctl exec --limit no") == ["plain,node1", "plain,node2"]  # ./inventory.yaml's hosts
+    assert complete(f"clusterctl resume {job} --exclude ")[0] == "plain,localhost"   # the job's nodes first
+    assert complete("clusterctl launch jo") == ["file,jo"]                           # the shell completes files
+    assert complete("clusterctl exec -i inv") == ["file,inv"]
