@@ -230,9 +230,9 @@ def test_a_sigkilled_warm_rank_is_class_killed_with_sigkill(job, wtb, runtime):
         time.sleep(0.3)
     assert set(relaunches(run, 2).values()) == {"warm"}, run.events_text()
     victim = rh.other_host(run)
-    # the warm rank: forked by the zygote, so its command line is the zygote's; its marker names its attempt and rank
+    # the warm rank: forked by the zygote, its title names the zygote's path; its marker names its attempt and rank
     ranks = Path(warm_root(wtb), runtimes.warm_key(run.job_row().job_id, victim), "s", "ranks")
-    pids = [p for p, c in wtb.processes(victim) if "/py/zygote.py serve " in c and
+    pids = [p for p, c in wtb.processes(victim) if "/py/zygote.py serve" in c and
             (ranks / _ns_pid(p)).is_file() and (ranks / _ns_pid(p)).read_text().split()[0] == "2"]
     assert len(pids) == 1, (pids, list(ranks.iterdir()) if ranks.exists() else "no ranks dir")
     os.kill(pids[0], signal.SIGKILL)
