@@ -8,8 +8,8 @@ attempt may still be healthy. ``reconcile`` does the I/O: one bounded probe roun
 from __future__ import annotations
 
 import math
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -17,6 +17,9 @@ from clusterctl.model.events import EventKind, checkpoint_of
 from clusterctl.store.ledger import Ledger, note
 from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store
 from clusterctl.supervise.supervisor import Decision, Health, Observation, Verdict, classify, node_state
+
+
+CHECKPOINT_WAIT_S = 1.0     # how long a look that ends nothing waits for the checkpoint after the observation
 
 
 def judge(obs: Sequence[Observation], *, rdzv_host: str, now: float) -> Decision | None:
@@ -85,19 +88,20 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
             return Reconciled(a.attempt, (), None, store.get_job(job_id).state)
         return Reconciled(a.attempt, (), None, JobState.FAILED, leftovers=tidy())
     # the checkpoint on the nodes' storage is asked while they are observed (a look takes the longer, not both)
-    asking = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
-    on_disk = asking.submit(ops.latest_checkpoint, list(a.nodes))
-    asking.shutdown(wait=False)
+    on_disk: list = []
+    asking = threading.Thread(target=lambda: on_disk.append(_latest(ops, a.nodes)), daemon=True,
+                              name="checkpoint")
+    asking.start()
     obs = ops.observe(a.attempt, list(a.nodes), watch=False, deadline_s=deadline_s)
     d = judge(obs, rdzv_host=a.rdzv_host or "", now=clock())
     ledger.nodes_changed(job_id, a.attempt, {o.node: dict(
         state=node_state(o), exit_code=o.exit_code, signal=o.signal, rank=o.rank,
         error_tail=(withheld_tail if withheld_tail and o.error_tail else o.error_tail) or None) for o in obs})
     states = tuple((o.node, node_state(o)) for o in obs)
-    try:
-        checkpoint = on_disk.result()     # ClusterOps: bounded by its probe timeout (the slowest node not waited for)
-    except Exception:  # noqa: BLE001 - no node could tell: unknown, never "none"
-        checkpoint = None
+    # a look that ends the attempt waits for the answer (ClusterOps bounds it by its probe timeout); one that
+    # ends nothing does not hold `status` up for it (unknown, never "none": the next look asks again)
+    asking.join(None if d is not None else CHECKPOINT_WAIT_S)
+    checkpoint = on_disk[0] if on_disk else None
     checkpoint_now(ledger, job_id, a.attempt, checkpoint)   # the one on disk now, not the last a supervisor saw
     if d is None:
         return Reconciled(a.attempt, states, None, job.state)
@@ -123,6 +127,13 @@ def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.t
     except InvalidTransition:
         return Reconciled(a.attempt, states, d, store.get_job(job_id).state)
     return Reconciled(a.attempt, states, d, JobState.FAILED, checkpoint, tidy())
+
+
+def _latest(ops, nodes) -> tuple[str, int] | None:
+    try:
+        return ops.latest_checkpoint(list(nodes))
+    except Exception:  # noqa: BLE001 - no node could tell: unknown
+        return None
 
 
 def utc(t: float) -> str:
