@@ -68,7 +68,8 @@ def kill_supervisor(run: rh.Run) -> int:
 
 
 def rank_pids(tb, host: str) -> list[int]:
-    return [p for p, c in tb.processes(host) if "train.py" in c and "torchrun" not in c]
+    """The ranks, not their DataLoader workers (same command line; the quickstart forks them early now)."""
+    return rh.rank_pids(tb, host)
 
 
 def edit_job(run: rh.Run, **changes) -> None:
