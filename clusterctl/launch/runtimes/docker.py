@@ -143,8 +143,10 @@ class ContainerRuntime:
                 f"--name={self.zygote_name(req.job_id, req.node)}", f"--label={LABEL_WARM}={req.job_id}",
                 f"--label={LABEL_NODE}={req.node}"]
         argv += self._run_options(req)
-        argv += [*(f"--volume={m}" for m in self._warm_mounts(key)), req.image, "python3", f"{inside}/py/zygote.py", "serve",
-                 f"{inside}/s/z.sock"]
+        serve = ["python3", f"{inside}/py/zygote.py", "serve", f"{inside}/s/z.sock"]
+        if not any(k == "core" for k, _ in req.ulimits):        # warm ranks inherit the zygote's limit: as cold
+            serve = ["sh", "-c", NO_CORE_DUMPS + 'exec "$@"', "clusterctl-zygote", *serve]
+        argv += [*(f"--volume={m}" for m in self._warm_mounts(key)), req.image, *serve]
         return argv
 
     def warm_run_argv(self, req: RunRequest, key: str) -> list[str]:
