@@ -88,6 +88,9 @@ def app(ctx: click.Context, state_dir, debug, accept_new_host_keys) -> None:
 
 # a state dir's first use (validate: launch's checks, --dry-run's too); every other command reads one that exists
 CREATES_STATE_DIR = ("launch", "validate", "cordon", "sbatch")   # sbatch: writes its script there
+# commands that read no job state (exec/shell only with --job, where a missing dir then names no job): a fresh
+# --state-dir is no typo to them, and they create nothing there
+NO_STATE_READ = ("preflight", "inventory", "init", "schema", "exec", "shell")
 
 
 def refuse_missing_state_dir(state_dir: str, command: str | None) -> None:
@@ -95,7 +98,8 @@ def refuse_missing_state_dir(state_dir: str, command: str | None) -> None:
     (a typo showed "no jobs yet"), except for the commands that start one."""
     import os
 
-    if command in CREATES_STATE_DIR or "--help" in sys.argv or os.path.isdir(os.path.expanduser(state_dir)):
+    if command in (*CREATES_STATE_DIR, *NO_STATE_READ) or "--help" in sys.argv or \
+            os.path.isdir(os.path.expanduser(state_dir)):
         return
     raise click.BadParameter(f"{state_dir} does not exist (a typo?); `clusterctl launch` or `cordon` create a new "
                              "state dir, or `mkdir -p` it", param_hint="--state-dir")

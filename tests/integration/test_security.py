@@ -441,14 +441,15 @@ def test_plan_and_start_scripts_pass_values_verbatim(tmp_path_factory, local_bin
             assert got["argv"][0] == "run" and got["argv"][1].startswith("--volume=")
             assert got["argv"][2:] == list(node.runtime_argv[6:]), "podman got different argv elements"
             assert not got["env_has_script"], "the env script must not reach the container config"
-            inner = ["sh", "-c", runtimes.CONTAINER_APPLY, "clusterctl-env", *node.torchrun_argv]
+            apply = runtimes.NO_CORE_DUMPS + runtimes.CONTAINER_APPLY        # core dumps off, then the env
+            inner = ["sh", "-c", apply, "clusterctl-env", *node.torchrun_argv]
             assert got["argv"][-len(inner):] == inner and got["argv"][-len(inner) - 1] == spec.image
             assert f"--workdir={workdir}" in got["argv"]
             # what the container's init runs: the same inner shell, reading the env file from its mount
             mnt = tmp / "mnt"
             mnt.mkdir(exist_ok=True)
             (mnt / "env").write_bytes(got["script"].encode("utf-8", "surrogateescape"))
-            inner[2] = runtimes.CONTAINER_APPLY.replace(runtimes.ENV_MOUNT, str(mnt))
+            inner[2] = apply.replace(runtimes.ENV_MOUNT, str(mnt))
             r = subprocess.run(inner, env={"PATH": os.environ["PATH"], "TMPDIR": str(tmp)}, cwd=workdir,
                                capture_output=True, timeout=30)
             assert r.returncode == 0, r.stderr

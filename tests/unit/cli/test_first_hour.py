@@ -195,6 +195,9 @@ def test_a_mistyped_state_dir_is_not_created(tmp_path):
         r = cli(tmp_path, *args)
         assert r.returncode == 2 and "does not exist" in r.stderr and str(typo) in r.stderr, r.stderr
         assert not typo.exists()
+    for args in (["--state-dir", str(typo), "inventory"], ["--state-dir", str(typo), "schema"]):
+        r = cli(tmp_path, *args)          # no job state read: a fresh dir is no typo to them, and stays uncreated
+        assert r.returncode == 0 and not typo.exists(), r.stderr
     r = cli(tmp_path, "--state-dir", str(typo), "cordon", "localhost", "--reason", "first use")
     assert r.returncode == 0 and typo.is_dir(), r.stderr
 
