@@ -40,7 +40,7 @@ def report_path(root: Path, slurm_job_id: str, node: str) -> Path:
     return Path(root) / "slurm" / f"{slurm_job_id}.left" / f"{node}.json"
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -56,7 +56,7 @@ def _write_atomically(path: Path, text: str) -> None:
 
 def write_plan(root: Path, slurm_job_id: str, job_id: str, commands: Mapping[str, Sequence[Sequence[str]]]) -> None:
     """What each node's guard runs when the allocation ends: ``{node: [argv, ...]}`` for clusterctl job ``job_id``."""
-    _write_atomically(plan_path(root, slurm_job_id), json.dumps(
+    write_atomically(plan_path(root, slurm_job_id), json.dumps(
         {"job_id": job_id, "nodes": {n: [list(map(str, a)) for a in argvs] for n, argvs in commands.items()}}))
 
 
@@ -93,7 +93,7 @@ def clean(root: Path, slurm_job_id: str, node: str, restart: int, *, budget_s: f
                 problem = (r.stderr.strip() or r.stdout.strip())[-300:] or f"{argv[0]}: exit code {r.returncode}"
     report = {"node": node, "ok": problem is None, "detail": problem or "removed the job's processes",
               "restart": restart, "job_id": (plan or {}).get("job_id"), "at": time.time()}
-    _write_atomically(report_path(root, slurm_job_id, node), json.dumps(report))
+    write_atomically(report_path(root, slurm_job_id, node), json.dumps(report))
     return report
 
 

@@ -16,9 +16,7 @@ script as an absolute path).
 """
 from __future__ import annotations
 
-import os
 import shlex
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -26,6 +24,7 @@ from typing import Any, Mapping, Sequence
 from clusterctl.config.yamlfile import line_of, load_yaml_with_lines
 from clusterctl.errors import InputError
 from clusterctl.slurm.guard import MODULE as GUARD_MODULE
+from clusterctl.slurm.guard import write_atomically
 from clusterctl.transport.srun import EXPORT
 
 DEFAULT_SIGNAL_S = 120
@@ -164,17 +163,7 @@ def read_marker(path: Path) -> Marker | None:
 def write_marker(path: Path, text: str) -> None:
     """Replace the marker atomically (a reader sees the old text or the new, never a part): a temporary file in
     the same directory, flushed to the disk, renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, text + "\n")
 
 
 def launching(name: str, since: float) -> str:
