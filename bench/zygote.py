@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ZYGOTE = Path(__file__).resolve().parent.parent / "clusterctl" / "zygote.py"
+ZYGOTE = Path(__file__).resolve().parent.parent / "clusterctl" / "launch" / "zygote.py"
 RANK = '''import os, time
 t0 = float(os.environ["T0"])
 import torch, torch.distributed
