@@ -28,11 +28,11 @@ from clusterctl.errors import AuthError, ClusterctlError, HostKeyError, InputErr
 from clusterctl.launch.plan import LaunchPlan, build_plan
 from clusterctl.model.events import EventKind
 from clusterctl.model.record import JobRecord
+from clusterctl.model.verdicts import NodeError
 from clusterctl.slurm import allocation
 from clusterctl.store.ledger import Ledger
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise import controller
-from clusterctl.supervise.supervisor import NodeError
 from clusterctl.transport import ConnectOptions, Transport
 from clusterctl.transport import connect as default_connect
 from clusterctl.views import nodes as nodehealth

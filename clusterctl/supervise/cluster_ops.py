@@ -27,11 +27,11 @@ from clusterctl.errors import CommandTimeout, DeadlineExceeded, TransportError
 from clusterctl.launch import runtimes, zygote
 from clusterctl.launch.plan import NODE_MODULES, LaunchPlan, build_plan, checkpoint_installer
 from clusterctl.model import causes
+from clusterctl.model.verdicts import ErrorKind, NodeError, Observation
 from clusterctl.store import paths
 from clusterctl.store.ledger import Ledger
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise.observe import Confirm, Explain, interpret
-from clusterctl.supervise.supervisor import ErrorKind, NodeError, Observation
 from clusterctl.supervise.watch import Mux, Watch, Watches
 from clusterctl.transport import CommandResult, ConnectOptions, HostResult, Transport, connect, fan_out
 from clusterctl.transport.base import readable

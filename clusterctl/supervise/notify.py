@@ -29,9 +29,9 @@ from tenacity import Retrying, stop_after_attempt, wait_exponential
 
 from clusterctl.config.spec import webhook_problem
 from clusterctl.model.events import EventKind
+from clusterctl.model.verdicts import INFRA
 from clusterctl.store.ledger import Ledger
 from clusterctl.store.state import JobState, Store
-from clusterctl.supervise.supervisor import INFRA
 
 TIMEOUT_S = 5.0
 TRIES = 3

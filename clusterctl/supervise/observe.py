@@ -12,7 +12,7 @@ from typing import Protocol, Sequence
 
 from clusterctl.launch.runtimes import Instance, Ref, Runtime
 from clusterctl.model import causes
-from clusterctl.supervise.supervisor import Observation
+from clusterctl.model.verdicts import Observation
 
 # a container whose init the watch has seen gone this long while the runtime still lists it as running was killed
 # with its conmon (a normal exit is recorded by conmon within milliseconds)

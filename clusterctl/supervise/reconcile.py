@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from clusterctl.model.events import EventKind, checkpoint_of
+from clusterctl.model.verdicts import Decision, Observation, Verdict, node_state
 from clusterctl.store.ledger import Ledger, note
 from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store
-from clusterctl.supervise.supervisor import Decision, Health, Observation, Verdict, classify, node_state
+from clusterctl.supervise.supervisor import Health, classify
 
 
 CHECKPOINT_WAIT_S = 1.0     # how long a look that ends nothing waits for the checkpoint after the observation

@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence
 
+from clusterctl.model.verdicts import Observation
 from clusterctl.supervise.heartbeat import Arrivals
 from clusterctl.supervise.observe import heard
-from clusterctl.supervise.supervisor import Observation
 from clusterctl.transport.streams import OpenStream, StreamMux
 
 

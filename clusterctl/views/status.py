@@ -10,8 +10,8 @@ from typing import Any
 from clusterctl.model import budget
 from clusterctl.model import events as events_mod
 from clusterctl.model import record as record_mod
+from clusterctl.model.verdicts import Verdict
 from clusterctl.store.state import TERMINAL_STATES, Job, Store
-from clusterctl.supervise.supervisor import Verdict
 from clusterctl.views.logs import for_terminal
 
 # the verdicts that are failures (not continue, success or stop), in the enum's order

@@ -154,6 +154,16 @@ def test_layers_point_one_way():
         assert not {m for m in _reaches(graph, pure) if m.startswith("clusterctl.transport")}, pure
 
 
+def test_the_views_read_values_not_the_loop():
+    """The views show what the supervisor decided from the words in ``model/`` (``model.verdicts``: Verdict,
+    Observation, Decision, NodeError); they never import ``supervise`` (its loop, its cluster side)."""
+    graph = _graph(nested=True)
+    found = sorted(f"{m} -> {t}" for m, ts in graph.items() if _under(m, ("clusterctl.views",)) for t in ts
+                   if _under(t, ("clusterctl.supervise",)))
+    assert found == []
+    assert "clusterctl.model.verdicts" in graph["clusterctl.views.status"]
+
+
 STORE_WRITES = {"create_job", "set_state", "update_job", "start_attempt", "end_attempt", "set_node", "add_event",
                 "delete_job", "cordon", "uncordon", "claim_supervisor", "heartbeat", "release_supervisor"}
 

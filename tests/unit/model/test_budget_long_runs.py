@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from clusterctl.model.verdicts import Observation
 from clusterctl.store.state import JobState, Store
-from clusterctl.supervise.supervisor import Observation, Policy, Supervisor
+from clusterctl.supervise.supervisor import Policy, Supervisor
 from clusterctl.views import status as status_mod
 
 HOUR, DAY = 3600.0, 86400.0

@@ -6,10 +6,11 @@ import pytest
 from clusterctl.config import hostpattern
 from clusterctl.config.inventory import Host, Inventory
 from clusterctl.errors import ConnectError, UserError
+from clusterctl.model.verdicts import Observation
 from clusterctl.oncall import remote_exec
 from clusterctl.oncall.remote_exec import ExecResult
 from clusterctl.store.state import JobState, Store
-from clusterctl.supervise.supervisor import Observation, Policy, Supervisor
+from clusterctl.supervise.supervisor import Policy, Supervisor
 from clusterctl.transport import CommandResult, ConnectOptions
 from clusterctl.views import status
 from tests.unit.supervise.test_supervisor import FakeOps

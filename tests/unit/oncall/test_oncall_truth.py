@@ -16,12 +16,12 @@ from clusterctl.config.inventory import Host
 from clusterctl.config.spec import loads_job
 from clusterctl.errors import UserError
 from clusterctl.model import record
+from clusterctl.model.verdicts import Observation, Verdict
 from clusterctl.store.ledger import Ledger
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise import controller
 from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
 from clusterctl.supervise.reconcile import judge
-from clusterctl.supervise.supervisor import Observation, Verdict
 from clusterctl.transport import ConnectOptions
 from clusterctl.transport.base import CommandResult
 from clusterctl.views import logs
@@ -414,7 +414,7 @@ def test_a_reconcile_that_ends_a_warm_job_removes_its_leftovers_or_says_what_it_
     ended go on every node (``stop(None, ...)``: every attempt, the zygote too), or a ``cleanup_pending`` event
     names each node that still has them."""
     from clusterctl.supervise.reconcile import reconcile
-    from clusterctl.supervise.supervisor import NodeError
+    from clusterctl.model.verdicts import NodeError
 
     store, job_id = _running_job(tmp_path)
     ops = _Ops([Observation("n1", "running"), Observation("n2", "running"), Observation("n3", "running")])

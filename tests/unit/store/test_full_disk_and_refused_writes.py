@@ -8,10 +8,11 @@ import os
 
 import pytest
 
+from clusterctl.model.verdicts import Observation
 from clusterctl.store.state import JobState, Store, StoreError
 from clusterctl.supervise import controller
 from clusterctl.supervise.cluster_ops import LogSink, rotated
-from clusterctl.supervise.supervisor import Observation, Policy, Supervisor
+from clusterctl.supervise.supervisor import Policy, Supervisor
 
 
 def fill(store: Store) -> None:

@@ -7,9 +7,9 @@ import pytest
 
 from clusterctl.launch import runtimes
 from clusterctl.launch.runtimes import LABEL_ATTEMPT, Instance
+from clusterctl.model.verdicts import Observation
 from clusterctl.supervise import observe
 from clusterctl.supervise.observe import Confirm, Explain, heard, interpret
-from clusterctl.supervise.supervisor import Observation
 
 JOB_ID = "j-20261201-000000-beef"
 

@@ -4,18 +4,9 @@ from collections import deque
 
 import pytest
 
+from clusterctl.model.verdicts import ErrorKind, NodeError, Observation, Verdict
 from clusterctl.store.state import JobState, Store
-from clusterctl.supervise.supervisor import (
-    ErrorKind,
-    Health,
-    NodeError,
-    Observation,
-    PEER_SETTLE,
-    Policy,
-    Supervisor,
-    Verdict,
-    classify,
-)
+from clusterctl.supervise.supervisor import Health, PEER_SETTLE, Policy, Supervisor, classify
 
 R, E, M, U = "running", "exited", "missing", "unreachable"
 
