@@ -946,10 +946,9 @@ def slurm_guard_plan(ws: Workspace, slurm_job_id: str, job_id: str) -> None:
     commands = {}
     for h in Ledger(ws.store).record(ws.store.get_job(job_id)).hosts:
         rt = runtimes.get(h.runtime)
-        argvs = [rt.remove_job_argv(job_id, jobs_root=runtimes.jobs_root_for(runtimes.DEFAULT_JOBS_ROOT, h.name))]
-        if hasattr(rt, "zygote_remove_argv"):
-            argvs.append(rt.zygote_remove_argv(job_id))
-        commands[h.name] = argvs
+        commands[h.name] = [rt.remove_job_argv(job_id, jobs_root=runtimes.jobs_root_for(runtimes.DEFAULT_JOBS_ROOT,
+                                                                                       h.name)),
+                            rt.zygote_remove_argv(job_id)]
     guard.write_plan(ws.root, slurm_job_id, job_id, commands)
 
 

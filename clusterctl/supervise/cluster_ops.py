@@ -710,11 +710,8 @@ class ClusterOps:
                                    host_timeout=75))
 
     def _drop_zygote(self, node: str) -> None:
-        rt = self._runtime(node)
-        if not hasattr(rt, "zygote_remove_argv"):
-            return
-        r = self._run(node, rt.zygote_remove_argv(self.job_id, node, runtimes.warm_key(self.job_id, node)),
-                      timeout=60)
+        argv = self._runtime(node).zygote_remove_argv(self.job_id, node, runtimes.warm_key(self.job_id, node))
+        r = self._run(node, argv, timeout=60)
         if not r.ok:
             raise CommandFailed(r.stderr.strip()[-300:] or f"zygote: exit code {r.exit_code}")
 

@@ -317,6 +317,48 @@ class Runtime(Protocol):
         """A command that exits 3 when the node is listed as running but its main process is gone (and still
         listed so ``confirm_s`` later); exit 0 otherwise. None: the runtime's listing needs no second look."""
 
+    def gpu_args(self, flags: str | None = None) -> list[str]:
+        """The run flags that hand a container the node's GPUs (``flags``: preflight's choice, "gpus" | "cdi");
+        [] where nothing is needed (bare: the ranks are on the host)."""
+
+    # the warm path (``recovery: warm``, the default: ``plan.build_plan`` asks these of every node's runtime)
+    def zygote_start_argv(self, req: RunRequest, key: str) -> list[str]:
+        """Start the node's zygote in the warm dir of ``key`` (stdin: the job's environment line, then
+        zygote.py's source); remove an old one first (``zygote_remove_argv``)."""
+
+    def warm_run_argv(self, req: RunRequest, key: str) -> list[str]:
+        """``run_argv`` of a warm attempt (``req.command``: the zygote's clients at ``warm_path``)."""
+
+    def warm_lib_dir(self, key: str, attempt: int) -> str | None:
+        """Where a warm attempt's modules go (``LIB_DIR_VAR``); None: where a cold attempt's go."""
+
+    def zygote_remove_argv(self, job_id: str, node: str | None = None, key: str = "") -> list[str]:
+        """Remove the job's zygote on this node (``node``/``key``; None/"": every one of the job) and its warm
+        dir (``stop``, the Slurm guard)."""
+
+    def zygote_exec_argv(self, job_id: str, node: str, argv: list[str], *, interactive: bool = False,
+                         tty: bool = False) -> list[str] | None:
+        """``argv`` where a warm attempt's ranks run (its zygote's container); None: where ``exec_argv`` runs."""
+
+    def zygote_ping_argv(self, key: str) -> list[str]:
+        """Exit 0 when the node's zygote of ``key`` answers."""
+
+
+def members(protocol: type = Runtime) -> tuple[str, ...]:
+    """What ``protocol`` declares: its attributes and its methods (``checked`` asks each of a runtime)."""
+    own = [n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")]
+    return (*protocol.__annotations__, *own)
+
+
+def checked(name: str, runtime: object) -> Runtime:
+    """``runtime`` when it has every member ``Runtime`` declares; else a ``TypeError`` naming what it lacks, so a
+    runtime short of a method fails when it is first asked for (``get``), not mid-launch."""
+    missing = [m for m in members() if not hasattr(runtime, m)]
+    if missing:
+        raise TypeError(f"runtime {name!r} ({type(runtime).__qualname__}) lacks {', '.join(missing)} "
+                        "(clusterctl.launch.runtimes.Runtime)")
+    return runtime  # type: ignore[return-value]
+
 
 # Shell function: is process $1 alive? A zombie is not: a container init whose conmon was killed with it stays a
 # zombie until its new parent reaps it, and /proc/PID exists until then. (builtins only: the watch runs it every 0.5 s)
@@ -366,7 +408,7 @@ def get(name: str) -> Runtime:
         module = _MODULES[name]
     except KeyError:
         raise ValueError(f"unknown runtime {name!r} (one of {', '.join(_MODULES)})") from None
-    return importlib.import_module(module).RUNTIME
+    return checked(name, importlib.import_module(module).RUNTIME)
 
 
 def names() -> tuple[str, ...]:

@@ -269,6 +269,9 @@ class BareRuntime:
     def parse_list(self, stdout: str) -> list[Instance]:
         return parse_list(stdout)
 
+    def gpu_args(self, flags: str | None = None) -> list[str]:
+        return []      # the ranks are on the host: they see its GPUs
+
     # ------------------------------------------------------------------ warm recovery
     def zygote_start_argv(self, req: RunRequest, key: str) -> list[str]:
         """Start the node's zygote on the host (stdin: one line, the JSON of the job's environment for the zygote (``zygote.with_job_env``), then zygote.py's source), by the interpreter of the job's
