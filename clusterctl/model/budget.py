@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from clusterctl.config import durations
+from clusterctl.model.events import EventKind
 
 PROGRESS = "progress"                 # restarts.window: count failures since the last progress
 USER, INFRA = "user", "infrastructure"
@@ -66,12 +67,12 @@ class Charge:
 def history(events: Iterable) -> list[Charge]:
     """The charges recorded in a job's events (``state.Event``: kind, klass, time), since the last ``resume``."""
     events = list(events)
-    last_resume = max((i for i, e in enumerate(events) if e.kind == "resume"), default=-1)
+    last_resume = max((i for i, e in enumerate(events) if e.kind == EventKind.RESUME), default=-1)
     out, progress = [], False
     for e in events[last_resume + 1:]:
-        if e.kind == "progress":
+        if e.kind == EventKind.PROGRESS:
             progress = True
-        elif e.kind == "budget" and e.klass in (USER, INFRA):
+        elif e.kind == EventKind.BUDGET and e.klass in (USER, INFRA):
             out.append(Charge(e.time, e.klass, progress))
             progress = False
     return out

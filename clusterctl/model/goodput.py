@@ -31,6 +31,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
+from clusterctl.model.events import EventKind
+
 BUCKETS = ("program_startup", "wasted_progress_from_disruption", "infrastructure_recovery_from_disruption",
            "unproductive_checkpoint_save_time", "unproductive_checkpoint_restore_time", "data_loading", "other",
            "hang_detection", "backoff", "waiting_for_nodes")
@@ -111,7 +113,7 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
     marks = sorted(marks, key=lambda m: (m.time, m.id or 0))
     starts: dict[int, Mark] = {}
     for m in marks:
-        if m.kind == "start" and m.attempt is not None and m.attempt not in starts:
+        if m.kind == EventKind.START and m.attempt is not None and m.attempt not in starts:
             starts[m.attempt] = m
     attempts = sorted(starts)
     seen: dict[int, list[StepSeen]] = {}
@@ -130,7 +132,7 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
                 "unknown": ["the job never started an attempt"]}
     t0 = starts[attempts[0]].time
     last_start = starts[attempts[-1]].time
-    ends = [m for m in marks if m.kind == "end" and m.time >= last_start]
+    ends = [m for m in marks if m.kind == EventKind.END and m.time >= last_start]
     end = ends[-1].time if ends else max(now, last_start)
 
     def add(bucket: str, a: float, b: float, attempt: int) -> None:
@@ -142,10 +144,10 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
         start = starts[a]
         nxt = starts[attempts[i + 1]] if i + 1 < len(attempts) else None
         limit = nxt.time if nxt else end
-        verdict = next((m for m in marks if m.kind in ("verdict", "start_failed") and m.attempt == a
+        verdict = next((m for m in marks if m.kind in (EventKind.VERDICT, EventKind.START_FAILED) and m.attempt == a
                         and start.time <= m.time <= limit), None)
-        stopped_by_user = next((m for m in marks if m.kind in ("stop", "end") and start.time <= m.time <= limit),
-                               None)
+        stopped_by_user = next((m for m in marks if m.kind in (EventKind.STOP, EventKind.END)
+                                and start.time <= m.time <= limit), None)
         over = verdict.time if verdict else (stopped_by_user.time if stopped_by_user else limit)
         klass = (verdict.klass or "start_failed") if verdict else None
         recs = [s for s in seen.get(a, []) if start.time <= s.time <= limit]
@@ -180,20 +182,20 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
         rest_bucket = "infrastructure_recovery_from_disruption" if nxt and klass not in (None, "stopped") else "other"
         spent = 0.0
         for m in gap:
-            if m.kind == "backoff":
+            if m.kind == EventKind.BACKOFF:
                 w = _WAIT.search(m.message)
                 d = min(float(w.group(1)) if w else 0.0, limit - m.time)
                 buckets["backoff"] += d
                 spent += d
                 segs.append(Segment("backoff", m.time, m.time + d, a))
-        waiting = next((m for m in gap if m.kind == "waiting"), None)
+        waiting = next((m for m in gap if m.kind == EventKind.WAITING), None)
         if waiting:
             d = max(0.0, limit - waiting.time - spent)
             buckets["waiting_for_nodes"] += d
             spent += d
             segs.append(Segment("waiting_for_nodes", limit - d, limit, a))
-        user_end = next((m for m in gap if m.kind == "end"), None)
-        resume = next((m for m in gap if m.kind == "resume" and user_end and m.time >= user_end.time), None)
+        user_end = next((m for m in gap if m.kind == EventKind.END), None)
+        resume = next((m for m in gap if m.kind == EventKind.RESUME and user_end and m.time >= user_end.time), None)
         if nxt and user_end and resume:          # ended, then resumed by the user: the time between was theirs
             buckets["other"] += resume.time - user_end.time
             spent += resume.time - user_end.time
@@ -238,15 +240,16 @@ def _cycle(attempt: int, verdict: Mark, start: Mark, nxt: Mark | None, recs: lis
            signal: bool) -> dict:
     """One restart cycle (NVIDIA resiliency-ext's cycle records are the model)."""
     after = [m for m in marks if verdict.time <= m.time <= limit]
-    gang = next((i for i, m in enumerate(after) if m.kind == "gang_stop" and m.attempt == attempt), None)
+    gang = next((i for i, m in enumerate(after) if m.kind == EventKind.GANG_STOP and m.attempt == attempt), None)
     stopped = next((m.time for m in after[gang + 1:]), None) if gang is not None else verdict.time
     if stopped is None:
         stopped = nxt.time if nxt else None
-    modes = [m.klass for m in marks if nxt and m.kind == "relaunch" and m.attempt == nxt.attempt]
+    modes = [m.klass for m in marks if nxt and m.kind == EventKind.RELAUNCH and m.attempt == nxt.attempt]
     first = next((s for s in next_recs if s.time >= nxt.time), None) if nxt else None
     last = recs[-1] if recs else None
     if resume_next is None:              # not restarted: what a resume would redo, from the last checkpoint seen
-        cks = [m.step for m in marks if m.kind == "checkpoint" and m.step is not None and m.time <= verdict.time]
+        cks = [m.step for m in marks if m.kind == EventKind.CHECKPOINT and m.step is not None
+               and m.time <= verdict.time]
         resume_next = max(cks, default=start.step or 0)
     return {
         "attempt": attempt, "verdict": verdict.klass or "start_failed", "node": verdict.node,
@@ -257,6 +260,6 @@ def _cycle(attempt: int, verdict: Mark, start: Mark, nxt: Mark | None, recs: lis
         "recovery": ("warm" if all(x == "warm" for x in modes) else "cold") if modes else None,
         "lost_steps": max(0, last.step - resume_next) if last else (0 if signal else None),
         "lost_s": _r(wasted) if signal else None,
-        "cordoned": any(m.kind == "cordon" and m.node == verdict.node for m in marks
+        "cordoned": any(m.kind == EventKind.CORDON and m.node == verdict.node for m in marks
                         if verdict.time <= m.time <= limit),
     }

@@ -256,7 +256,7 @@ class Notifier:
         """Whether the failure just recorded spends the last restart of its budget (the job fails next)."""
         if self._budgets is None:
             return False
-        verdict = next((e for e in reversed(self.store.events(self.job_id)) if e.kind == "verdict"), None)
+        verdict = next((e for e in reversed(self.store.events(self.job_id)) if e.kind == EventKind.VERDICT), None)
         if verdict is None or verdict.klass is None:
             return False
         job = self.store.get_job(self.job_id)
@@ -270,9 +270,9 @@ class Notifier:
         events = self.store.events(self.job_id)
         node = None
         if event in ("recovering", "failed"):
-            failure = next((e for e in reversed(events) if e.kind in ("verdict", "start_failed")), None)
+            failure = next((e for e in reversed(events) if e.kind in (EventKind.VERDICT, EventKind.START_FAILED)), None)
             node = failure.node if failure else None
-        step = next((e.checkpoint_step for e in reversed(events) if e.kind == "checkpoint"), None)
+        step = next((e.checkpoint_step for e in reversed(events) if e.kind == EventKind.CHECKPOINT), None)
         if step is None:
             attempts = self.store.attempts(self.job_id)
             step = attempts[-1].checkpoint_step if attempts else None

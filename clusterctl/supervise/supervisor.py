@@ -538,7 +538,7 @@ class Supervisor:
             return ""
         mine = [a for a in self.store.attempts(self.job_id) if a.attempt == attempt]
         base = (mine[0].checkpoint_step or 0) if mine and mine[0].checkpoint_path else -1
-        steps = [e.checkpoint_step for e in self.store.events(self.job_id) if e.kind == "checkpoint"
+        steps = [e.checkpoint_step for e in self.store.events(self.job_id) if e.kind == EventKind.CHECKPOINT
                  and e.attempt == attempt and e.checkpoint_step is not None and e.checkpoint_step > base]
         if steps:
             return f"new valid checkpoint at step {max(steps)}"

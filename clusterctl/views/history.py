@@ -7,6 +7,7 @@ from typing import Any, Iterable, Sequence
 
 from clusterctl.config import durations
 from clusterctl.errors import UserError
+from clusterctl.model.events import EventKind
 from clusterctl.store.state import Job, JobState, Store
 
 NEWEST_FINISHED = 20
@@ -44,7 +45,7 @@ def ended_at(store: Store, job: Job) -> float | None:
     """When a finished job ended: its ``end`` event, else its last attempt's end, else its last update."""
     if not job.terminal:
         return None
-    end = next((e.time for e in reversed(store.events(job.job_id)) if e.kind == "end"), None)
+    end = next((e.time for e in reversed(store.events(job.job_id)) if e.kind == EventKind.END), None)
     if end is None:
         attempts = store.attempts(job.job_id)
         end = attempts[-1].ended_at if attempts and attempts[-1].ended_at else job.updated_at

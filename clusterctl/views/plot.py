@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from clusterctl.errors import UserError
+from clusterctl.model.events import EventKind
 from clusterctl.model.goodput import Mark, Segment
 from clusterctl.views.report import LABELS, pct
 
@@ -61,9 +62,9 @@ def plot(report: dict, segments: Sequence[Segment], marks: Sequence[Mark], lanes
         used.add(s.bucket)
     for m in marks:
         x = m.time - t0
-        if m.kind == "checkpoint":
+        if m.kind == EventKind.CHECKPOINT:
             ax.plot([x, x], [y[ALL] - 0.45, y[ALL] + 0.45], color="black", lw=0.8)
-        elif m.kind == "start" and (m.attempt or 0) > 1:
+        elif m.kind == EventKind.START and (m.attempt or 0) > 1:
             ax.axvline(x, color="#1f77b4", ls=":", lw=1)
     for d in report.get("disruptions") or []:
         ax.axvline(d["detected_at"] - t0, color="#d62728", ls="--", lw=1)

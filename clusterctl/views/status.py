@@ -52,7 +52,7 @@ def job_view(store: Store, job: Job, now: float | None = None, supervision: dict
                  or ([{"node": n, "state": None} for n in current.nodes] if current else []),
         "failures": [{"time": e.time, "attempt": e.attempt, "class": e.klass, "node": e.node, "rank": e.rank,
                       "exit_code": e.exit_code, "signal": e.signal, "oom": bool(e.oom), "message": e.message,
-                      "found_by": "status" if e.kind == "reconciled" else "supervisor",
+                      "found_by": "status" if e.kind == events_mod.EventKind.RECONCILED else "supervisor",
                       "error_tail": _tail(store, job.job_id, e), "stacks": _stacks(events, e)} for e in failures],
         "checkpoint": checkpoint,
         # every relaunch, per node: warm or cold, and why (the supervisor's ``relaunch`` events)
@@ -102,7 +102,7 @@ def _stacks(events, failure) -> list[str] | None:
     if failure.klass != "hang":
         return None
     for e in events:
-        if e.kind == "stacks" and e.attempt == failure.attempt and e.id > failure.id:
+        if e.kind == events_mod.EventKind.STACKS and e.attempt == failure.attempt and e.id > failure.id:
             return e.message.splitlines()
     return None
 

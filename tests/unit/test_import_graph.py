@@ -221,6 +221,28 @@ def test_only_the_runtimes_compare_a_runtimes_name():
     assert found == []
 
 
+def test_event_kinds_are_compared_with_the_enum():
+    """Readers compare an event's kind with ``model.events.EventKind`` (``e.kind == EventKind.END``), never with
+    its stored string: a renamed or mistyped kind is then an AttributeError, not a comparison that is always false."""
+    from clusterctl.model.events import EventKind
+
+    stored = {k.value for k in EventKind}
+
+    def literals(node: ast.expr) -> list[str]:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [i.value for i in items if isinstance(i, ast.Constant) and i.value in stored]
+
+    found = []
+    for mod, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(x, ast.Attribute) and x.attr == "kind" for x in sides) and \
+                        any(literals(x) for x in sides):
+                    found.append(f"{mod}:{node.lineno}")
+    assert found == []
+
+
 def test_pyprojects_package_list_names_every_package():
     """pyproject.toml lists its packages explicitly: a new package missing there is missing from the wheel."""
     import tomllib
