@@ -190,7 +190,7 @@ def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *
         if tick is not None:
             tick()
         if path.exists():
-            if path.stat().st_size < offset:     # the copy was rotated (launcher.MAX_LOG_BYTES): a new file
+            if path.stat().st_size < offset:     # the copy was rotated (cluster_ops.MAX_LOG_BYTES): a new file
                 offset = 0
             with open(path, "rb") as f:
                 f.seek(offset)

@@ -52,7 +52,7 @@ class Reconciled:
 def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.time,
               withheld_tail: str | None = None,
               keep_logs: Callable[[int], object] | None = None) -> Reconciled | None:
-    """One look at the current attempt's nodes (``ops``: a ``launcher.ClusterOps``), recorded. None when the
+    """One look at the current attempt's nodes (``ops``: a ``cluster_ops.ClusterOps``), recorded. None when the
     job has no attempt yet or is no longer active. Error tails reach the store redacted (the store's secrets);
     ``withheld_tail``: recorded instead of every tail (the caller cannot redact them: a secret value unknown).
     An attempt whose end is recorded is never judged again (its result stands). A look that ends the job removes

@@ -118,7 +118,7 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
 
 
 class NodeOps(Protocol):
-    """Everything the supervisor does to the cluster. The real one is ``launcher.ClusterOps``."""
+    """Everything the supervisor does to the cluster. The real one is ``cluster_ops.ClusterOps``."""
 
     def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str,
               resume: tuple[str, int]) -> dict[str, NodeError]:
@@ -140,7 +140,7 @@ class NodeOps(Protocol):
     def stop_requested(self) -> bool: ...
 
     # optional: ``stacks(attempt, nodes) -> str``, where every rank waits (one line per group of ranks); called on
-    # a hang before the gang-stop and stored as a ``stacks`` event (``launcher.ClusterOps.stacks``)
+    # a hang before the gang-stop and stored as a ``stacks`` event (``cluster_ops.ClusterOps.stacks``)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ lines said (``Watch``: when the last one came, alive, when the process was first
 and how long the node may stay silent (``heartbeat.Arrivals``); ``heard`` turns that into an ``Observation``
 without a remote command (``observe.heard``).
 
-A node's **log follower** streams the node's whole log into the controller's copy (a ``Sink``: ``launcher.LogSink``)
+A node's **log follower** streams the node's whole log into the controller's copy (a ``Sink``: ``cluster_ops.LogSink``)
 on every (re)connect; the sink drops what it already holds. ``progress`` says whether a node wrote a line since
 the last time it was asked.
 
@@ -51,7 +51,7 @@ class Mux(Protocol):
 
 
 class Sink(Protocol):
-    """The controller's copy of the nodes' output (``launcher.LogSink``)."""
+    """The controller's copy of the nodes' output (``cluster_ops.LogSink``)."""
 
     def begin(self, node: str, attempt: int) -> int: ...
 

@@ -394,7 +394,7 @@ WATCH = (PID_ALIVE + '; ' + PID_STARTED + '; ' + NEWEST_STEP + '; c=$1; shift; p
 def watch_argv(runtime: "Runtime", node: NodeRef, checkpoint_dir: str | None = None) -> list[str]:
     """A long-running command for the node's persistent connection: its heartbeat, the liveness of the
     attempt's main process and the newest checkpoint step on the shared storage, in one line a second, and at
-    once (within 0.5 s) when either changes (see ``WATCH``, ``launcher.ClusterOps.observe``)."""
+    once (within 0.5 s) when either changes (see ``WATCH``, ``supervise.cluster_ops.ClusterOps.observe``)."""
     return ["sh", "-c", WATCH, "clusterctl-watch", checkpoint_dir or "", *runtime.pid_argv(node)]
 
 

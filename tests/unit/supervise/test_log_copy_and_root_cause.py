@@ -1,4 +1,4 @@
-"""Pure parts of the launcher: torchrun's failure summary, the [node/rank] log copy."""
+"""Pure parts of ClusterOps (supervise/cluster_ops.py): torchrun's failure summary, the [node/rank] log copy."""
 from clusterctl.supervise.cluster_ops import LogSink, root_cause, signal_of
 
 SUMMARY = """\
