@@ -37,5 +37,8 @@ ALL_CHECKS: FrozenSet[str] = frozenset(BY_ID)
 # The subset the launcher runs before every launch (one round trip per host). rendezvous_exposure only warns: a
 # launch whose rendezvous host listens on a public address says so.
 LAUNCH_CHECKS: FrozenSet[str] = frozenset(c.id for c in CHECKS if c.launch)
+# The GPU part of that quick preflight: what a node left out of a job for a GPU error passes before the supervisor
+# uses it again (``ClusterOps.gpu_check``).
+GPU_CHECKS: FrozenSet[str] = frozenset(c.id for c in (gpu.DRIVER, gpu.COUNT, gpu.HEALTH))
 LABELS: Mapping[str, str] = {c.id: c.label or c.id for c in CHECKS if c.kind != "cluster"}
 

@@ -657,6 +657,20 @@ class ClusterOps:
         ib = [self.hosts[n.host] for n in self._plan.nodes if n.infiniband]
         return [r.value for r in fan_out(ib, look, host_timeout=self.probe_timeout_s + 5) if r.ok and r.value]
 
+    def gpu_check(self, nodes: Sequence[str]) -> dict[str, str]:
+        """{node: why} for each of ``nodes`` that fails the GPU part of launch's quick preflight (gpu_driver,
+        gpu_count, gpu_health: ``checks.registry.GPU_CHECKS``, one probe per node over a fresh connection); a node
+        that passes is absent. What a node left out for a GPU error passes before it is used again."""
+        from clusterctl.checks.job import PreflightJob
+        from clusterctl.checks.preflight import run_preflight
+        from clusterctl.checks.registry import GPU_CHECKS
+
+        report = run_preflight([self.hosts[n] for n in nodes], connect=lambda h: self.connect(h, self.options),
+                               job=PreflightJob.from_spec(self.spec), only=GPU_CHECKS)
+        return {h.host: "; ".join(f"{c.id}: {c.detail}" + (f" (fix: {c.hint})" if c.hint else "")
+                                  for c in h.checks if c.status == "fail")
+                for h in report.hosts if any(c.status == "fail" for c in h.checks)}
+
     def checkpoint_hint(self) -> int | None:
         """The newest checkpoint step any watch has seen on the shared storage (cheap, unverified)."""
         return self._watches.checkpoint_hint()

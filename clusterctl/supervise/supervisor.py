@@ -21,6 +21,7 @@ from clusterctl.store.ledger import Ledger, note
 from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store, StoreError
 
 PEER_SETTLE = 4     # a rank that failed because a peer went away waits this many settle_s for the peer's node
+GPU_RECHECK_S = 10.0    # a node left out for a GPU error whose GPU check failed is checked again after this
 
 
 class Preempted(Exception):
@@ -141,6 +142,8 @@ class NodeOps(Protocol):
 
     # optional: ``stacks(attempt, nodes) -> str``, where every rank waits (one line per group of ranks); called on
     # a hang before the gang-stop and stored as a ``stacks`` event (``cluster_ops.ClusterOps.stacks``)
+    # optional: ``gpu_check(nodes) -> {node: why}``: the nodes that fail launch's GPU checks (``ClusterOps.gpu_check``);
+    # a node left out for a GPU error passes it before it is used again
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,8 @@ class Supervisor:
         self._rows: dict[tuple[int, str], tuple] = {}   # (attempt, node) -> the node row last written
         self._attempt: int | None = None          # the attempt being started or run (for a preempted end)
         self._store_trouble_at = -math.inf        # when a refused write was last said in the log
+        self._gpu_suspect: dict[str, tuple[str, float]] = {}   # node left out for a GPU error -> (why its last
+                                                               # GPU check failed, when), until it passes one
 
     def event(self, kind: EventKind, message: str, **fields) -> None:
         self.ledger.event(self.job_id, kind, message, **fields)
@@ -333,7 +338,7 @@ class Supervisor:
         while self.clock() < deadline:
             if self.ops.stop_requested():
                 raise Preempted()
-            healthy = self.ops.reachable(self._uncordoned(self.all_nodes))
+            healthy = self._gpus_checked(self.ops.reachable(self._uncordoned(self.all_nodes)))
             if len(healthy) >= p.min_nodes:
                 excluded.difference_update(healthy)
                 return healthy
@@ -341,6 +346,32 @@ class Supervisor:
         self._finish(JobState.FAILED, f"fewer than {p.min_nodes} healthy nodes after waiting "
                                       f"{p.wait_for_nodes_s:g}s")
         return None
+
+    def _gpus_checked(self, nodes: list[str]) -> list[str]:
+        """``nodes`` without those left out for a GPU error that fail the GPU checks again (optional
+        ``NodeOps.gpu_check``; launch's quick preflight: gpu_driver, gpu_count, gpu_health): reachable is not enough.
+        A node that fails stays out, with a ``waiting`` event saying why (again only when the reason changes; checked
+        again after ``GPU_RECHECK_S``); one that passes is used again."""
+        check = getattr(self.ops, "gpu_check", None)
+        if check is None:
+            return nodes
+        now = self.clock()
+        due = [n for n in nodes if n in self._gpu_suspect and now - self._gpu_suspect[n][1] >= GPU_RECHECK_S]
+        try:
+            failing = check(due) if due else {}
+        except Exception as e:  # noqa: BLE001 - a check that cannot run proves nothing: the nodes stay out
+            failing = {n: f"the GPU check could not run: {e}" for n in due}
+        for n in due:
+            if n in failing:
+                if failing[n] != self._gpu_suspect[n][0]:
+                    self.event(EventKind.WAITING, f"{n} stays out: left out for a GPU error, it fails the GPU check "
+                                                  f"again: {failing[n]}", node=n, klass="gpu_error")
+                self._gpu_suspect[n] = (failing[n], now)
+            else:
+                del self._gpu_suspect[n]
+                self.event(EventKind.WAITING, f"{n} passed the GPU check (gpu_driver, gpu_count, gpu_health) after "
+                                              "its GPU error: it may be used again", node=n, klass="gpu_error")
+        return [n for n in nodes if n not in self._gpu_suspect]
 
     def _monitor(self, attempt: int, nodes: list[str], rdzv: str) -> Decision:
         now = self.clock()
@@ -430,6 +461,8 @@ class Supervisor:
             self._take_stacks(attempt, nodes)      # where every rank waits: before anything is stopped
         if d.verdict in INFRA and d.node:
             self._maybe_cordon(d.node, d.verdict)
+        if d.verdict == Verdict.GPU_ERROR:
+            self._gpu_suspect.update({n: ("", -math.inf) for n in d.lost})
         if d.verdict == Verdict.SUCCESS:
             # the end is recorded before anything is removed: a supervisor killed in between leaves a SUCCEEDED
             # job with containers to clean up (`stop` removes them), never a finished job that `resume` re-runs
