@@ -55,6 +55,7 @@ def job_view(store: Store, job: Job, now: float | None = None, supervision: dict
                       "found_by": "status" if e.kind == events_mod.EventKind.RECONCILED else "supervisor",
                       "error_tail": _tail(store, job.job_id, e), "stacks": _stacks(events, e)} for e in failures],
         "checkpoint": checkpoint,
+        "warnings": _warnings(events, job.attempt),
         # every relaunch, per node: warm or cold, and why (the supervisor's ``relaunch`` events)
         "relaunches": [{"attempt": r.attempt, "node": r.node, "recovery": r.mode, "why": r.why}
                        for r in map(events_mod.relaunch_of, events) if r is not None],
@@ -85,6 +86,13 @@ def _restarts(job: Job):
         return record_mod.spec_of(job).restarts
     except Exception:  # noqa: BLE001 - a record that cannot be read: show the defaults
         return Restarts()
+
+
+def _warnings(events, attempt: int) -> list[dict[str, Any]]:
+    """What the supervisor warned of in the current attempt, loudly: NCCL on sockets where InfiniBand is expected
+    (the ``network`` events; an earlier attempt's no longer says anything about the nodes now)."""
+    return [{"time": e.time, "attempt": e.attempt, "kind": e.kind, "node": e.node, "message": e.message}
+            for e in events if e.kind == events_mod.EventKind.NETWORK and e.attempt == attempt]
 
 
 def _tail(store: Store, job_id: str, event) -> str | None:
@@ -139,6 +147,8 @@ def text(v: dict[str, Any], now: float | None = None) -> list[str]:
         p(f"UNSUPERVISED: clusterctl's supervisor of job {v['job_id']} was gone; its nodes say attempt "
           f"{r['attempt']} ended ({r['verdict']}: {r['message']}): the job is now {r['state']}."
           + ("" if r["state"] == "SUCCEEDED" else f" Run: clusterctl resume {v['name']}"))
+    for w in v.get("warnings") or []:
+        p(w["message"])     # on its own line: "WARNING: node: NCCL uses sockets where InfiniBand is expected ..."
     p(f"job       {v['job_id']}  ({v['name']})")
     p(f"state     {v['state']}" + (f"  — {v['reason']}" if v["reason"] else ""))
     sup = v["supervisor"]
