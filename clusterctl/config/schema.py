@@ -76,6 +76,10 @@ DESCRIPTIONS: dict[str, str] = {
                               "State=DRAIN).",
     "supervisor.cordon_after": "The supervisor cordons a host after this many node_lost/rendezvous_lost/hang "
                                "failures of it within 24 h; 0: never.",
+    "supervisor.stuck_timeout_s": "A rank stuck while its peers wait in a collective makes the attempt a hang once "
+                                  "its last progress is this many seconds old; 0: off.",
+    "supervisor.stragglers": "What a straggler (a rank every collective waits for) gets: warn (an event) or "
+                             "relaunch (its node is replaced by a spare when one exists).",
     "supervisor.collective_timeout_s": "CLUSTERCTL_COLLECTIVE_TIMEOUT_S: the process-group timeout scripts should "
                                        "pass to init_process_group.",
     "container": "docker/podman settings (ignored by bare).",

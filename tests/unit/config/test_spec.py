@@ -59,6 +59,7 @@ def test_defaults():
     assert (r.max_restarts, r.max_failures, r.max_node_failures, r.backoff_s, r.backoff_max_s) == (3, 3, 10, 1, 30)
     sv = s.supervisor
     assert (sv.probe_interval_s, sv.probe_failures, sv.hang_timeout_s) == (1, 2, 300)
+    assert (sv.stuck_timeout_s, sv.stragglers) == (20, "warn")
     c = s.container
     assert (c.ipc, c.shm_size, c.ulimits, c.extra_args) == ("host", None, {"memlock": "-1", "stack": "67108864"}, [])
     assert s.hosts is None
@@ -136,6 +137,18 @@ def test_infinite_and_nan_numbers_are_refused_at_their_line(key, value):
     with pytest.raises(InputError) as e:
         loads_job(f"name: j\nscript: t.py\n{section}:\n  {field}: {value}\n", file="job.yaml")
     assert e.value.line == 4 and e.value.key == key
+
+
+def test_stuck_timeout_and_stragglers_keys():
+    """Issue 37: supervisor.stuck_timeout_s (0 = off) and supervisor.stragglers (warn | relaunch)."""
+    s = loads_job("name: j\nscript: t.py\nsupervisor:\n  stuck_timeout_s: 0\n  stragglers: relaunch\n")
+    assert (s.supervisor.stuck_timeout_s, s.supervisor.stragglers) == (0, "relaunch")
+    with pytest.raises(InputError) as e:
+        loads_job("name: j\nscript: t.py\nsupervisor:\n  stragglers: kill\n", file="job.yaml")
+    assert e.value.line == 4 and e.value.key == "supervisor.stragglers"
+    with pytest.raises(InputError) as e:
+        loads_job("name: j\nscript: t.py\nsupervisor:\n  stuck_timeout_s: -1\n", file="job.yaml")
+    assert e.value.key == "supervisor.stuck_timeout_s"
 
 
 def test_every_problem_of_a_job_file_is_reported_at_once_in_line_order():
