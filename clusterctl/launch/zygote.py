@@ -16,9 +16,10 @@ child's exit code, or dies of the same signal. When the client goes away (killed
 whole session (SIGKILL): nothing forked outlives the process that asked for it.
 
 Protocol, one connection per child: client -> ``<len:4><json>`` with the three fds; zygote -> ``P <pid>\\n``, later
-``X <code>\\n`` (exit code) or ``S <signal>\\n``; on a failure before the fork ``E <message>\\n``. Kind ``ping``
-answers ``X 0`` at once (is the zygote up and warm?). A ``torchrun`` request first kills and reaps every child of
-another attempt (``CLUSTERCTL_ATTEMPT``): no two generations run on one node.
+``X <code>\\n`` (exit code) or ``S <signal>\\n`` (``S 9 oom``: SIGKILLed while its memory cgroup counted an OOM
+kill, see ``oom_kills``; the client then says ``OOM_NOTE`` before it dies of the signal); on a failure before the
+fork ``E <message>\\n``. Kind ``ping`` answers ``X 0`` at once (is the zygote up and warm?). A ``torchrun`` request
+first kills and reaps every child of another attempt (``CLUSTERCTL_ATTEMPT``): no two generations run on one node.
 Command line: ``python zygote.py serve SOCK`` / ``python -S zygote.py client SOCK KIND ARGV...``.
 """
 from __future__ import annotations
@@ -41,6 +42,9 @@ PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.distrib
            "torch.nn.parallel", "torch.optim", "torch._dynamo")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 READY = "clusterctl-zygote ready"
+# what the client of a rank the OOM killer ended says on its stderr (the rank's log) before it dies of SIGKILL: the
+# supervisor's OOM test for a warm rank (model.causes.WARM_OOM, the same words: this file imports no clusterctl)
+OOM_NOTE = "clusterctl-zygote: killed by the OOM killer (out of memory)"
 
 
 # ------------------------------------------------------------------------------------------------ client
@@ -94,11 +98,47 @@ def client(sock: str, kind: str, argv: list[str], connect_timeout_s: float = 5.0
     if line.startswith("X "):
         return int(line[2:])
     if line.startswith("S "):
-        sig = int(line[2:])
+        sig, *why = line[2:].split()
+        if why == ["oom"]:
+            try:
+                print(f"{OOM_NOTE}: its memory cgroup counted an OOM kill while it ran (pid {pid} in the zygote's "
+                      "namespace)", file=sys.stderr, flush=True)
+            except (OSError, ValueError):     # nowhere to say it: the signal is still the rank's
+                pass
+        sig = int(sig)
         die_of(sig)
         return 128 + sig
     print("clusterctl-zygote: lost the zygote before the child ended", file=sys.stderr)
     return 125
+
+
+def oom_kills(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """The OOM kills counted in this process's memory cgroup (the zygote's container, or its host session), or
+    None where none can be read: cgroup v1 ``memory.oom_control``'s ``oom_kill`` (kernel >= 4.13), v2
+    ``memory.events``' ``oom_kill`` (every OOM kill of a process of the cgroup, by its own limit or the host's).
+    A container without a cgroup namespace sees its own cgroup at the mount's root, not under the path
+    /proc/self/cgroup names: that path first, then the root."""
+    try:
+        with open(proc_cgroup) as f:
+            entries = [line.split(":", 2) for line in f.read().splitlines() if line.count(":") >= 2]
+    except OSError:
+        return None
+    v1 = [path for _, ctrls, path in entries if "memory" in ctrls.split(",")]
+    if v1:
+        files = [f"{root}/memory{v1[0].rstrip('/')}/memory.oom_control", f"{root}/memory/memory.oom_control"]
+    else:
+        v2 = [path for _, ctrls, path in entries if ctrls == ""]
+        files = [f"{root}{v2[0].rstrip('/')}/memory.events", f"{root}/memory.events"] if v2 else []
+    for name in files:
+        try:
+            with open(name) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill" and value.strip().isdigit():
+                        return int(value)
+        except OSError:
+            continue
+    return None
 
 
 def die_of(sig: int) -> None:
@@ -443,6 +483,7 @@ def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
     children: dict[socket.socket, int] = {}         # connection -> child pid (its session and group id)
     attempt_of: dict[int, str] = {}                 # child pid -> CLUSTERCTL_ATTEMPT of its request
     agents: set[int] = set()                        # the children that are torchrun agents
+    oom_at: dict[int, int | None] = {}              # child pid -> its memory cgroup's OOM kills when it was forked
     dying: set[int] = set()                         # process groups SIGKILLed, not all gone yet
     print(READY, flush=True)
 
@@ -480,8 +521,11 @@ def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
         children.pop(conn, None)
         attempt_of.pop(pid, None)
         agents.discard(pid)
+        before = oom_at.pop(pid, None)
         if status is not None:
-            answer(conn, f"S {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"X {os.WEXITSTATUS(status)}")
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            oom = sig == signal.SIGKILL and before is not None and (oom_kills() or 0) > before
+            answer(conn, (f"S {sig}" + (" oom" if oom else "")) if sig else f"X {os.WEXITSTATUS(status)}")
         drop(conn)
 
     def gone(pgid: int) -> bool:
@@ -496,6 +540,7 @@ def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
     def fork(r: Request, req: dict) -> None:
         conns = [r.conn, *children, *reading, *(w[0].conn for w in waiting)]
         fds = r.take()
+        base = oom_kills()          # before the fork: a kill counted later happened while the child lived
         try:
             pid = _fork(req, fds, listener, conns)
         finally:
@@ -504,6 +549,7 @@ def serve(sock: str, preload: tuple[str, ...] = PRELOAD) -> None:
         answer(r.conn, f"P {pid}")
         r.conn.setblocking(False)
         children[r.conn] = pid
+        oom_at[pid] = base
         attempt_of[pid] = str(req["env"].get("CLUSTERCTL_ATTEMPT", ""))
         if req["kind"] == "torchrun":
             agents.add(pid)

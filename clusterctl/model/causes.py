@@ -251,6 +251,20 @@ def oom_killed(kernel_log: str, pid: int | None) -> bool:
     return False
 
 
+# What the zygote's client of a warm rank says (in the rank's log) when the zygote saw its memory cgroup count an
+# OOM kill while the rank ran and the rank died of SIGKILL (launch/zygote.py OOM_NOTE, the same words): a warm rank
+# lives in the zygote's container, so the attempt container's OOMKilled flag and a kernel log line naming the
+# client's pid say nothing of it.
+WARM_OOM = "clusterctl-zygote: killed by the OOM killer (out of memory)"
+
+
+def warm_oom(lines: list[str], node: str, rank: int | None) -> bool:
+    """Whether ``rank``'s lines (any rank's when it is unknown) among a node's ``[node/rank] text`` lines carry
+    the zygote client's OOM note."""
+    prefix = f"[{node}/{rank}] " if rank is not None else f"[{node}/"
+    return any(line.startswith(prefix) and WARM_OOM in line for line in lines)
+
+
 # ------------------------------------------------------------------------------ torchrun's error file
 # The bare runner copies torchrun's TORCHELASTIC_ERROR_FILE into the node's log as one line with this prefix.
 ERROR_FILE_LINE = "clusterctl: torchelastic error file: "

@@ -569,7 +569,8 @@ class ClusterOps:
             sig = cause.signal
         cfg = causes.config_error(code, text, script=self.spec.script, module=self.spec.module,
                                   torchrun=self.spec.torchrun[0])
-        oom = sig == "SIGKILL" and self._oom(node, inst.name, cause.pid if cause else None)
+        oom = sig == "SIGKILL" and (causes.warm_oom(lines, node, rank)      # a warm rank: its zygote saw it
+                                    or self._oom(node, inst.name, cause.pid if cause else None))
         tail = causes.error_tail(lines, node, rank)
         message = causes.error_file_in(text)   # torchrun's own error file (bare), when it wrote one
         if message:
