@@ -24,6 +24,8 @@ from tests.testbed import Testbed as _Testbed  # aliased so pytest does not try 
 from tests.testbed import profile
 from tests.testbed.system import claim_octet
 
+JOBS = Path(__file__).parent / "jobs"
+
 
 @pytest.fixture(scope="module")
 def wtb(tmp_path_factory, testbed_slot):
@@ -241,6 +243,31 @@ def test_a_sigkilled_warm_rank_is_class_killed_with_sigkill(job, wtb, runtime):
     f = next(f for f in st["failures"] if f["attempt"] == 2)
     assert (f["class"], f["node"], f["signal"]) == ("killed", victim, "SIGKILL"), st["failures"]
     assert "zygote.py" not in (f["error_tail"] or ""), f["error_tail"]
+
+
+def test_a_warm_rank_the_oom_killer_ends_is_reported_as_oom(job, wtb):
+    """Issue 34 item 9: a rank of a warm attempt lives in the zygote's container; the OOM killer of that container's
+    memory cgroup (`--memory`) ends it: class `killed`, SIGKILL, `oom: true`, "by the OOM killer (out of memory)",
+    as a cold rank's (before: no OOM, the attempt container's OOMKilled flag knows nothing of it)."""
+    run = job(script=JOBS / "warm_oom.py")
+    spec = yaml.safe_load(run.job.read_text())
+    oom_node = wtb.hosts[0].name                      # the first attempt's rendezvous host: not the one killed
+    spec["env"] = {"OOM_NODE": oom_node}
+    spec["container"]["extra_args"] = ["--memory=1g", "--memory-swap=1g"]    # the zygote's container too
+    run.job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    run.launch()
+    run.wait_attempt(1)
+    rh.wait_zygotes(run)
+    assert rh.rdzv_host(run) == oom_node
+    assert wtb.kill(rh.other_host(run), pattern=rh.JOB_PATTERN)
+    st = run.wait_end(300)
+    assert st["state"] == "SUCCEEDED", run.events_text()
+    assert relaunches(run, 2).get(oom_node) == "warm", run.events_text()
+    f = next(f for f in st["failures"] if f["attempt"] == 2)
+    assert (f["class"], f["node"], f["signal"], f["oom"]) == ("killed", oom_node, "SIGKILL", True), st["failures"]
+    assert "by the OOM killer (out of memory)" in f["message"], f
+    rh.check_clean(run)
+    no_zygote_left(run)
 
 
 def _ns_pid(pid: int) -> str:
