@@ -7,6 +7,7 @@ Written only by ``store.ledger``; read by ``views`` and ``supervise.notify`` thr
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 
@@ -38,6 +39,9 @@ class EventKind(str, Enum):
     CORDON = "cordon"
     SLURM_DRAIN = "slurm_drain"
     NETWORK = "network"                   # NCCL came up on sockets where InfiniBand is expected (a warning)
+    # the ranks (the rank view, model.ranks)
+    STUCK = "stuck"                       # a rank stuck while its peers wait (klass stuck | recovered)
+    STRAGGLER = "straggler"               # a rank every collective waits for (klass named | recovered; slowdown)
     # the supervisor's own trouble
     NOTIFY_FAILED = "notify_failed"
 
@@ -93,3 +97,56 @@ def relaunch_of(event) -> Relaunch | None:
         return None
     return Relaunch(event.attempt, event.node, event.klass,
                     event.message.split(f"{event.node} {event.klass}: ", 1)[-1])
+
+
+@dataclass(frozen=True)
+class StragglerSeen:
+    """A ``straggler`` event: ``named`` (how much slower) or ``recovered``."""
+
+    attempt: int
+    node: str
+    rank: int
+    slowdown: float
+    named: bool = True
+
+    def message(self) -> str:
+        if self.named:
+            return (f"straggler: node {self.node} rank {self.rank} runs {self.slowdown:.2f}x slower than the "
+                    "fastest rank (every collective waits for it)")
+        return f"straggler recovered: node {self.node} rank {self.rank} ({self.slowdown:.2f}x now)"
+
+
+def straggler_of(event) -> StragglerSeen | None:
+    """A ``straggler`` event's node, rank and slowdown (the number is read back from its text)."""
+    if event.kind != EventKind.STRAGGLER or event.node is None or event.rank is None:
+        return None
+    m = re.search(r"(\d+(?:\.\d+)?)x", event.message)
+    return StragglerSeen(event.attempt, event.node, event.rank, float(m.group(1)) if m else 0.0,
+                         event.klass != "recovered")
+
+
+def stragglers_now(events, attempt: int) -> list[StragglerSeen]:
+    """The stragglers named in ``attempt`` and not recovered since, by rank."""
+    now: dict[tuple[str, int], StragglerSeen] = {}
+    for e in events:
+        s = straggler_of(e)
+        if s is None or s.attempt != attempt:
+            continue
+        if s.named:
+            now[(s.node, s.rank)] = s
+        else:
+            now.pop((s.node, s.rank), None)
+    return sorted(now.values(), key=lambda s: (s.rank, s.node))
+
+
+def stuck_now(events, attempt: int) -> list:
+    """The ``stuck`` events of ``attempt`` whose rank has not recovered since (the latest per rank)."""
+    now: dict[tuple[str, int], object] = {}
+    for e in events:
+        if e.kind != EventKind.STUCK or e.attempt != attempt:
+            continue
+        if e.klass == "recovered":
+            now.pop((e.node, e.rank), None)
+        else:
+            now[(e.node, e.rank)] = e
+    return list(now.values())

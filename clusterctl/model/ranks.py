@@ -139,6 +139,9 @@ class RankState:
     peers_for_s: float | None = None
     mismatch: bool = False
     data_wait: bool = False                 # it waits for its DataLoader workers (the data pipeline)
+    rss: int | None = None
+    gpu_util: float | None = None
+    gpu_mem: int | None = None
 
     def message(self) -> str:
         """One line naming it: "node n2 rank 1 stuck in train.py:40 sleep for 21s while its peers wait in
@@ -181,11 +184,15 @@ def judge(views: Views, *, gone_nodes: Iterable[str] = (), world: int | None = N
         letter = proc.get((v.node, v.pid)) if v.pid is not None else None
         peer_wait = [w for w in waiting if w.rank != v.rank and w.in_coll.for_s >= PEER_WAIT_S]
         base = dict(node=v.node, rank=v.rank, where=v.where, step=v.step, progress_age_s=v.progress_age_s,
-                    waiting_s=v.in_coll.for_s if v.in_coll else None, in_coll=v.in_coll)
+                    waiting_s=v.in_coll.for_s if v.in_coll else None, in_coll=v.in_coll, rss=v.rss,
+                    gpu_util=v.gpu_util, gpu_mem=v.gpu_mem)
         if v.node in gone_nodes or letter in DEAD:
             out.append(RankState(state="gone", why="its process is gone", **base))
             continue
         stopped = letter in STOPPED
+        if not v.answering and letter == "R":    # running, its monitor starved (a long call holding the GIL)
+            out.append(RankState(state="busy", why="running, not answering (holding the GIL?)", **base))
+            continue
         silent = stopped or not v.answering
         data_wait = any(p in v.where for p in DATA_WAIT)
         if (v.in_coll is not None and not silent and common is not None and v.in_coll.key != common.key

@@ -20,9 +20,11 @@ class Verdict(str, Enum):
     HANG = "hang"                    # no progress for hang_timeout
     GPU_ERROR = "gpu_error"          # a rank died of its GPU (ECC, Xid, "GPU is lost", CUDA 802, ...): node left out
     STOPPED = "stopped"              # someone ran `clusterctl stop`
+    STRAGGLER = "straggler"          # supervisor.stragglers: relaunch: a straggler's node is replaced by a spare
 
 
-INFRA = (Verdict.NODE_LOST, Verdict.RDZV_LOST, Verdict.HANG, Verdict.GPU_ERROR)   # charged to the node budget
+INFRA = (Verdict.NODE_LOST, Verdict.RDZV_LOST, Verdict.HANG, Verdict.GPU_ERROR,     # charged to the node budget
+         Verdict.STRAGGLER)
 
 
 @dataclass(frozen=True)

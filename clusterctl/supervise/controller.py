@@ -90,7 +90,8 @@ def build_ops(root: Path, store: Store, job_id: str, options: ConnectOptions, *,
                     probe_interval_s=s.probe_interval_s, probe_failures=s.probe_failures,
                     hang_timeout_s=s.hang_timeout_s, first_progress_timeout_s=s.first_progress_timeout_s,
                     wait_for_nodes_s=float(spec.rendezvous.join_timeout),
-                    checkpoint_dir=spec.checkpoint.dir, cordon_after=s.cordon_after, slurm_drain=s.slurm_drain)
+                    checkpoint_dir=spec.checkpoint.dir, cordon_after=s.cordon_after, slurm_drain=s.slurm_drain,
+                    stuck_timeout_s=s.stuck_timeout_s, stragglers=s.stragglers)
     return ops, policy, rec.host_names
 
 
@@ -125,7 +126,8 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
         ops.sink.echo = tap
     try:
         sup = Supervisor(job_id, store, ops, policy, nodes, wait=ops.wait_for_change, sleep=ops.sleep_unless_stopped,
-                         on_event=lambda m: echo(f"clusterctl: {redact(m, ops.secrets.values())}"))
+                         on_event=lambda m: echo(f"clusterctl: {redact(m, ops.secrets.values())}"),
+                         job_dir=paths.job_dir(root, job_id))
         job = store.get_job(job_id)
         attempt = job.attempt if adopt and job.attempt else None
         if attempt:

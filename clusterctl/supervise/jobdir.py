@@ -168,3 +168,20 @@ def keep(store: Store, root: Path, job_id: str, mirror: EventMirror, now: float)
                             json.dumps(report(store, root, job_id, now), indent=2) + "\n")
     except Exception:  # noqa: BLE001 - a copy: never in the way of the supervisor's exit
         pass
+
+
+RANKS = "ranks.json"     # the supervisor's rank view, each round (``clusterctl top`` reads it)
+
+
+def write_ranks(directory: Path, doc: dict) -> None:
+    """Replace ``<job dir>/ranks.json`` atomically (a reader never sees half a file)."""
+    paths.write_private(directory / RANKS, json.dumps(doc, separators=(",", ":")))
+
+
+def read_ranks(directory: Path) -> dict | None:
+    """The last ``ranks.json`` the supervisor wrote, or None (none yet, or unreadable)."""
+    try:
+        doc = json.loads((directory / RANKS).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("ranks"), list) else None

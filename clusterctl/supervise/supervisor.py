@@ -11,14 +11,18 @@ import math
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence
 
 from clusterctl.model import budget, causes
-from clusterctl.model.events import EventKind, Relaunch
+from clusterctl.model.ranks import RankView
+from clusterctl.model.events import EventKind, Relaunch, StragglerSeen
 from clusterctl.model.verdicts import INFRA, Decision, NodeError, Observation, Verdict, node_state
 from clusterctl.store.ledger import Ledger, note
 from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store, StoreError
+from clusterctl.supervise import jobdir
+from clusterctl.supervise.rankwatch import Look, RankWatch
 
 PEER_SETTLE = 4     # a rank that failed because a peer went away waits this many settle_s for the peer's node
 GPU_RECHECK_S = 10.0    # a node left out for a GPU error whose GPU check failed is checked again after this
@@ -140,6 +144,9 @@ class NodeOps(Protocol):
 
     def stop_requested(self) -> bool: ...
 
+    # optional: ``rank_views(attempt) -> {node: {rank: RankView}}``, what every rank is doing (the watches' rank
+    # files; {} when the node side writes none), and ``dump_ranks(attempt, nodes, dest_dir) -> {node: error}``,
+    # every rank's flight-recorder dump and stack copied into ``dest_dir`` (``cluster_ops.ClusterOps``)
     # optional: ``stacks(attempt, nodes) -> str``, where every rank waits (one line per group of ranks); called on
     # a hang before the gang-stop and stored as a ``stacks`` event (``cluster_ops.ClusterOps.stacks``)
     # optional: ``gpu_check(nodes) -> {node: why}``: the nodes that fail launch's GPU checks (``ClusterOps.gpu_check``);
@@ -169,14 +176,18 @@ class Policy:
     progress_after_s: float = 600.0      # an attempt with output for this long made progress (resets the backoff)
     cordon_after: int = 3                # node_lost/hang/gpu_error failures of a host in 24 h before it is cordoned (0: never)
     slurm_drain: bool = False            # a cordon also drains the node in Slurm (ops.slurm_drain)
+    stuck_timeout_s: float = 20.0        # a stuck rank this long without progress: the attempt is a hang (0: off)
+    stragglers: str = "warn"             # warn | relaunch (a straggler's node replaced by a spare when one exists)
 
 
 class Supervisor:
     def __init__(self, job_id: str, store: Store, ops: NodeOps, policy: Policy, nodes: Sequence[str], *,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 wait: Callable[[float], None] | None = None, on_event: Callable[[str], None] | None = None):
+                 wait: Callable[[float], None] | None = None, on_event: Callable[[str], None] | None = None,
+                 job_dir: Path | None = None, wall: Callable[[], float] = time.time):
         """``sleep``: backoff and waiting for nodes; ``wait``: between probe rounds (may return early when a
-        node's process ends, e.g. ``ClusterOps.wait_for_change``; default ``sleep``)."""
+        node's process ends, e.g. ``ClusterOps.wait_for_change``; default ``sleep``). ``job_dir``: where the
+        rank view (``ranks.json``, for ``top``) and a hang's flight-recorder dumps (``hang-<attempt>/``) go."""
         self.job_id, self.store, self.ops, self.policy = job_id, store, ops, policy
         self.ledger = Ledger(store)     # every lifecycle write goes through it; the store is read directly
         self.all_nodes = list(nodes)
@@ -190,6 +201,8 @@ class Supervisor:
         self._rows: dict[tuple[int, str], tuple] = {}   # (attempt, node) -> the node row last written
         self._attempt: int | None = None          # the attempt being started or run (for a preempted end)
         self._store_trouble_at = -math.inf        # when a refused write was last said in the log
+        self.job_dir, self.wall = job_dir, wall
+        self._ranks: RankWatch | None = None      # the attempt's rank view (issue 37)
         self._gpu_suspect: dict[str, tuple[str, float]] = {}   # node left out for a GPU error -> (why its last
                                                                # GPU check failed, when), until it passes one
 
@@ -376,6 +389,7 @@ class Supervisor:
     def _monitor(self, attempt: int, nodes: list[str], rdzv: str) -> Decision:
         now = self.clock()
         health = self._health = Health(started=now, last_progress=now)
+        self._ranks = RankWatch(self.policy.stuck_timeout_s)
         rounds = 0
         while True:
             if rounds % self.policy.stop_every_probes == 0 and self.ops.stop_requested():
@@ -393,6 +407,8 @@ class Supervisor:
                          hang_timeout_s=self.policy.hang_timeout_s, now=now, settle_s=self.policy.settle_s,
                          first_progress_timeout_s=self.policy.first_progress_timeout_s)
             self._survive(self._record_nodes, attempt, obs)
+            if d.verdict == Verdict.CONTINUE:
+                d = self._look_at_ranks(attempt, nodes, obs, now) or d
             if d.verdict != Verdict.CONTINUE:
                 if self.ops.stop_requested():   # `clusterctl stop` killed the nodes: not a failure
                     return Decision(Verdict.STOPPED, message="stopped by user")
@@ -459,6 +475,7 @@ class Supervisor:
                    exit_code=d.exit_code, signal=d.signal, rank=d.rank, oom=d.oom or None)
         if d.verdict == Verdict.HANG:
             self._take_stacks(attempt, nodes)      # where every rank waits: before anything is stopped
+            self._dump_ranks(attempt, nodes)       # every rank's flight recorder and stack, kept in the job dir
         if d.verdict in INFRA and d.node:
             self._maybe_cordon(d.node, d.verdict)
         if d.verdict == Verdict.GPU_ERROR:
@@ -500,6 +517,87 @@ class Supervisor:
             self._cleanup(None, self.all_nodes)
             return self.store.get_job(self.job_id).state
         return None
+
+    def _look_at_ranks(self, attempt: int, nodes: list[str], obs: Sequence[Observation],
+                       now: float) -> Decision | None:
+        """The rank view of this round (optional ``NodeOps.rank_views``): say which rank is newly stuck or
+        straggling (events), keep ``ranks.json`` for ``top``, and end the attempt as a hang when a stuck rank has
+        made no progress for ``stuck_timeout_s`` (or, with ``stragglers: relaunch``, to replace a straggler's node
+        by a spare)."""
+        views_of = getattr(self.ops, "rank_views", None)
+        if views_of is None or self._ranks is None:
+            return None
+        try:
+            views: dict[str, dict[int, RankView]] = views_of(attempt)
+        except Exception as e:  # noqa: BLE001 - a diagnosis: never in the way of the job
+            print(f"clusterctl: could not read the rank view: {e}", file=sys.stderr, flush=True)
+            return None
+        if not views:
+            return None
+        running = {o.node for o in obs if o.state == "running"}
+        look = self._ranks.look(views, now=now, gone_nodes={o.node for o in obs if o.state in ("exited", "missing")},
+                                all_running=bool(obs) and len(running) == len(obs))
+        self._say_ranks(attempt, look)
+        if self.job_dir is not None:
+            self._survive_io(jobdir.write_ranks, self.job_dir,
+                             self._ranks.document(look, job_id=self.job_id, attempt=attempt, wall=self.wall()))
+        c = look.culprit
+        if c is not None:
+            return Decision(Verdict.HANG, node=c.node, rank=c.rank, message=f"{c.message()} "
+                            f"(supervisor.stuck_timeout_s {self.policy.stuck_timeout_s:g}s)")
+        if look.named and self.policy.stragglers == "relaunch":
+            return self._replace_straggler(nodes, look)
+        return None
+
+    def _say_ranks(self, attempt: int, look: Look) -> None:
+        for s in look.stuck:
+            self.event(EventKind.STUCK, s.message(), attempt=attempt, node=s.node, rank=s.rank, klass="stuck")
+        for s in look.unstuck:
+            self.event(EventKind.STUCK, f"node {s.node} rank {s.rank} is no longer stuck", attempt=attempt,
+                       node=s.node, rank=s.rank, klass="recovered")
+        for x, named in [(x, True) for x in look.named] + [(x, False) for x in look.recovered]:
+            seen = StragglerSeen(attempt, x.node, x.rank, x.slowdown, named)
+            self.event(EventKind.STRAGGLER, seen.message(), attempt=attempt, node=x.node, rank=x.rank,
+                       klass="named" if named else "recovered")
+
+    def _replace_straggler(self, nodes: list[str], look: Look) -> Decision | None:
+        """``stragglers: relaunch``: end the attempt to replace the slowest named straggler's node, when a spare
+        (a node of the job not in this attempt, not cordoned, reachable) can take its place."""
+        worst = max(look.named, key=lambda x: x.slowdown)
+        spares = self.ops.reachable([n for n in self._uncordoned(self.all_nodes) if n not in nodes])
+        if not spares:
+            self.on_event(f"straggler on {worst.node}: no spare node to replace it (supervisor.stragglers: relaunch)")
+            return None
+        return Decision(Verdict.STRAGGLER, (worst.node,), worst.node, rank=worst.rank,
+                        message=f"node {worst.node} rank {worst.rank} is a straggler ({worst.slowdown:.2f}x slower): "
+                                f"relaunching with {spares[0]} in its place (supervisor.stragglers: relaunch)")
+
+    def _survive_io(self, write: Callable, *args) -> None:
+        try:
+            write(*args)
+        except OSError as e:
+            now = self.clock()
+            if now - self._store_trouble_at >= 60:
+                self._store_trouble_at = now
+                print(f"clusterctl: could not write the rank view: {e}", file=sys.stderr, flush=True)
+
+    def _dump_ranks(self, attempt: int, nodes: list[str]) -> None:
+        """Keep every rank's flight-recorder dump and stack in ``<job dir>/hang-<attempt>/`` (optional
+        ``NodeOps.dump_ranks``), said in a ``stacks`` event."""
+        dump = getattr(self.ops, "dump_ranks", None)
+        if dump is None or self.job_dir is None:
+            return
+        dest = self.job_dir / f"hang-{attempt}"
+        try:
+            errors = dump(attempt, nodes, str(dest))
+        except Exception as e:  # noqa: BLE001 - a diagnosis: never in the way of the recovery
+            errors = {n: str(e) for n in nodes}
+        kept = sorted(p.name for p in dest.iterdir()) if dest.is_dir() else []
+        text = (f"every rank's flight-recorder dump and stack kept in {dest} ({len(kept)} files; read with "
+                f"`python -m torch.distributed.flight_recorder.fr_trace -p fr- {dest}`)")
+        if errors:
+            text += "; not from " + ", ".join(f"{n} ({e})" for n, e in sorted(errors.items()))
+        self.event(EventKind.STACKS, text, attempt=attempt, klass="dump")
 
     def _check_network(self, attempt: int) -> None:
         """Where InfiniBand is expected and NCCL came up on sockets (10-100x slower), say so loudly: a ``network``

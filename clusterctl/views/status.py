@@ -35,6 +35,7 @@ def job_view(store: Store, job: Job, now: float | None = None, supervision: dict
     if seen is not None:
         e, c = seen
         checkpoint = {"path": c.path, "step": c.step, "age_s": round(now - e.time, 1)}
+    running = bool(current and current.ended_at is None and not job.terminal)
     sup = supervision or {"pid": job.supervisor_pid, "alive": None, "last_seen": job.supervisor_seen_at,
                           "supervised": None}
     return {
@@ -56,6 +57,11 @@ def job_view(store: Store, job: Job, now: float | None = None, supervision: dict
                       "error_tail": _tail(store, job.job_id, e), "stacks": _stacks(events, e)} for e in failures],
         "checkpoint": checkpoint,
         "warnings": _warnings(events, job.attempt),
+        # the rank view (issue 37): stragglers named and not recovered, ranks stuck now (the current attempt's)
+        "stragglers": [{"node": x.node, "rank": x.rank, "slowdown": round(x.slowdown, 2)}
+                       for x in events_mod.stragglers_now(events, job.attempt)] if running else [],
+        "stuck": [{"node": e.node, "rank": e.rank, "since": e.time, "message": e.message}
+                  for e in events_mod.stuck_now(events, job.attempt)] if running else [],
         # every relaunch, per node: warm or cold, and why (the supervisor's ``relaunch`` events)
         "relaunches": [{"attempt": r.attempt, "node": r.node, "recovery": r.mode, "why": r.why}
                        for r in map(events_mod.relaunch_of, events) if r is not None],
@@ -110,7 +116,8 @@ def _stacks(events, failure) -> list[str] | None:
     if failure.klass != "hang":
         return None
     for e in events:
-        if e.kind == events_mod.EventKind.STACKS and e.attempt == failure.attempt and e.id > failure.id:
+        if (e.kind == events_mod.EventKind.STACKS and e.attempt == failure.attempt and e.id > failure.id
+                and e.klass != "dump"):
             return e.message.splitlines()
     return None
 
@@ -163,6 +170,10 @@ def text(v: dict[str, Any], now: float | None = None) -> list[str]:
     p(f"restarts  user errors {r['failures_used']}/{r['max_failures']}, "
       f"infrastructure {r['node_failures_used']}/{r['max_node_failures']}"
       + (f" ({'within ' + r['window'] if r['window_s'] else 'since the last progress'})" if "window" in r else ""))
+    for x in v.get("stuck") or []:
+        p(f"STUCK     {x['message']}")
+    for x in v.get("stragglers") or []:
+        p(f"straggler node {x['node']} rank {x['rank']}: {x['slowdown']:.2f}x slower than the fastest rank")
     for r in v.get("relaunches") or []:
         p(f"relaunch  attempt {r['attempt']} {r['node']} {r['recovery']}: {r['why']}")
     for f in v["failures"]:

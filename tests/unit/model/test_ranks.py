@@ -118,6 +118,12 @@ def test_a_rank_computing_silently_is_busy_never_stuck():
     assert stuck_culprit(list(states.values()), stuck_timeout_s=20) is None
 
 
+def test_a_rank_holding_the_gil_is_busy_when_its_node_sees_it_running():
+    hog = view(1, answered_age_s=30.0, step_age_s=1.0, coll_age_s=1.0)
+    states = by_rank(judge(views(waiting(0, peers={"101": "R"}), hog, *(waiting(r) for r in range(2, 6)))))
+    assert states[1].state == "busy" and stuck_culprit(list(states.values()), stuck_timeout_s=20) is None
+
+
 def test_a_rank_writing_a_slow_checkpoint_is_busy():
     writer = view(4, state="busy", step_age_s=90.0, coll_age_s=90.0, io=10 << 30, where="torch/serialization.py:1 save")
     states = by_rank(judge(views(*(waiting(r, 89.0) for r in (0, 1, 2, 3, 5)), writer)))

@@ -130,7 +130,7 @@ def test_the_supervisor_keeps_steps_events_and_goodput_json_in_the_job_dir(tmp_p
             pass
 
     class Sup:
-        def __init__(self, job_id, store, ops, policy, nodes, wait, sleep, on_event):
+        def __init__(self, job_id, store, ops, policy, nodes, wait, sleep, on_event, job_dir=None):
             self.job_id, self.store, self.ops = job_id, store, ops
 
         def run(self, adopt_attempt=None, adopt_note=""):

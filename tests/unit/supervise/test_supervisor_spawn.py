@@ -46,7 +46,7 @@ def test_supervisor_log_lines_are_redacted(tmp_path, monkeypatch):
             pass
 
     class Sup:
-        def __init__(self, job_id, store, ops, policy, nodes, wait, sleep, on_event):
+        def __init__(self, job_id, store, ops, policy, nodes, wait, sleep, on_event, job_dir=None):
             self.on_event = on_event
 
         def run(self, adopt_attempt=None, adopt_note=""):
