@@ -22,7 +22,7 @@ from clusterctl.model.verdicts import INFRA, Decision, NodeError, Observation, V
 from clusterctl.store.ledger import Ledger, note
 from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store, StoreError
 from clusterctl.supervise import jobdir
-from clusterctl.supervise.rankwatch import Look, RankWatch
+from clusterctl.supervise.ranklook import Look, RankWatch
 
 PEER_SETTLE = 4     # a rank that failed because a peer went away waits this many settle_s for the peer's node
 GPU_RECHECK_S = 10.0    # a node left out for a GPU error whose GPU check failed is checked again after this

@@ -1,5 +1,5 @@
 """What `clusterctl top JOB` shows (pure): every rank of the running attempt, from the rank view the job's
-supervisor writes each round (``<job dir>/ranks.json``: ``supervise.rankwatch``), as a table or as JSON.
+supervisor writes each round (``<job dir>/ranks.json``: ``supervise.ranklook``), as a table or as JSON.
 
 The states (docs/oncall.md "clusterctl top"): starting (no step yet), training (progress in the last seconds),
 waiting (in a collective, or in its own code with nobody waiting for it), stuck (its peers wait for it, and it

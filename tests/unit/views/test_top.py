@@ -1,7 +1,7 @@
 """`clusterctl top`'s view (issue 37): the rows of ranks.json with the promised keys, the table, and the advice
 (data pipeline or communication?)."""
 from clusterctl.model.ranks import RankView
-from clusterctl.supervise.rankwatch import RankWatch
+from clusterctl.supervise.ranklook import RankWatch
 from clusterctl.views import top
 
 AR = {"pg": "0", "seq": 12, "op": "all_reduce"}
