@@ -34,8 +34,8 @@ def pytest_configure(config):
 # The integration modules that take longest (minutes each on a 2-core box), longest first. `make test
 # TEST_WORKERS=N` runs a whole module per pytest-xdist worker (`--dist loadfile --no-loadscope-reorder`), taking
 # modules in collection order: starting the long ones first keeps one of them from being left for last.
-LONGEST_FIRST = ("test_oncall", "test_recovery", "test_launch", "test_security", "test_resume", "test_longrun",
-                 "test_toolkit_a", "test_toolkit_b", "test_preflight")
+LONGEST_FIRST = ("test_oncall", "test_recovery", "test_slurm", "test_launch", "test_warm", "test_security",
+                 "test_resume", "test_longrun", "test_toolkit_a", "test_toolkit_b", "test_preflight", "test_report")
 
 
 def pytest_collection_modifyitems(config, items):
