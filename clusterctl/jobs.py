@@ -975,3 +975,37 @@ def watch_status(ws: Workspace, job_ref: str, options: ConnectOptions, on_view: 
         if v["state"] in status_mod.ENDED:
             return v
         sleep(interval_s)
+
+
+# ---------------------------------------------------------------------------------------------- top (issue 37)
+def top(ws: Workspace, job_ref: str, now: float | None = None) -> dict:
+    """``top JOB``: the rank view the job's running supervisor writes each round (``<job dir>/ranks.json``), as
+    ``{"job_id", "state", "attempt", "supervised", "doc", "stale"}``; never a connection of its own. A job that is
+    not running, or that nobody supervises, is an error naming what to run instead (exit 1)."""
+    from clusterctl.store import paths
+    from clusterctl.supervise import jobdir
+    from clusterctl.views import top as top_view
+
+    now = time.time() if now is None else now
+    job = ws.store.get_job(job_ref)
+    if job.terminal:
+        raise ClusterctlError(f"job {job.job_id} is {job.state.value}: no rank runs (`clusterctl status "
+                              f"{job.name}` says how it ended)")
+    if not controller.supervision(ws.root, job, now)["supervised"]:
+        raise ClusterctlError(f"job {job.job_id} has no live supervisor: `top` shows what it sees of the ranks "
+                              f"(`clusterctl status {job.name}`; `clusterctl resume {job.name}` supervises it again)")
+    doc = jobdir.read_ranks(paths.job_dir(ws.root, job.job_id))
+    if doc is not None and doc.get("attempt") != job.attempt:
+        doc = None                        # an earlier attempt's view
+    return {"job_id": job.job_id, "state": job.state.value, "attempt": job.attempt, "supervised": True,
+            "doc": doc or {"ranks": [], "stragglers": []}, "stale": top_view.stale(doc, now)}
+
+
+def watch_top(ws: Workspace, job_ref: str, on_view: Callable[[dict], None], *, interval_s: float = 2.0,
+              sleep: Callable[[float], None] = time.sleep) -> dict:
+    """``top JOB`` refreshing: ``on_view(view)`` every ``interval_s`` until the job ends (its end: ``top``'s
+    error, raised)."""
+    job_id = job_id_of(ws, job_ref)
+    while True:
+        on_view(top(ws, job_id))
+        sleep(interval_s)

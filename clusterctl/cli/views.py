@@ -1,4 +1,4 @@
-"""What happened and where it stands: ``status`` (``--watch``), ``events``, ``logs``."""
+"""What happened and where it stands: ``status`` (``--watch``), ``top``, ``events``, ``logs``."""
 from __future__ import annotations
 
 import json
@@ -198,4 +198,48 @@ def logs_cmd(ctx, job, node, rank, attempt, tail, follow, accept_new) -> int:
             got.follow(lambda ln: out.print(for_terminal(ln), markup=False))
         except KeyboardInterrupt:
             pass
+    return 0
+
+
+@app.command("top")
+@click.argument("job", shell_complete=complete_jobs)
+@click.option("--once", is_flag=True, help="Print the view once and exit (default: refresh every 2 s).")
+@output_option
+@click.pass_context
+def top_cmd(ctx, job, once, output) -> int:
+    """Every rank of a running job: node, rank, step, step time, state (starting, training, waiting, stuck, busy,
+    gone), CPU %, RSS, GPU utilisation and memory where known, time waiting in a collective, and where it is;
+    read from what the job's supervisor sees each round (no connection of its own)."""
+    import time
+
+    from clusterctl import jobs
+    from clusterctl.views import top as top_mod
+
+    ws = jobs.open_workspace(ctx.obj.state_dir)
+    job = jobs.job_id_of(ws, job)           # an unknown job: exit 2, whatever else is asked
+
+    def render(v) -> list[str]:
+        lines = top_mod.text(v["doc"], v["job_id"], now=time.time(), width=out.width)
+        if not v["doc"]["ranks"]:
+            lines.append("no rank view yet (the ranks are starting, or the node side writes none)")
+        elif v["stale"]:
+            lines.append("the view is more than 10 s old: the supervisor is not writing it")
+        return lines
+
+    if once or output == "json":
+        v = jobs.top(ws, job)
+        if output == "json":
+            print_json({"ranks": top_mod.rows(v["doc"])})
+        else:
+            for line in render(v):
+                out.print(line, markup=False)
+        return 0
+    from rich.live import Live
+    from rich.text import Text
+
+    if not out.is_terminal:
+        raise click.UsageError("top refreshes on a terminal only: use --once (or --output json) in a pipe")
+    with Live(Text(""), console=out, auto_refresh=False) as live:
+        jobs.watch_top(ws, job, lambda v: live.update(Text("\n".join([*render(v), "(every 2s; Ctrl-C to stop)"])),
+                                                      refresh=True))
     return 0
