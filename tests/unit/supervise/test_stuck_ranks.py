@@ -121,10 +121,24 @@ def test_a_stuck_rank_is_a_hang_naming_its_node_and_rank_with_every_ranks_dump_k
 def test_status_names_the_stuck_rank_before_the_verdict(store, tmp_path):
     views = [round_(t, culprit=True) for t in (5, 6)]
     ops = RankOps([obs(a=R, b=R, c=R)] * 2 + [obs(a=(E, 0), b=(E, 0), c=(E, 0))], views)
-    job_id, _ = run(store, ops, tmp_path)
-    events = store.events(job_id)
-    from clusterctl.model.events import stuck_now
-    assert [(e.node, e.rank) for e in stuck_now(events, 1)] == [("a", 1)]
+    job_id = store.create_job("demo", "{}", None, None)
+    pol = Policy(min_nodes=3, max_nodes=3, backoff_s=0, hang_timeout_s=10**4)
+    seen = []
+
+    class Peek(Supervisor):
+        def _look_at_ranks(self, attempt, nodes, o, now):
+            d = super()._look_at_ranks(attempt, nodes, o, now)
+            seen.append(status_view.job_view(self.store, self.store.get_job(self.job_id)))
+            return d
+
+    Peek(job_id, store, ops, pol, ["a", "b", "c"], clock=iter(range(10**6)).__next__, sleep=lambda s: None,
+         job_dir=tmp_path).run()
+    v = seen[0]
+    assert [(x["node"], x["rank"]) for x in v["stuck"]] == [("a", 1)]
+    text = "\n".join(status_view.text(v))
+    assert "STUCK     node a rank 1 stuck in train.py:55 <module> sleep" in text and "all_reduce #12" in text
+    end = status_view.job_view(store, store.get_job(job_id))
+    assert end["stuck"] == [] and end["stragglers"] == []          # the job ended: nothing is stuck now
 
 
 def test_a_busy_rank_computing_silently_is_never_a_hang(store, tmp_path):
