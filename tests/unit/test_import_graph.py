@@ -12,7 +12,7 @@ PKG = Path(__file__).resolve().parents[2] / "clusterctl"
 # a module may import modules of its own rank or lower, never higher. config and model share a rank:
 # config.spec reads durations with model.budget.window_seconds, model.record holds a config.spec.JobSpec.
 RANKS = {
-    "clusterctl.errors": 0, "clusterctl.checkpoint": 0, "clusterctl.sampler": 0,
+    "clusterctl.errors": 0, "clusterctl.checkpoint": 0, "clusterctl.sampler": 0, "clusterctl.rankview": 0,
     "clusterctl.config": 1, "clusterctl.model": 1,
     "clusterctl.store": 2, "clusterctl.transport": 2, "clusterctl.slurm": 2,
     "clusterctl.checks": 3, "clusterctl.launch": 3,

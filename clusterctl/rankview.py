@@ -1,0 +1,524 @@
+"""The rank view: what each rank of a job is doing, written once a second to a small file the node's watch reads.
+
+Shipped to the nodes beside ``checkpoint.py`` (``plan.NODE_MODULES``); stdlib only at import, imports no other
+clusterctl module; torch is only used where the rank already imported it. Every rank the launcher starts, cold
+(torchrun's entry) or warm (the zygote's ``rank`` kind), runs through it::
+
+    python -m clusterctl.rankview SCRIPT ARGS...      # as `python SCRIPT ARGS...`
+    python -m clusterctl.rankview -m MODULE ARGS...   # as `python -m MODULE ARGS...`
+
+It starts the monitor (below) when ``CLUSTERCTL_VIEW_DIR`` is set, then runs the script exactly as python would:
+``sys.argv``, ``sys.path[0]`` (the script's directory; the working directory for ``-m``), ``__main__``; its exit
+code, ``SystemExit`` and uncaught exceptions reach the interpreter unchanged (nothing here catches them), so
+torchrun's ``@record`` error file and Root Cause summary are the script's own.
+
+The monitor, a daemon thread, writes ``$CLUSTERCTL_VIEW_DIR/rank-<RANK>`` every ``TICK_S`` (temp file + rename):
+one line of JSON (``view``): the rank's progress (optimizer steps, counted by a global optimizer step hook, and
+the collectives its default process group completed, from torch's flight recorder), whether it waits in a
+collective and which, its CPU time and I/O (its own, the monitor's excluded), RSS, where its main thread is and a
+hash of that stack, its own state hint, the last collectives' arrival times (every ``ARRIVALS_S``) and the
+``/proc`` state of the other local ranks. The flight recorder's status (a few hundred bytes) is read every tick;
+its entries (up to ``TORCH_FR_BUFFER_SIZE`` of them) only when the rank waits in a collective and for
+``arrivals``.
+
+A file ``$CLUSTERCTL_VIEW_DIR/dump`` asks every rank of the node for its flight-recorder dump and stacks: its
+content names a directory (absolute, or relative to the view dir); each rank writes ``fr-<RANK>`` there (the
+pickle ``python -m torch.distributed.flight_recorder.fr_trace DIR -p fr-`` reads, gloo's ``pg_config``
+rebuilt) and ``stack-<RANK>.txt`` (``faulthandler``, every thread), once per distinct content.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import runpy
+import sys
+import threading
+import time
+import zlib
+
+VIEW_DIR_VAR = "CLUSTERCTL_VIEW_DIR"
+TRIGGER = "dump"
+TICK_S = 1.0
+ARRIVALS_S = 10.0        # how often the last collectives' arrival times are read (a whole flight-recorder dump)
+ARRIVALS = 32            # how many
+RECENT_S = 3.0           # progress, CPU, I/O within this: training / busy; none, same stack, for this: still
+WAIT_S = 1.0             # in a collective this long: waiting
+CPU_EPSILON_S = 0.05     # CPU seconds per RECENT_S below which a rank counts as not computing
+FORMAT = 1
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+# ------------------------------------------------------------------------------------------------ the wrapper
+def run(argv: list[str]) -> None:
+    """Run ``argv`` (``SCRIPT ARGS...`` or ``-m MODULE ARGS...``) as python would run it in this interpreter."""
+    if not argv or argv[0] in ("-h", "--help") or (argv[0] == "-m" and len(argv) < 2):
+        sys.stderr.write("usage: python -m clusterctl.rankview SCRIPT [ARGS...] | -m MODULE [ARGS...]\n")
+        raise SystemExit(2)
+    if argv[0] == "-m":
+        # `python -m X` has the working directory first on sys.path: so has `python -m clusterctl.rankview`
+        sys.argv = [argv[1], *argv[2:]]     # runpy puts the module's path in argv[0], as python does
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        script = argv[0]
+        sys.argv = list(argv)
+        # `python SCRIPT` has the script's directory (symlinks resolved) first on sys.path, where our own `-m` (or
+        # the zygote's) put the working directory; a directory or zip file is put there by runpy itself
+        ours = bool(sys.path) and sys.path[0] in ("", os.getcwd())
+        if not os.path.isfile(script):       # a directory or zip with __main__.py: runpy does what python does
+            sys.path[0:1 if ours else 0] = []
+            runpy.run_path(script, run_name="__main__")
+            return
+        sys.path[0:1 if ours else 0] = [os.path.dirname(os.path.realpath(script))]
+        run_file(script)
+
+
+def run_file(script: str) -> None:
+    """Execute ``script`` as python's ``python SCRIPT`` does: in a fresh ``__main__`` module (it stays
+    ``sys.modules["__main__"]``: pickle and multiprocessing's spawn find the script's classes there), ``__file__``
+    its absolute path, ``sys.argv[0]`` as given."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    path = os.path.abspath(script)
+    with open(path, "rb") as f:         # python reads it with io.open_code: the same bytes
+        source = f.read()
+    code = compile(source, path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    view_dir = os.environ.get(VIEW_DIR_VAR)
+    if view_dir and argv and argv[0] not in ("-h", "--help"):
+        start(view_dir)
+    run(argv)
+
+
+# ------------------------------------------------------------------------------------------------ progress
+class Progress:
+    """Optimizer steps of this process: a global step post hook counts them (``torch.optim``'s
+    ``register_optimizer_step_post_hook``), installed in the thread that imports ``torch.optim.optimizer`` (so never
+    while a step iterates the hooks), or at once when it is imported already (a warm rank: the zygote preloads it)."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.steps: int | None = None
+        self.at = clock()
+        self.hooked = False
+
+    def on_step(self, *_args) -> None:
+        self.steps = (self.steps or 0) + 1
+        self.at = self.clock()
+
+    def hook(self) -> bool:
+        mod = sys.modules.get("torch.optim.optimizer")
+        register = getattr(mod, "register_optimizer_step_post_hook", None)
+        if self.hooked or register is None:
+            return self.hooked
+        register(self.on_step)
+        self.steps = self.steps or 0
+        self.hooked = True
+        return True
+
+    def install(self) -> None:
+        """Hook now, or right after ``torch.optim.optimizer`` is imported (an import finder, gone once used)."""
+        if self.hook():
+            return
+        sys.meta_path.insert(0, _AfterImport("torch.optim.optimizer", self.hook))
+
+
+class _AfterImport:
+    """A ``sys.meta_path`` finder that runs ``then()`` right after module ``name`` executed, then leaves."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        import importlib.machinery
+
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, then = spec.loader, self.then
+
+        class Loader:
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                sys.modules[fullname] = module      # `then` looks it up there (set again by the import system)
+                try:
+                    then()
+                except Exception:  # noqa: BLE001 - a view without steps, never a failed import
+                    pass
+
+        spec.loader = Loader()
+        return spec
+
+
+# ------------------------------------------------------------------------------------------------ flight recorder
+def _fr():
+    """torch's flight-recorder dumps in this process, or None (no torch imported, an old torch)."""
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    return c10d if c10d is not None and hasattr(c10d, "_dump_fr_trace_json") else None
+
+
+def fr_status(c10d) -> dict[str, tuple[int, int]]:
+    """pg id -> (last enqueued, last completed collective), from a dump without entries (a few hundred bytes)."""
+    try:
+        d = json.loads(c10d._dump_fr_trace_json(includeCollectives=False))
+    except Exception:  # noqa: BLE001 - no process group yet, or a torch that cannot tell
+        return {}
+    out = {}
+    for pg, s in (d.get("pg_status") or {}).items():
+        try:
+            out[str(pg)] = (int(s["last_enqueued_collective"]), int(s["last_completed_collective"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def last_entries(data: bytes, n: int) -> list[dict]:
+    """The last ``n`` entries of a flight-recorder JSON dump, parsed alone (a whole dump of 2,000 entries is ~1 MB:
+    its entries are objects that each start with ``{"collective_seq_id"``; only the tail is decoded)."""
+    key = b'{"collective_seq_id"'
+    dec = json.JSONDecoder()
+    starts, end = [], len(data)
+    while len(starts) < n:
+        i = data.rfind(key, 0, end)
+        if i < 0:
+            break
+        starts.append(i)
+        end = i
+    out = []
+    bounds = list(reversed(starts))
+    for i, j in zip(bounds, bounds[1:] + [len(data)]):
+        try:
+            obj, _ = dec.raw_decode(data[i:j].decode("utf-8", "replace"))
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def waiting_in(status: dict[str, tuple[int, int]], entries: list[dict], now_ns: int) -> dict | None:
+    """The collective this rank waits in (enqueued, not completed), preferring the default group "0"."""
+    for pg in sorted(status, key=lambda p: (p != "0", p)):
+        enq, done = status[pg]
+        if enq <= done:
+            continue
+        for e in reversed(entries):
+            if str(e.get("pg_id")) == pg and e.get("collective_seq_id") == enq:
+                op = str(e.get("profiling_name") or "")
+                created = int(e.get("time_created_ns") or 0)
+                return {"pg": pg, "seq": enq, "op": op.split(":", 1)[-1],
+                        "for_s": round(max(0.0, (now_ns - created) / 1e9), 1) if created else None}
+        return {"pg": pg, "seq": enq, "op": None, "for_s": None}
+    return None
+
+
+def repaired_pickle(c10d) -> bytes:
+    """``_dump_fr_trace()`` with its ``pg_config`` rebuilt so torch's analyzer reads it: gloo records it under ""
+    (the analyzer's ``KeyError: ('0', 0)``). Each group's ranks from this process's own view of the groups (their
+    names, descriptions, global ranks); groups it does not know, from the entries (ranks: the world's)."""
+    import pickle
+
+    # no C++ stack traces: symbolizing 2,000 entries' took 1.5-3 s per rank here (30 ms without); each rank's
+    # Python stacks are in its stack-<RANK>.txt
+    dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))
+    config: dict[str, dict] = {}
+    try:
+        from torch.distributed import distributed_c10d as dc
+
+        world = dc._world
+        for pg, name in list(world.pg_names.items()):
+            ranks = sorted(world.pg_group_ranks.get(pg, {}))
+            config[str(name)] = {"name": str(name), "desc": str(getattr(pg, "group_desc", "") or ""),
+                                 "ranks": str(ranks)}
+    except Exception:  # noqa: BLE001 - rebuilt from the entries alone
+        pass
+    old = dump.get("pg_config") or {}
+    default_ranks = next((v.get("ranks") for v in old.values() if isinstance(v, dict) and v.get("ranks")), None)
+    if default_ranks is None and os.environ.get("WORLD_SIZE", "").isdigit():
+        default_ranks = str(list(range(int(os.environ["WORLD_SIZE"]))))
+    for e in dump.get("entries") or []:
+        name, desc = (list(e.get("process_group") or ("", "")) + ["", ""])[:2]
+        if name and name not in config:
+            config[str(name)] = {"name": str(name), "desc": str(desc), "ranks": default_ranks or "[]"}
+    for k, v in old.items():
+        if k and k not in config:
+            config[k] = v
+    dump["pg_config"] = config
+    return pickle.dumps(dump)
+
+
+# ------------------------------------------------------------------------------------------------ the monitor
+class Monitor:
+    """The view of this rank, one ``tick`` a second (``start`` runs it on a daemon thread)."""
+
+    def __init__(self, view_dir: str, *, rank: int, local_rank: int, progress: Progress,
+                 clock=time.monotonic, main_ident: int | None = None):
+        self.dir, self.rank, self.local_rank = view_dir, rank, local_rank
+        self.progress, self.clock = progress, clock
+        self.path = os.path.join(view_dir, f"rank-{rank}")
+        self.tmp = os.path.join(view_dir, f".rank-{rank}.tmp")
+        self.main_ident = main_ident if main_ident is not None else threading.main_thread().ident
+        self.pid = os.getpid()
+        self.n = 0
+        self.started = clock()
+        self.own_io = 0             # bytes this monitor read and wrote (counted in /proc/self/io too)
+        self.colls: int | None = None
+        self.colls_at = self.started
+        self.samples: list[tuple[float, float, int | None, str]] = []   # (t, cpu, io, stack) over RECENT_S
+        self.arrivals: list[list[int]] | None = None
+        self.arrivals_at: float | None = None
+        self.waiting: dict | None = None
+        self.dumped: str | None = None   # the trigger's content last acted on
+        self.peer_pids: dict[str, int] = {}
+
+    # -------------------------------------------------------------- /proc
+    def _read(self, path: str) -> bytes:
+        with open(path, "rb", buffering=0) as f:
+            data = f.read(65536)
+        self.own_io += len(data)
+        return data
+
+    def cpu_s(self) -> float:
+        """CPU seconds of this process (less the monitor's own) and of its children (DataLoader workers)."""
+        t = os.times()
+        cpu = t.user + t.system - time.thread_time()
+        try:
+            kids = self._read(f"/proc/{self.pid}/task/{self.pid}/children").split()
+        except OSError:
+            kids = []
+        for k in kids[:64]:
+            try:
+                fields = self._read(f"/proc/{int(k)}/stat").rsplit(b")", 1)[1].split()
+                cpu += (int(fields[11]) + int(fields[12])) / _CLK
+            except (OSError, ValueError, IndexError):
+                continue
+        return cpu
+
+    def io(self) -> int | None:
+        own = self.own_io                  # what this read adds is counted in the file's next reading, not this one
+        try:
+            data = self._read("/proc/self/io")
+        except OSError:
+            return None
+        total = 0
+        for line in data.splitlines():
+            k, _, v = line.partition(b":")
+            if k in (b"rchar", b"wchar"):
+                total += int(v)
+        return total - own
+
+    def rss(self) -> int | None:
+        try:
+            return int(self._read("/proc/self/statm").split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def peers(self) -> dict[str, str]:
+        """The other local ranks' one-letter /proc state (T: stopped), from the node's view files' pids."""
+        out = {}
+        for pid in list(self.peer_pids.values()):
+            try:
+                out[str(pid)] = self._read(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()[0].decode()
+            except (OSError, IndexError):
+                out[str(pid)] = "-"        # gone (or another PID namespace)
+        return out
+
+    def _learn_peers(self) -> None:
+        try:
+            names = [n for n in os.listdir(self.dir) if n.startswith("rank-") and n != f"rank-{self.rank}"]
+        except OSError:
+            return
+        for name in names:
+            if name in self.peer_pids:
+                continue
+            try:
+                pid = json.loads(self._read(os.path.join(self.dir, name))).get("pid")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(pid, int):
+                self.peer_pids[name] = pid
+
+    # -------------------------------------------------------------- the main thread
+    def where(self) -> tuple[str | None, str]:
+        frame = sys._current_frames().get(self.main_ident)
+        if frame is None:
+            return None, "00000000"
+        top = f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
+        parts = []
+        f = frame
+        while f is not None and len(parts) < 200:
+            parts.append(f"{f.f_code.co_filename}:{f.f_lineno}:{f.f_code.co_name}")
+            f = f.f_back
+        return top, f"{zlib.crc32(chr(10).join(parts).encode()):08x}"
+
+    # -------------------------------------------------------------- one tick
+    def view(self) -> dict:
+        now = self.clock()
+        self.n += 1
+        self.progress.hook()
+        c10d = _fr()
+        status = fr_status(c10d) if c10d is not None else {}
+        if "0" in status:
+            done = status["0"][1]
+            if done != self.colls:
+                self.colls, self.colls_at = done, now
+        steps = self.progress.steps
+        stalled = steps is None or now - self.progress.at >= WAIT_S
+        waiting = any(e > d for e, d in status.values())
+        entries: list[dict] = []
+        if c10d is not None and status and ((waiting and stalled) or self.arrivals_at is None
+                                            or now - self.arrivals_at >= ARRIVALS_S):
+            try:
+                entries = last_entries(c10d._dump_fr_trace_json(), ARRIVALS)
+            except Exception:  # noqa: BLE001
+                entries = []
+            if self.arrivals_at is None or now - self.arrivals_at >= ARRIVALS_S:
+                self.arrivals_at = now
+                self.arrivals = [[int(e["collective_seq_id"]), int(e["time_created_ns"])] for e in entries
+                                 if str(e.get("pg_id")) == "0" and e.get("time_created_ns")]
+        if waiting and stalled:
+            self.waiting = waiting_in(status, entries, time.time_ns()) if entries else self.waiting
+        else:
+            self.waiting = None
+        where, stack = self.where()
+        cpu, io = self.cpu_s(), self.io()
+        self.samples = [s for s in self.samples if now - s[0] <= RECENT_S + 0.5] + [(now, cpu, io, stack)]
+        self._learn_peers()
+        progress_at = self.progress.at if steps is not None else self.colls_at
+        d = {"v": FORMAT, "n": self.n, "rank": self.rank, "local_rank": self.local_rank, "pid": self.pid,
+             "step": steps, "step_age_s": round(now - self.progress.at, 1),
+             "colls": self.colls, "coll_age_s": round(now - self.colls_at, 1),
+             "in": self.waiting, "cpu_s": round(cpu, 2), "io": io, "rss": self.rss(),
+             "where": where, "stack": stack,
+             "state": self.state(now, progress_at, steps is not None or bool(self.colls)),
+             "peers": self.peers()}
+        if self.arrivals is not None:
+            d["arrivals"] = self.arrivals
+        return d
+
+    def state(self, now: float, progress_at: float, progressed: bool) -> str:
+        """training: progress within RECENT_S; waiting: in a collective >= WAIT_S; busy: CPU or I/O within RECENT_S;
+        still: none of those and the same stack for RECENT_S; starting: no progress yet (else busy)."""
+        if progressed and now - progress_at < RECENT_S:
+            return "training"
+        if self.waiting is not None and (self.waiting.get("for_s") or 0) >= WAIT_S:
+            return "waiting"
+        old = [s for s in self.samples if now - s[0] >= RECENT_S - 0.25]
+        if old:
+            ref, last = old[-1], self.samples[-1]
+            if last[1] - ref[1] >= CPU_EPSILON_S or (last[2] is not None and ref[2] is not None and last[2] != ref[2]):
+                return "busy"
+            window = [s for s in self.samples if s[0] >= ref[0]]
+            if all(s[3] == last[3] for s in window):
+                return "still"
+        elif self.samples and len(self.samples) > 1:
+            first, last = self.samples[0], self.samples[-1]
+            if last[1] - first[1] >= CPU_EPSILON_S:
+                return "busy"
+        return "starting" if not progressed else "busy"
+
+    def write(self, d: dict) -> None:
+        data = (json.dumps(d, separators=(",", ":")) + "\n").encode()
+        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        self.own_io += len(data)
+        os.replace(self.tmp, self.path)
+
+    def check_trigger(self) -> str | None:
+        """Act on ``<view dir>/dump`` once per content: the dump's directory, or None."""
+        try:
+            want = self._read(os.path.join(self.dir, TRIGGER)).decode(errors="replace").strip()
+        except OSError:
+            return None
+        if not want or want == self.dumped:
+            return None
+        self.dumped = want
+        target = want if os.path.isabs(want) else os.path.join(self.dir, want)
+        dump(target, self.rank)
+        return target
+
+    def tick(self) -> dict:
+        self.check_trigger()
+        d = self.view()
+        self.write(d)
+        return d
+
+
+def dump(directory: str, rank: int) -> None:
+    """``fr-<rank>`` (repaired flight-recorder pickle; not when this process has none) and ``stack-<rank>.txt``."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    with open(os.path.join(directory, f"stack-{rank}.txt"), "w") as f:
+        f.write(f"rank {rank} pid {os.getpid()}\n")
+        f.flush()
+        faulthandler.dump_traceback(f, all_threads=True)
+    c10d = _fr()
+    try:
+        if c10d is None:
+            raise RuntimeError("no flight recorder in this process (torch.distributed not imported)")
+        data = repaired_pickle(c10d)
+    except Exception as e:  # noqa: BLE001 - the stacks are still there
+        with open(os.path.join(directory, f"fr-{rank}.error"), "w") as f:
+            f.write(f"{type(e).__name__}: {e}\n")
+        return
+    tmp = os.path.join(directory, f".fr-{rank}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, os.path.join(directory, f"fr-{rank}"))
+
+
+def _loop(mon: Monitor) -> None:
+    while True:
+        t = time.monotonic()
+        try:
+            mon.tick()
+        except Exception:  # noqa: BLE001 - a view that fails once is written again next tick
+            pass
+        time.sleep(max(0.05, TICK_S - (time.monotonic() - t)))
+
+
+def start(view_dir: str) -> Monitor | None:
+    """Start this rank's monitor (a daemon thread); None when the view dir cannot be written."""
+    try:
+        rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        return None
+    if not os.path.isdir(view_dir):
+        return None
+    progress = Progress()
+    progress.install()
+    mon = Monitor(view_dir, rank=rank, local_rank=local_rank, progress=progress)
+    try:
+        mon.tick()
+    except OSError:
+        return None
+    threading.Thread(target=_loop, args=(mon,), name="clusterctl-rankview", daemon=True).start()
+    return mon
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""clusterctl.rankview: the wrapper every rank runs through (python's own semantics, exit codes, torchrun's
+@record), the monitor's view of a real 2-rank gloo group on localhost (a blocked rank still, its peer waiting in
+the collective), and the dump a hang keeps (torch's analyzer reads it)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterctl import rankview
+
+REPO = Path(__file__).resolve().parents[3]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+ENV.pop(rankview.VIEW_DIR_VAR, None)
+
+PROBE = """import os, sys
+print("argv", sys.argv)
+print("path0", sys.path[0])
+print("name", __name__, "file", __file__)
+print("main", sys.modules["__main__"].__dict__ is globals())
+how = os.environ.get("HOW", "")
+if how == "exit3":
+    sys.exit(3)
+if how == "exitmsg":
+    raise SystemExit("goodbye")
+if how == "raise":
+    raise ValueError("boom")
+"""
+
+
+def _py(args, cwd, how=""):
+    r = subprocess.run([sys.executable, *args], cwd=cwd, env={**ENV, "HOW": how}, capture_output=True, text=True,
+                       timeout=60)
+    return r.returncode, r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("how", ["", "exit3", "exitmsg", "raise"])
+def test_a_script_runs_as_python_runs_it(tmp_path, how):
+    (tmp_path / "d").mkdir()
+    script = tmp_path / "d" / "probe.py"
+    script.write_text(PROBE)
+    cwd = tmp_path
+    plain = _py(["d/probe.py", "a", "-b", "--c=1"], cwd, how)
+    wrapped = _py(["-m", "clusterctl.rankview", "d/probe.py", "a", "-b", "--c=1"], cwd, how)
+    assert wrapped[0] == plain[0] == {"": 0, "exit3": 3, "exitmsg": 1, "raise": 1}[how]
+    assert wrapped[1] == plain[1]
+    assert f"path0 {tmp_path / 'd'}" in plain[1] and "argv ['d/probe.py', 'a', '-b', '--c=1']" in plain[1]
+    assert f"name __main__ file {script}" in plain[1] and "main True" in plain[1]
+    if how == "exitmsg":
+        assert wrapped[2] == plain[2] == "goodbye\n"
+    if how == "raise":     # the same error, its traceback ends the same way (the wrapper's frames above it)
+        assert wrapped[2].splitlines()[-1] == plain[2].splitlines()[-1] == "ValueError: boom"
+
+
+def test_a_module_runs_as_python_minus_m_runs_it(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "probe.py").write_text(PROBE)
+    for how, code in (("", 0), ("exit3", 3), ("raise", 1)):
+        plain = _py(["-m", "pkg.probe", "x", "-m", "y"], tmp_path, how)
+        wrapped = _py(["-m", "clusterctl.rankview", "-m", "pkg.probe", "x", "-m", "y"], tmp_path, how)
+        assert wrapped[0] == plain[0] == code
+        assert wrapped[1] == plain[1]
+        assert f"argv ['{pkg / 'probe.py'}', 'x', '-m', 'y']" in plain[1] and f"path0 {tmp_path}\n" in plain[1]
+
+
+def test_no_view_dir_no_monitor_thread(tmp_path):
+    (tmp_path / "t.py").write_text("import threading; print(sorted(t.name for t in threading.enumerate()))\n")
+    out = _py(["-m", "clusterctl.rankview", "t.py"], tmp_path)[1]
+    assert out.strip() == "['MainThread']"
+    env = {**ENV, rankview.VIEW_DIR_VAR: str(tmp_path), "RANK": "7"}
+    r = subprocess.run([sys.executable, "-m", "clusterctl.rankview", "t.py"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert "clusterctl-rankview" in r.stdout
+    view = json.loads((tmp_path / "rank-7").read_text())
+    assert view["rank"] == 7 and view["v"] == 1 and view["n"] >= 1 and view["pid"] > 0
+    assert oct((tmp_path / "rank-7").stat().st_mode & 0o777) == "0o600"
+
+
+# ------------------------------------------------------------------------------------------------ pure parts
+def test_the_last_entries_of_a_dump_are_read_from_its_tail():
+    entries = [{"collective_seq_id": i, "pg_id": 0, "profiling_name": "gloo:all_reduce",
+                "time_created_ns": 1000 + i, "input_sizes": [[1, 2]]} for i in range(1, 101)]
+    data = json.dumps({"entries": entries, "pg_status": {"0": {}}}, separators=(",", ":")).encode()
+    got = rankview.last_entries(data, 5)
+    assert [e["collective_seq_id"] for e in got] == [96, 97, 98, 99, 100]
+    assert got[-1]["input_sizes"] == [[1, 2]]
+    assert rankview.last_entries(b"{}", 5) == []
+
+
+def test_waiting_in_names_the_collective_and_how_long():
+    entries = [{"collective_seq_id": 7, "pg_id": 0, "profiling_name": "gloo:all_reduce", "time_created_ns": 1_000_000_000}]
+    assert rankview.waiting_in({"0": (7, 6)}, entries, 3_500_000_000) == \
+        {"pg": "0", "seq": 7, "op": "all_reduce", "for_s": 2.5}
+    assert rankview.waiting_in({"0": (7, 7)}, entries, 3_500_000_000) is None
+    assert rankview.waiting_in({"0": (8, 7)}, entries, 0)["op"] is None      # not in the entries read
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def _monitor(tmp_path, clock, cpu, io, stack):
+    m = rankview.Monitor(str(tmp_path), rank=0, local_rank=0, progress=rankview.Progress(clock), clock=clock)
+    m.cpu_s = lambda: cpu[0]
+    m.io = lambda: io[0]
+    m.where = lambda: ("x.py:1 f", stack[0])
+    return m
+
+
+def test_state_hints_from_progress_cpu_io_and_stack(tmp_path):
+    clock, cpu, io, stack = _Clock(), [1.0], [10], ["aaaa0000"]
+    m = _monitor(tmp_path, clock, cpu, io, stack)
+    assert m.tick()["state"] == "starting"
+    m.progress.on_step()
+    clock.t += 1
+    assert m.tick()["state"] == "training"
+    for _ in range(3):                 # no step for 3 s, but computing: busy
+        clock.t += 1
+        cpu[0] += 0.5
+        d = m.tick()
+    assert d["state"] == "busy" and d["step"] == 1 and d["step_age_s"] == 4.0
+    for _ in range(4):                 # no CPU, no I/O, the same stack for 3 s: still
+        clock.t += 1
+        d = m.tick()
+    assert d["state"] == "still"
+    clock.t += 1
+    io[0] += 4096                      # writing (a slow checkpoint): busy
+    assert m.tick()["state"] == "busy"
+    for _ in range(4):
+        clock.t += 1
+        m.tick()
+    assert m.tick()["state"] == "still"
+    stack[0] = "bbbb0000"              # its stack moves: not still
+    clock.t += 1
+    assert m.tick()["state"] == "busy"
+    view = json.loads((tmp_path / "rank-0").read_text())
+    assert view["n"] == m.n and view["where"] == "x.py:1 f" and view["stack"] == "bbbb0000"
+
+
+def test_the_monitors_own_reads_and_writes_are_not_the_ranks_io(tmp_path):
+    m = rankview.Monitor(str(tmp_path), rank=0, local_rank=0, progress=rankview.Progress())
+    first = m.tick()["io"]
+    for _ in range(3):
+        last = m.tick()["io"]
+    assert first == last
+
+
+# ------------------------------------------------------------------------------------------------ a real group
+JOB = """import os, sys, time, datetime
+import torch, torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+
+def blocked_in_own_code(release):
+    while not os.path.exists(release):
+        time.sleep(0.2)
+
+
+@record
+def main():
+    release = sys.argv[1]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=5))
+    rank = dist.get_rank()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(5):
+        opt.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+    print("hang", rank, flush=True)
+    if rank == 1:
+        blocked_in_own_code(release)
+    dist.all_reduce(torch.ones(1))
+    if rank == 1:
+        raise ValueError("rank one fails on purpose")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _view(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def test_a_blocked_rank_is_still_its_peer_waits_the_dump_reads_and_record_names_the_rank(tmp_path):
+    """torchrun, 2 ranks, gloo, through the wrapper: after 5 steps rank 1 blocks in its own code; rank 0 waits in
+    all_reduce. The views say so (steps counted by the optimizer hook, the collective named, where rank 1 is); the
+    dump trigger gets both ranks' flight records, which torch's analyzer reads (gloo's pg_config repaired) and
+    which say rank 1 is missing; released, rank 1 raises under @record and torchrun's Root Cause names it."""
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    view = tmp_path / "view"
+    view.mkdir()
+    release = tmp_path / "release"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {**ENV, rankview.VIEW_DIR_VAR: str(view), "TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([str(torchrun), "--nproc-per-node=2", f"--master-port={_free_port()}",
+                          "-m", "clusterctl.rankview", str(script), str(release)],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        end = time.monotonic() + 120
+        v0 = v1 = None
+        while time.monotonic() < end:
+            v0, v1 = _view(view / "rank-0"), _view(view / "rank-1")
+            if v0 and v1 and v0["state"] == "waiting" and v1["state"] == "still":
+                break
+            assert p.poll() is None, p.stdout.read()
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"views: {v0}\n{v1}")
+        assert v0["step"] == v1["step"] == 5 and v0["colls"] == v1["colls"] == 10
+        assert v0["in"]["op"] == "all_reduce" and v0["in"]["seq"] == 11 and v0["in"]["for_s"] >= 1
+        assert v1["in"] is None and v1["where"].endswith("blocked_in_own_code")
+        assert v0["peers"] == {str(v1["pid"]): "S"} and v1["peers"] == {str(v0["pid"]): "S"}
+        assert [a[0] for a in v0["arrivals"]][-1] == 11 and [a[0] for a in v1["arrivals"]][-1] == 10
+        (view / "dump").write_text("hang-1\n")
+        dump = view / "hang-1"
+        files = {"fr-0", "fr-1", "stack-0.txt", "stack-1.txt"}
+        while time.monotonic() < end and not files <= {f.name for f in dump.glob("*")}:
+            time.sleep(0.2)
+        assert "blocked_in_own_code" in (dump / "stack-1.txt").read_text()
+        analyzer = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dump),
+                                   "-p", "fr-"], env=ENV, capture_output=True, text=True, timeout=120)
+        assert analyzer.returncode == 0, analyzer.stderr[-3000:]
+        said = analyzer.stdout + analyzer.stderr        # it reports through logging (stderr)
+        assert "missing ranks: {1}" in said and "gloo:all_reduce" in said, said
+        release.touch()
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 1, out
+    root = out[out.index("Root Cause"):]
+    assert "rank      : 1 (local_rank: 1)" in root and "ValueError: rank one fails on purpose" in root, root
