@@ -124,8 +124,25 @@ _EOF = "__CLUSTERCTL_CHECKPOINT_PY__"
 LIB_DIR_VAR = runtimes.LIB_DIR_VAR
 
 
-# the modules of ours a training script may import on a node: `from clusterctl import checkpoint, sampler`
-NODE_MODULES = ("checkpoint.py", "sampler.py")
+# the modules of ours a training script may import on a node: `from clusterctl import checkpoint, sampler`; and
+# rankview.py, which every rank runs through (``torchrun_argv``)
+NODE_MODULES = ("checkpoint.py", "sampler.py", "rankview.py")
+RANKVIEW = ("-m", "clusterctl.rankview")
+# a torchrun command with one of these does not run the entry as `python ENTRY` (torchrun's own -m/--module, its
+# --no-python, --run-path): the entry is left as the job gives it (no rank view)
+_NOT_PYTHON_ENTRY = ("--no-python", "--no_python", "--run-path", "--run_path", "--module")
+
+
+def wraps_entry(torchrun: list[str] | tuple[str, ...]) -> bool:
+    """Do the ranks of a job with this ``torchrun`` command run through ``clusterctl.rankview``? Yes unless the
+    command itself changes how torchrun runs the entry (``-m`` counts only as torchrun's, not python's own
+    ``python -m torch.distributed.run``)."""
+    for i, a in enumerate(torchrun):
+        if a in _NOT_PYTHON_ENTRY or a.startswith(tuple(f"{f}=" for f in _NOT_PYTHON_ENTRY)):
+            return False
+        if a == "-m" and (i + 1 >= len(torchrun) or torchrun[i + 1] != "torch.distributed.run"):
+            return False
+    return True
 
 
 def checkpoint_installer(source: str, extra: Mapping[str, str] | None = None) -> str:
@@ -190,7 +207,8 @@ def torchrun_argv(spec: JobSpec, *, rdzv_endpoint: str, rdzv_id: str, is_host: b
     """The torchrun command line of one node (FACTS §2: c10d, is_host on one node, --local-addr everywhere).
 
     ``warm_dir``: torchrun itself and each rank are forked by the node's zygote: the zygote's client runs
-    torchrun's arguments, and the ranks' entrypoint (``--no-python``) is the client again (kind ``rank``)."""
+    torchrun's arguments, and the ranks' entrypoint (``--no-python``) is the client again (kind ``rank``).
+    The entry (script or ``-m MODULE``) is run by ``clusterctl.rankview`` (``wraps_entry``), cold and warm alike."""
     r = spec.rendezvous
     conf = (f"is_host={1 if is_host else 0},join_timeout={r.join_timeout},last_call_timeout={r.last_call_timeout},"
             f"close_timeout={r.close_timeout},keep_alive_interval={r.keep_alive_interval},"
@@ -203,11 +221,10 @@ def torchrun_argv(spec: JobSpec, *, rdzv_endpoint: str, rdzv_id: str, is_host: b
     if warm_dir:
         argv = [*runtimes.zygote_client(warm_dir, "torchrun"), *argv[len(spec.torchrun):],
                 "--no-python", *runtimes.zygote_client(warm_dir, "rank")]
-    if spec.module is not None:
-        argv += ["-m", spec.module]
-    else:
-        argv.append(spec.script)
-    return argv + list(spec.args)
+    entry = ["-m", spec.module] if spec.module is not None else [spec.script]
+    if wraps_entry(spec.torchrun):    # every rank runs through the rank view (clusterctl/rankview.py): torchrun's
+        entry = [*RANKVIEW, *entry]   # `-m clusterctl.rankview SCRIPT|-m MODULE`; warm: the zygote's rank kind
+    return argv + entry + list(spec.args)
 
 
 # torch's flight recorder (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp; docs.pytorch.org "PYTORCH
@@ -364,7 +381,8 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
             infiniband=ib,
             ipc=spec.container.ipc, shm_size=spec.container.shm_size, pids_limit=spec.container.pids_limit,
             ulimits=container_ulimits(spec, ib),
-            extra_args=tuple(spec.container.extra_args))
+            extra_args=tuple(spec.container.extra_args),
+            view_dir=runtimes.view_dir(ndir) if rt.containerized else "")
         cold_why = warm_unavailable(spec, h.runtime)
         warm: dict[str, Any] = {"cold_why": cold_why}
         if not cold_why:
@@ -372,8 +390,11 @@ def build_plan(spec: JobSpec, hosts: list[Host], *, job_id: str, attempt: int, r
             wargv = torchrun_argv(spec, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, is_host=is_host,
                                   local_addr=h.address, nproc=nproc, nnodes_arg=nnodes_arg,
                                   warm_dir=runtimes.warm_path(key, rt.containerized))
+            # a warm container attempt's ranks run in the zygote's container: their view dir is in the warm dir
+            wview = dict(view_dir=f"{runtimes.WARM_PLACEHOLDER}/s/view-{attempt}", view_link=req.view_dir) \
+                if rt.containerized else {}
             warm.update(warm_dir=key, zygote_argv=tuple(rt.zygote_start_argv(req, key)),
-                        warm_argv=tuple(rt.warm_run_argv(replace(req, command=tuple(wargv)), key)))
+                        warm_argv=tuple(rt.warm_run_argv(replace(req, command=tuple(wargv), **wview), key)))
         nodes.append(NodePlan(
             host=h.name, address=h.address, runtime=h.runtime, container_name=name,
             runtime_argv=tuple(rt.run_argv(req)), torchrun_argv=tuple(targv), env=env, secret_names=secret_names,

@@ -10,7 +10,7 @@ connections, and ``waitpid(WNOHANG)`` for its children, so a ``fork`` never copi
 ``rank``), argv, the environment and the working directory, and passes its stdin/stdout/stderr (``SCM_RIGHTS``);
 the zygote forks, the child takes those fds, the environment and the directory, and runs
 ``torch.distributed.run.main(argv)`` (the real torchrun agent) or the rank (``runpy``: ``argv[0]`` a script,
-or ``-m MODULE``). The client forwards TERM/INT/HUP/USR1/USR2 to the child (as ``K <signal>`` lines: the child may
+or ``-m MODULE``: the plan's ranks are ``-m clusterctl.rankview SCRIPT|-m MODULE``, as cold ones). The client forwards TERM/INT/HUP/USR1/USR2 to the child (as ``K <signal>`` lines: the child may
 live in another PID namespace, the zygote's container), and exits with the
 child's exit code, or dies of the same signal. When the client goes away (killed), the zygote kills the child's
 whole session (SIGKILL): nothing forked outlives the process that asked for it.
@@ -249,8 +249,9 @@ def _run_child(req: dict) -> int:
             main(argv)
         else:
             import runpy
-            if argv and argv[0] == "-m":
-                sys.argv = [argv[1], *argv[2:]]
+            if argv and argv[0] == "-m":      # as `python -m MODULE`: the working directory first on sys.path
+                sys.argv = [argv[1], *argv[2:]]   # (clusterctl.rankview, which runs every rank's entry, counts on it)
+                sys.path.insert(0, os.getcwd())
                 runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
             else:
                 sys.argv = argv

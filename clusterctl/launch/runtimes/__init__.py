@@ -28,6 +28,12 @@ LABEL_JOB_ID = "clusterctl.job_id"
 LABEL_ATTEMPT = "clusterctl.attempt"
 LABEL_NODE = "clusterctl.node"
 ENV_SCRIPT_VAR = "CLUSTERCTL_ENV_SCRIPT"
+# The rank view (clusterctl/rankview.py): each rank writes ``rank-<RANK>`` into this directory, one per attempt and
+# node, made by the start wrapper (mode 0700) at the same path on the host and in the job's containers (a bind mount
+# at its own path; the variable is set there). Cold: ``<node dir>/view``. A warm container attempt's ranks run in the
+# zygote's container, which mounts the warm dir's ``s`` at its host path too: there it is ``<warm dir>/s/view-<N>``,
+# and ``<node dir>/view`` is a symlink to it. The node's watch reads ``<node dir>/view`` either way.
+VIEW_DIR_VAR = "CLUSTERCTL_VIEW_DIR"
 LIB_DIR_VAR = "CLUSTERCTL_LIB_DIR"       # where plan.checkpoint_installer writes (bare: NODE_DIR/lib)
 # Per node: home directories are often shared (NFS) between the nodes of a cluster, and the bare runtime keeps
 # pid/exit/log files per attempt, so every node needs its own tree. ``{node}`` is the inventory name.
@@ -41,7 +47,7 @@ APPLY_ENV_AND_EXEC = f'eval "${ENV_SCRIPT_VAR}" || exit 126; unset {ENV_SCRIPT_V
 # container, and the container's first shell reads the file, deletes it, applies it and execs torchrun. The
 # wrapper waits (bounded) for the file to be gone, then removes the directory; a signalled wrapper (session lost,
 # timeout) removes it too: the runtime runs in the background so that the traps run at once. $1 $2: the runtime
-# and "run".
+# and "run"; $3 the rank view's dir ("": none; see VIEW_DIR_VAR), $4 a path made a symlink to it ("": none).
 ENV_MOUNT = "/run/clusterctl-env"
 CONTAINER_START = f'''umask 077
 d=$(mktemp -d) || exit 125
@@ -50,7 +56,14 @@ trap '[ -z "$c" ] || kill "$c" 2>/dev/null; rm -rf -- "$d"; exit 129' HUP
 trap '[ -z "$c" ] || kill "$c" 2>/dev/null; rm -rf -- "$d"; exit 130' INT
 trap '[ -z "$c" ] || kill "$c" 2>/dev/null; rm -rf -- "$d"; exit 143' TERM
 cat >"$d/env" || {{ rm -rf -- "$d"; exit 125; }}
-p=$1 r=$2; shift 2
+p=$1 r=$2 v=$3 l=$4; shift 4
+if [ -n "$v" ]; then
+  case $v in "~/"*) v=$HOME/${{v#"~/"}};; esac
+  case $l in "~/"*) l=$HOME/${{l#"~/"}};; esac
+  {{ [ ! -L "$v" ] || rm -f -- "$v"; }} && mkdir -p -- "$v" &&
+    {{ [ -z "$l" ] || {{ mkdir -p -- "${{l%/*}}" && rm -rf -- "$l" && ln -s -- "$v" "$l"; }}; }} || {{ rm -rf -- "$d"; exit 125; }}
+  set -- "--volume=$v:$v" "--env={VIEW_DIR_VAR}=$v" "$@"
+fi
 "$p" "$r" "--volume=$d:{ENV_MOUNT}" "$@" </dev/null & c=$!
 wait "$c"; rc=$?; c=
 i=0
@@ -125,10 +138,10 @@ WARM_ROOT_SH = f'''warm_root() {{
   fi
 }}'''
 
-# $1 the warm key, then an argv: check the warm root, replace WARM_PLACEHOLDER in every element by the node's warm dir
+# $1 the warm key, then an argv: check the warm root, replace every WARM_PLACEHOLDER in every element by the node's warm dir
 # (<root>/<key>), exec the argv (stdin passes through). Exit 3 (the reason on stderr) when warm is disabled.
-SUBSTITUTE = (f'for a; do shift; case $a in *{WARM_PLACEHOLDER}*) a=${{a%%{WARM_PLACEHOLDER}*}}$w${{a#*{WARM_PLACEHOLDER}}};; esac; '
-              'set -- "$@" "$a"; done')
+SUBSTITUTE = (f'for a; do shift; b=; while :; do case $a in *{WARM_PLACEHOLDER}*) ;; *) break;; esac; '
+              f'b=$b${{a%%{WARM_PLACEHOLDER}*}}$w; a=${{a#*{WARM_PLACEHOLDER}}}; done; set -- "$@" "$b$a"; done')
 WARM_EXEC = f'{WARM_ROOT_SH}\nwarm_root || exit 3\nw=$r/$1; shift\n{SUBSTITUTE}\nexec "$@"\n'
 
 # $1 the warm key: ping the node's zygote with the host's python3, isolated (-I -S). Exit 3: warm disabled (the
@@ -197,6 +210,11 @@ def node_dir(jobs_root: str, job_id: str, attempt: int) -> str:
     return f"{jobs_root.rstrip('/')}/{job_id}/{attempt}"
 
 
+def view_dir(node_dir: str) -> str:
+    """Where the node's watch reads the rank view of the attempt of ``node_dir`` (see ``VIEW_DIR_VAR``)."""
+    return f"{node_dir.rstrip('/')}/view"
+
+
 def node_dir_of(node: str, job_id: str, attempt: int) -> str:
     """``node_dir`` under the default jobs root of ``node`` (where the plan put it)."""
     return node_dir(jobs_root_for(DEFAULT_JOBS_ROOT, node), job_id, attempt)
@@ -227,6 +245,9 @@ class RunRequest:
     pids_limit: int = -1                   # containers: --pids-limit (-1: unlimited; podman's default 2048 counts
                                            # threads: 8 GPU ranks exhaust it, podman#25703)
     extra_args: tuple[str, ...] = ()
+    view_dir: str = ""                     # containers: the rank view's dir (VIEW_DIR_VAR; "": none); bare: always
+                                           # NODE_DIR/view
+    view_link: str = ""                    # containers: a path made a symlink to view_dir (a warm attempt's)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -378,24 +399,34 @@ NEWEST_STEP = ('newest() { n=; [ -n "$1" ] || return; for m in "$1"/step-*/MANIF
                '[ -e "$m" ] || continue; x=${m%/*}; x=${x##*/step-}; case $x in ""|*[!0-9]*) continue;; esac; '
                'x=${x#"${x%%[!0]*}"}; x=${x:-0}; if [ -z "$n" ] || [ "$x" -gt "$n" ]; then n=$x; fi; done; }')
 
-# $1 checkpoint root ("" for none)  $2... a pid_argv: looks every 0.5 s whether that process lives and for the newest
-# checkpoint step under the root; prints "1 [STEP]" (alive) or "0 [STEP]" (gone, or never was) at once when that
-# changed, else at every second look: a line a second is the heartbeat. (Each line is an SSH packet that the
-# supervisor decrypts in Python: one a second per steady node, not two.) The process is the pid *and* its start
-# time when the pid was read: once it died, a process that got its pid again is not it (pid_max is 32768 on many
-# hosts); a "1" for it made the supervisor trust the node as running and never probe it again (issue 34 item 13).
-WATCH = (PID_ALIVE + '; ' + PID_STARTED + '; ' + NEWEST_STEP + '; c=$1; shift; p=$("$@" 2>/dev/null); started "$p"; '
+# $1 checkpoint root ("" for none)  $2 the rank view's dir ("" for none; a leading ~/ is the node's $HOME)  $3... a
+# pid_argv: looks every 0.5 s whether that process lives and for the newest checkpoint step under the root; prints
+# "1 [STEP]" (alive) or "0 [STEP]" (gone, or never was) at once when that changed, else at every second look: a line
+# a second is the heartbeat. (Each line is an SSH packet that the supervisor decrypts in Python: one a second per
+# steady node, not two.) The process is the pid *and* its start time when the pid was read: once it died, a process
+# that got its pid again is not it (pid_max is 32768 on many hosts); a "1" for it made the supervisor trust the node
+# as running and never probe it again (issue 34 item 13).
+# Each line then carries the rank view: the one line of every ``rank-*`` file in the view dir (clusterctl/rankview.py),
+# each after a TAB (a missing or empty file is left out): ``1 12<TAB>{...rank 0...}<TAB>{...rank 1...}``. Only
+# "ALIVE [STEP]" decides whether a line is due (the ranks rewrite their files every second). printf, not echo: the
+# JSON's backslashes are printed as they are.
+WATCH = (PID_ALIVE + '; ' + PID_STARTED + '; ' + NEWEST_STEP + '; c=$1 w=$2; shift 2; '
+         'case $w in "~/"*) w=$HOME/${w#"~/"};; esac; p=$("$@" 2>/dev/null); started "$p"; '
          't=$v; l=; i=0; while :; do '
          'newest "$c"; if alive "$p" && started "$p" && [ "$v" = "$t" ]; then s="1 $n"; else s="0 $n"; fi; '
          'i=$((i + 1)); '
-         'if [ "$s" != "$l" ] || [ "$i" -ge 2 ]; then echo "$s"; l=$s; i=0; fi; sleep 0.5; done')
+         'if [ "$s" != "$l" ] || [ "$i" -ge 2 ]; then o=$s; '
+         'if [ -n "$w" ]; then for f in "$w"/rank-*; do r=; { read -r r <"$f"; } 2>/dev/null; '
+         '[ -n "$r" ] && o="$o	$r"; done; fi; '
+         'printf "%s\n" "$o"; l=$s; i=0; fi; sleep 0.5; done')
 
 
-def watch_argv(runtime: "Runtime", node: NodeRef, checkpoint_dir: str | None = None) -> list[str]:
+def watch_argv(runtime: "Runtime", node: NodeRef, checkpoint_dir: str | None = None, view_dir: str = "") -> list[str]:
     """A long-running command for the node's persistent connection: its heartbeat, the liveness of the
-    attempt's main process and the newest checkpoint step on the shared storage, in one line a second, and at
-    once (within 0.5 s) when either changes (see ``WATCH``, ``supervise.cluster_ops.ClusterOps.observe``)."""
-    return ["sh", "-c", WATCH, "clusterctl-watch", checkpoint_dir or "", *runtime.pid_argv(node)]
+    attempt's main process, the newest checkpoint step on the shared storage and the ranks' views (``view_dir``:
+    ``view_dir(node_dir)``), in one line a second, and at once (within 0.5 s) when the first two change (see
+    ``WATCH``, ``watch.Watches``)."""
+    return ["sh", "-c", WATCH, "clusterctl-watch", checkpoint_dir or "", view_dir, *runtime.pid_argv(node)]
 
 
 # a runtime is a module here named after it, with a ``RUNTIME`` object, and its name in config.inventory.RUNTIMES

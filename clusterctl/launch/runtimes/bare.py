@@ -9,7 +9,8 @@ is expanded to ``$HOME`` on the node):
   prints the pid. The SSH command returns at once; the runner survives the session (own session, no terminal,
   SIGHUP ignored).
 * the runner writes its pid to ``NODE_DIR/pid`` (it is the session and process-group leader: pid == pgid == sid),
-  applies the env script, runs torchrun as its child, forwards SIGTERM/SIGINT to it, and when torchrun ends writes
+  applies the env script, runs torchrun as its child (its ranks write their view into ``NODE_DIR/view``:
+  ``runtimes.VIEW_DIR_VAR``), forwards SIGTERM/SIGINT to it, and when torchrun ends writes
   its exit status to ``NODE_DIR/exit`` (128+N when killed by signal N; written whole: a temp file, then mv). torchrun's ``TORCHELASTIC_ERROR_FILE`` is
   ``NODE_DIR/error.json``; after a failure the runner copies it into the log as one line (``ERROR_FILE_LINE``).
 * the runner is identified by more than its pid: before its pid file it writes ``NODE_DIR/ident``, the machine's
@@ -33,6 +34,7 @@ from clusterctl.launch.runtimes import (
     LABEL_ATTEMPT,
     LABEL_JOB_ID,
     LIB_DIR_VAR,
+    VIEW_DIR_VAR,
     WARM_ROOT_SH,
     Instance,
     NodeRef,
@@ -84,7 +86,7 @@ d=$1 name=$2 wd=$3 runner=$4; shift 4
 {_EXPAND_D}
 {ENV_SCRIPT_VAR}=$(cat) || exit 125
 export {ENV_SCRIPT_VAR}
-(umask 077 && mkdir -p -- "$d") || exit 125
+(umask 077 && mkdir -p -- "$d" "$d/view") || exit 125
 cd -- "$wd" || exit 125
 rm -f -- "$d/pid" "$d/exit"
 printf '%s\\n' "$name" >"$d/name" || exit 125
@@ -103,7 +105,7 @@ echo $$ >"$d/pid.tmp" && mv -f -- "$d/pid.tmp" "$d/pid" || exit 125
 c=
 trap '[ -z "$c" ] || kill -s TERM "$c" 2>/dev/null' TERM
 trap '[ -z "$c" ] || kill -s INT "$c" 2>/dev/null' INT
-{LIB_DIR_VAR}=$d/lib TORCHELASTIC_ERROR_FILE=$d/error.json sh -c '{APPLY_ENV_AND_EXEC}' clusterctl-env "$@" &
+{LIB_DIR_VAR}=$d/lib {VIEW_DIR_VAR}=$d/view TORCHELASTIC_ERROR_FILE=$d/error.json sh -c '{APPLY_ENV_AND_EXEC}' clusterctl-env "$@" &
 c=$!
 while :; do
   wait "$c"; rc=$?

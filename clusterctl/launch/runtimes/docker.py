@@ -99,7 +99,7 @@ class ContainerRuntime:
     # ------------------------------------------------------------------ start
     def run_argv(self, req: RunRequest) -> list[str]:
         argv = ["sh", "-c", CONTAINER_START, "clusterctl-start",
-                self.program, "run", "-d", f"--name={req.name}"]
+                self.program, "run", req.view_dir, req.view_link, "-d", f"--name={req.name}"]
         argv += [f"--label={k}={v}" for k, v in req.labels.items()]
         argv += self._run_options(req)
         argv.append(req.image)
@@ -146,7 +146,9 @@ class ContainerRuntime:
         serve = ["python3", f"{inside}/py/zygote.py", "serve", f"{inside}/s/z.sock"]
         if not any(k == "core" for k, _ in req.ulimits):        # warm ranks inherit the zygote's limit: as cold
             serve = ["sh", "-c", NO_CORE_DUMPS + 'exec "$@"', "clusterctl-zygote", *serve]
-        argv += [*(f"--volume={m}" for m in self._warm_mounts(key)), req.image, *serve]
+        # the socket dir at its host path too: the warm ranks' view dirs (runtimes.VIEW_DIR_VAR) are in there
+        view = f"--volume={WARM_PLACEHOLDER}/s:{WARM_PLACEHOLDER}/s"
+        argv += [*(f"--volume={m}" for m in self._warm_mounts(key)), view, req.image, *serve]
         return argv
 
     def warm_run_argv(self, req: RunRequest, key: str) -> list[str]:

@@ -52,7 +52,8 @@ def test_killed_start_wrapper_leaves_no_env_file(tmp_path):
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         # default dispositions, as sshd gives a session: a signal ignored on entry (pytest run under nohup, or in the
         # background of a non-interactive shell) cannot be trapped by a POSIX sh
-        p = subprocess.Popen(["sh", "-c", runtimes.CONTAINER_START, "clusterctl-start", "podman", "run", "img"],
+        p = subprocess.Popen(["sh", "-c", runtimes.CONTAINER_START, "clusterctl-start", "podman", "run", "", "",
+                              "img"],
                              stdin=subprocess.PIPE, env=env, start_new_session=True, preexec_fn=_default_signals)
         p.stdin.write(b"export SECRET='s3cr3t'\n")
         p.stdin.close()

@@ -55,9 +55,11 @@ def test_zygote_start_writes_zygote_py_into_a_fresh_private_dir_then_runs_the_co
     line = (tmp_path / "log").read_text()
     assert line.startswith(f"run -d --name=clusterctl-zygote-{job_id}_{node} --label=clusterctl.warm={job_id} "
                            f"--label=clusterctl.node={node} --network=host")
-    # the socket dir read-write, zygote.py's dir read-only: nothing a container writes is run on the host
+    # the socket dir read-write, zygote.py's dir read-only: nothing a container writes is run on the host; the
+    # socket dir at its host path too (every placeholder replaced): the warm ranks' view dirs are in there;
     # core dumps off as in a cold rank's container (its ranks inherit the zygote's soft limit), then zygote.py
-    assert line.rstrip().endswith(f"--volume={wdir}/s:{inside}/s --volume={wdir}/py:{inside}/py:ro img:1 "
+    assert line.rstrip().endswith(f"--volume={wdir}/s:{inside}/s --volume={wdir}/py:{inside}/py:ro "
+                                  f"--volume={wdir}/s:{wdir}/s img:1 "
                                   f"sh -c ulimit -S -c 0 2>/dev/null; exec \"$@\" clusterctl-zygote "
                                   f"python3 {inside}/py/zygote.py serve {inside}/s/z.sock")
     with_core = replace(req, ulimits=(("core", "-1"),))
