@@ -27,10 +27,12 @@ from clusterctl.errors import CommandTimeout, DeadlineExceeded, TransportError
 from clusterctl.launch import runtimes, zygote
 from clusterctl.launch.plan import NODE_MODULES, LaunchPlan, build_plan, checkpoint_installer
 from clusterctl.model import causes
+from clusterctl.model.ranks import RankView
 from clusterctl.model.verdicts import ErrorKind, NodeError, Observation
 from clusterctl.store import paths
 from clusterctl.store.ledger import Ledger
 from clusterctl.store.state import JobState, Store
+from clusterctl.supervise import rankwatch
 from clusterctl.supervise.observe import Confirm, Explain, interpret
 from clusterctl.supervise.watch import Mux, Watch, Watches
 from clusterctl.transport import CommandResult, ConnectOptions, HostResult, Transport, connect, fan_out
@@ -680,8 +682,20 @@ class ClusterOps:
     def _watch(self, attempt: int, node: str) -> Watch:
         """The node's watch for ``attempt`` (started on first use; a new attempt replaces the old one)."""
         return self._watches.watch(attempt, node, lambda: (
-            runtimes.watch_argv(self._runtime(node), self._plan_node(node), self.spec.checkpoint.dir)
+            runtimes.watch_argv(self._runtime(node), self._plan_node(node), self.spec.checkpoint.dir,
+                                runtimes.view_dir(self._plan_node(node).node_dir))
             if self._plan else None))
+
+    def rank_views(self, attempt: int) -> dict[str, dict[int, RankView]]:
+        """node -> rank -> what every rank of ``attempt`` is doing, as the watches last heard it (``rankwatch``)."""
+        return rankwatch.rank_views(self._watches, list(self._plan_nodes), attempt)
+
+    def dump_ranks(self, attempt: int, nodes: Sequence[str], dest_dir: str) -> dict[str, str]:
+        """Every rank's flight-recorder dump and stack copied into ``dest_dir`` (``rankwatch.dump_ranks``, one
+        bounded command per node); node -> why not, for the nodes that sent less."""
+        views = {n: runtimes.view_dir(self._ref(n, attempt).node_dir) for n in nodes}
+        return rankwatch.dump_ranks(lambda n, argv, timeout: self._run(n, argv, timeout=timeout), views,
+                                    self.hosts, dest_dir, connect_timeout_s=self.options.connect_timeout)
 
     def wait_for_change(self, seconds: float) -> bool:
         """Sleep between probe rounds; wake early when a watched process ends (True then)."""

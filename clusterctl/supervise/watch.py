@@ -2,8 +2,10 @@
 
 A node's **watch** is a node-side script (``runtimes.WATCH``) printing a line a second over the node's kept
 connection, and one at once (within 0.5 s) when what it says changes: ``1`` while the attempt's main process
-lives, ``0`` once it is gone, and the newest checkpoint step it sees. ``Watches`` keeps, per node, what those
-lines said (``Watch``: when the last one came, alive, when the process was first seen gone, the checkpoint step)
+lives, ``0`` once it is gone, and the newest checkpoint step it sees, then the views of the node's ranks
+(clusterctl/rankview.py: each rank's file, TAB-separated). ``Watches`` keeps, per node, what those lines said
+(``Watch``: when the last one came, alive, when the process was first seen gone, the checkpoint step, each rank's
+``RankView`` and when its file last changed)
 and how long the node may stay silent (``heartbeat.Arrivals``); ``heard`` turns that into an ``Observation``
 without a remote command (``observe.heard``).
 
@@ -18,11 +20,14 @@ feeds the lines itself: no thread, no sleep).
 """
 from __future__ import annotations
 
+import json
+import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence
 
+from clusterctl.model.ranks import RankView
 from clusterctl.model.verdicts import Observation
 from clusterctl.supervise.heartbeat import Arrivals
 from clusterctl.supervise.observe import heard
@@ -30,6 +35,8 @@ from clusterctl.transport.streams import OpenStream, StreamMux
 
 
 SILENCE_EPSILON_S = 0.02    # a round woken for a node's silence comes this long after it passed the limit
+MAX_WATCH_LINE = 1 << 20    # bytes of one watch line (its ranks' views: ~1-2 KB each) kept while its end is awaited
+_RANK = re.compile(rb'"rank":\s*(-?[0-9]+)')
 
 
 class Handle(Protocol):
@@ -73,6 +80,16 @@ class Watch:
     gone_at: float | None = None    # ``now()`` of the first "gone" line after it was seen alive
     checkpoint_step: int | None = None   # newest step directory with a manifest (or DCP .metadata) it saw
     stream: Handle | None = None
+    node: str = ""
+    ranks: dict[int, RankView] = field(default_factory=dict)   # the ranks' views of the last line that had them
+    answered: dict[int, float] = field(default_factory=dict)   # per rank: ``now()`` when its file last changed
+    raw: dict[int, bytes] = field(default_factory=dict)        # per rank: its file's line as last heard
+    partial: bytes = b""            # the start of a line whose end has not come yet
+
+    def rank_views(self, now: float) -> dict[int, RankView]:
+        """The ranks' views with ``answered_age_s`` (seconds since each file last changed) as of ``now``."""
+        return {r: replace(v, answered_age_s=max(0.0, now - self.answered.get(r, now)))
+                for r, v in self.ranks.items()}
 
     def halt(self) -> None:
         self.stop.set()
@@ -124,7 +141,7 @@ class Watches:
             return w
         if w is not None:
             w.halt()
-        w = self._watches[node] = Watch(attempt)
+        w = self._watches[node] = Watch(attempt, node=node)
         arrivals = self._arrivals.setdefault(node, Arrivals(self.heartbeat_timeout_s))
         arrivals.restart()
         command = argv()
@@ -139,10 +156,21 @@ class Watches:
         return w
 
     def line(self, w: Watch, arrivals: Arrivals, data: bytes) -> None:
-        """Output of a watch: its last line is ``ALIVE [STEP]``."""
-        fields = data.rstrip().rsplit(b"\n", 1)[-1].split()
-        alive, now = bool(fields) and fields[0] == b"1", self.now()
+        """Output of a watch: its last whole line is ``ALIVE [STEP]``, then the ranks' views, each after a TAB
+        (``runtimes.WATCH``; a line without them is valid). A line cut by the stream waits for its end."""
+        data = w.partial + data
+        head, _, w.partial = data.rpartition(b"\n")
+        if len(w.partial) > MAX_WATCH_LINE:     # no end in sight: dropped (its end then reads as junk)
+            w.partial = b""
+        if not head:
+            return
+        parts = head.rsplit(b"\n", 1)[-1].split(b"\t")
+        fields = parts[0].split()
+        if not fields or fields[0] not in (b"0", b"1"):
+            return           # not a watch line (the tail of a line cut when its stream was reopened)
+        alive, now = fields[0] == b"1", self.now()
         arrivals.arrived(now)
+        self._ranks(w, parts[1:], now)      # none: no rank file (yet, or any more)
         if w.alive and not alive:
             w.gone_at = now
             self.changed.set()
@@ -151,6 +179,31 @@ class Watches:
         if step is not None and step != w.checkpoint_step:
             w.checkpoint_step = step
             self.changed.set()    # a new checkpoint: the supervisor records it now, not rounds later
+
+    @staticmethod
+    def _ranks(w: Watch, lines: Sequence[bytes], now: float) -> None:
+        """The ranks' views of a watch line (a file that did not change keeps its view and its answer time)."""
+        seen = set()
+        for raw in lines:
+            m = _RANK.search(raw)
+            if m is None:
+                continue
+            rank = int(m.group(1))
+            seen.add(rank)
+            if w.raw.get(rank) == raw:
+                continue
+            try:
+                view = RankView.from_json(json.loads(raw), node=w.node)
+            except ValueError:
+                continue
+            w.raw[rank], w.ranks[rank], w.answered[rank] = raw, view, now
+        for rank in [r for r in w.ranks if r not in seen]:    # its file is gone (a new attempt's dir, a rank gone)
+            w.raw.pop(rank, None), w.ranks.pop(rank, None), w.answered.pop(rank, None)
+
+    def rank_views(self, node: str) -> dict[int, RankView]:
+        """What the node's watch last heard of its ranks (``Watch.rank_views``; empty before a line had them)."""
+        w = self._watches.get(node)
+        return w.rank_views(self.now()) if w is not None else {}
 
     def get(self, node: str) -> Watch | None:
         return self._watches.get(node)

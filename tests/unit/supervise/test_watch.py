@@ -61,7 +61,7 @@ def _watch_with_manual_looks(tmp_path, pid_argv: list[str], root: str = ""):
     (bin_dir / "sleep").write_text(f'#!/bin/sh\necho --\nread _ <{ticks}\n')
     (bin_dir / "sleep").chmod(0o755)
     tick = os.open(ticks, os.O_RDWR)          # held open: a tick written before the read is kept, not lost
-    watch = subprocess.Popen(["sh", "-c", runtimes.WATCH, "w", root, *pid_argv], stdout=subprocess.PIPE, text=True,
+    watch = subprocess.Popen(["sh", "-c", runtimes.WATCH, "w", root, "", *pid_argv], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
                              start_new_session=True)     # its fake sleep is killed with it (os.killpg)
 
@@ -186,7 +186,7 @@ def test_watch_counts_a_zombie_as_gone():
 
 
 def test_watch_prints_0_when_there_is_no_pid():
-    watch = subprocess.Popen(["sh", "-c", runtimes.WATCH, "w", "", "true"], stdout=subprocess.PIPE, text=True)
+    watch = subprocess.Popen(["sh", "-c", runtimes.WATCH, "w", "", "", "true"], stdout=subprocess.PIPE, text=True)
     try:
         assert _lines(watch, 2) == ["0", "0"]
     finally:
@@ -579,7 +579,8 @@ def test_the_watch_runs_the_runtimes_watch_script_for_the_adopted_plan(tmp_path)
         ops.attach(1)
         assert sorted(mux.streams) == [f"{k}-{n}" for k in ("logs", "watch") for n in HOSTS]
         _, host, argv = mux.streams["watch-n2"].opener()
-        want = runtimes.watch_argv(runtimes.get("podman"), ops.plan.node("n2"), ops.spec.checkpoint.dir)
+        want = runtimes.watch_argv(runtimes.get("podman"), ops.plan.node("n2"), ops.spec.checkpoint.dir,
+                                   "~/.clusterctl/nodes/n2/jobs/j-1/1/view")      # the attempt's rank view
         assert host == "n2" and argv == want
         assert "clusterctl-watch" in argv
         with pytest.raises(ValueError, match="adopt attempt 2 first"):
@@ -652,3 +653,59 @@ def test_wait_for_change_over_the_real_stream_mux_wakes_when_a_watched_process_e
         assert watches["n1"].alive and watches["n3"].alive   # only the watch of the process that ended says so
     finally:
         ops.close()
+
+
+# ------------------------------------------------------------------------------------------- the rank view
+def _rank_line(rank: int, n: int, **kw) -> bytes:
+    return json.dumps({"v": 1, "n": n, "rank": rank, "pid": 100 + rank, "state": "training", **kw},
+                      separators=(",", ":")).encode()
+
+
+def test_watch_lines_carry_every_rank_file_tab_separated(tmp_path):
+    """The real WATCH script: each line is ``ALIVE [STEP]`` then each rank file's line after a TAB (printf: the
+    JSON's backslashes arrive as written); a missing or empty file is left out; no view dir: the old line."""
+    view = tmp_path / "view"
+    view.mkdir()
+    (view / "rank-0").write_bytes(_rank_line(0, 1, where='C:\\new "x"') + b"\n")
+    (view / "rank-1").write_bytes(b"")
+    (view / "rank-10").write_bytes(_rank_line(10, 4) + b"\n")
+    target = subprocess.Popen(["sleep", "30"])
+    try:
+        for vdir, want in ((str(view), [_rank_line(0, 1, where='C:\\new "x"'), _rank_line(10, 4)]), ("", [])):
+            watch = subprocess.Popen(runtimes.watch_argv(_PidOf(target.pid), None, None, vdir), stdout=subprocess.PIPE)
+            try:
+                line = watch.stdout.readline().rstrip(b"\n")
+            finally:
+                watch.kill()
+                watch.wait()
+            head, *ranks = line.split(b"\t")
+            assert head.split() == [b"1"] and ranks == want
+            for r in ranks:
+                assert json.loads(r)["rank"] in (0, 10)
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_the_watch_parses_each_ranks_view_and_when_its_file_last_changed():
+    ws, mux, clock, _ = _watches()
+    w = ws.watch(1, "n1", lambda: ["watch"])
+    mux.feed("watch-n1", b"1 5\t" + _rank_line(0, 1, step=3) + b"\t" + _rank_line(1, 1) + b"\n")
+    assert w.alive and w.checkpoint_step == 5
+    views = ws.rank_views("n1")
+    assert sorted(views) == [0, 1] and views[0].step == 3 and views[0].node == "n1" and views[0].pid == 100
+    assert views[0].answered_age_s == 0.0
+    clock.advance(1.0)                  # rank 0 wrote again, rank 1 did not (stopped, or holding the GIL)
+    line = b"1 5\t" + _rank_line(0, 2, step=4) + b"\t" + _rank_line(1, 1) + b"\n"
+    mux.feed("watch-n1", line[:30])     # a line cut by the stream: nothing until its end comes
+    assert ws.rank_views("n1")[0].step == 3
+    mux.feed("watch-n1", line[30:])
+    clock.advance(2.5)
+    views = ws.rank_views("n1")
+    assert views[0].step == 4 and views[0].answered_age_s == 2.5 and views[1].answered_age_s == 3.5
+    mux.feed("watch-n1", b"garbage\tnot json\n")           # not a watch line: ignored
+    assert sorted(ws.rank_views("n1")) == [0, 1] and w.alive
+    mux.feed("watch-n1", b"1 5\t{broken\t" + _rank_line(1, 2) + b"\n")   # a rank's file it cannot read: gone
+    assert sorted(ws.rank_views("n1")) == [1]
+    mux.feed("watch-n1", b"0 5\n")                          # an old-format line: valid, and no rank file now
+    assert not w.alive and ws.rank_views("n1") == {}
