@@ -393,8 +393,9 @@ class Monitor:
                 entries = last_entries(c10d._dump_fr_trace_json(), ARRIVALS)
             except Exception:  # noqa: BLE001
                 entries = []
-            if self.arrivals_at is None or now - self.arrivals_at >= ARRIVALS_S:
-                self.arrivals_at = now
+            if entries or self.arrivals_at is None or now - self.arrivals_at >= ARRIVALS_S:
+                # (entries read for a wait count as a look at the arrivals too; none yet: look again next tick)
+                self.arrivals_at = now if entries else None
                 self.arrivals = [[int(e["collective_seq_id"]), int(e["time_created_ns"])] for e in entries
                                  if str(e.get("pg_id")) == "0" and e.get("time_created_ns")]
         if waiting and stalled:
