@@ -1,8 +1,8 @@
 """The command line: parse, call, print, exit. The only package that prints or exits.
 
-One module per command group (setup, preflight, lifecycle, views, oncall, nodes, slurm), each: flags -> a request
--> one use case (``clusterctl.jobs``) -> text or JSON and an exit code; ``base`` holds what they share. Importing
-this package registers every command on ``app``.
+One module per command group (setup, preflight, lifecycle, views, oncall, nodes, slurm, report), each: flags -> a
+request -> one use case (``clusterctl.usecases.<group>``, the same group) -> text or JSON and an exit code; ``base``
+holds what they share. Importing this package registers every command on ``app``.
 
 Exit codes: 0 success; 1 the operation found failures (a check failed, a job failed); 2 usage or input error.
 """

@@ -1,5 +1,5 @@
 """What every command group shares: the click group and its globals, the common options, the consoles, JSON
-output, connect options, key-file checks, the progress bar, and the unset secrets named beside a refused job
+output, connect options, the progress bar, and the unset secrets named beside a refused job
 file."""
 from __future__ import annotations
 
@@ -118,9 +118,9 @@ def output_option(f):
 def complete_jobs(ctx, param, incomplete: str) -> list:
     """Shell completion of JOB: the names and ids in the state dir (``--state-dir`` or its default)."""
     try:
-        from clusterctl import jobs
+        from clusterctl.usecases.base import job_names
 
-        return [n for n in jobs.job_names((ctx.find_root().params or {}).get("state_dir"))
+        return [n for n in job_names((ctx.find_root().params or {}).get("state_dir"))
                 if n.startswith(incomplete)]
     except Exception:  # noqa: BLE001 - completion never prints a traceback into the user's shell
         return []
@@ -140,9 +140,9 @@ def complete_nodes(ctx, param, incomplete: str) -> list:
     """Shell completion of --node/--exclude: the nodes of the command's JOB (its latest attempt; click does not
     parse JOB when the line ends in an option: then every job's), and the default inventory's hosts."""
     try:
-        from clusterctl import jobs
+        from clusterctl.usecases.base import job_node_names
 
-        names = jobs.job_node_names((ctx.find_root().params or {}).get("state_dir"), ctx.params.get("job"))
+        names = job_node_names((ctx.find_root().params or {}).get("state_dir"), ctx.params.get("job"))
         names = list(dict.fromkeys([*names, *complete_hosts(ctx, param, "")]))
         return [n for n in names if n.startswith(incomplete)]
     except Exception:  # noqa: BLE001
@@ -203,13 +203,6 @@ def connect_options(ctx: click.Context, accept_new: bool = False, **kw):
     from clusterctl.transport import ConnectOptions
 
     return ConnectOptions(accept_new_host_keys=accept_new or ctx.obj.accept_new_host_keys, **kw)
-
-
-def check_key_files(hosts) -> None:
-    """Unusable ansible_ssh_private_key_file -> exit 2 at its inventory line, before anything connects."""
-    from clusterctl.jobs import check_key_files as check
-
-    check(hosts)
 
 
 def progress_bar(show: bool):

@@ -65,16 +65,17 @@ def launch_cmd(ctx, job, inventory, dry_run, strict, detach, skip_preflight, nam
     after the job file's `args` (`clusterctl launch job.yaml -- --lr 0.1`)."""
     import os
 
-    from clusterctl import jobs
     from clusterctl.checks.report import render_table
+    from clusterctl.usecases import lifecycle
+    from clusterctl.usecases.base import open_workspace
 
-    ws = jobs.open_workspace(ctx.obj.state_dir)
-    request = jobs.LaunchRequest(job, inventory, connect_options(ctx, accept_new), skip_preflight=skip_preflight,
+    ws = open_workspace(ctx.obj.state_dir)
+    request = lifecycle.LaunchRequest(job, inventory, connect_options(ctx, accept_new), skip_preflight=skip_preflight,
                                  environ=os.environ, overrides=launch_overrides(name_override, nodes_override,
                                                                                 env_override, script_args))
     if dry_run:   # needs no secret values: they show as ***
         with with_unset_secrets(job, os.environ):
-            dry = jobs.dry_run(ws, request)
+            dry = lifecycle.dry_run(ws, request)
         if output == "json":
             print_json({**dry.plan.to_dict(), "warnings": [str(p) for p in dry.problems]})
         else:
@@ -83,8 +84,8 @@ def launch_cmd(ctx, job, inventory, dry_run, strict, detach, skip_preflight, nam
             err.print(f"warning: {p}", markup=False)
         return 2 if strict and dry.problems else 0
     with progress_bar(not skip_preflight and output != "json") as progress:
-        launched = jobs.launch(ws, request, on_progress=progress)
-    if isinstance(launched, jobs.PreflightFailed):
+        launched = lifecycle.launch(ws, request, on_progress=progress)
+    if isinstance(launched, lifecycle.PreflightFailed):
         render_table(launched.report, err)
         err.print("launch stopped: preflight failed (fix the above, or --skip-preflight)", markup=False)
         return 1
@@ -106,13 +107,13 @@ def launch_cmd(ctx, job, inventory, dry_run, strict, detach, skip_preflight, nam
 
 
 def _attach(ws, job_id, name, output, extra=None, from_start=True) -> int:
-    from clusterctl import jobs
     from clusterctl.store.state import JobState
+    from clusterctl.usecases import lifecycle
     from clusterctl.views.logs import for_terminal
 
     stream = err if output == "json" else out    # -o json: stdout is the final view alone; the logs on stderr
     try:
-        ended = jobs.attach(ws, job_id, lambda line: stream.print(for_terminal(line), markup=False),
+        ended = lifecycle.attach(ws, job_id, lambda line: stream.print(for_terminal(line), markup=False),
                             from_start=from_start)
     except KeyboardInterrupt:
         err.print(f"\ndetached; job {name} keeps running. Re-attach: clusterctl logs -f {name}   "
@@ -134,10 +135,10 @@ def _attach(ws, job_id, name, output, extra=None, from_start=True) -> int:
 def supervise_cmd(ctx, job_id, adopt) -> int:
     """A job's supervisor as the release before started it (``clusterctl --state-dir DIR _supervise JOB_ID``);
     today's is ``python -m clusterctl.supervise``. Accepted for one release."""
-    from clusterctl import jobs
     from clusterctl.store.state import JobState
+    from clusterctl.usecases import lifecycle
 
-    state = jobs.supervise(ctx.obj.state_dir, job_id, connect_options(ctx), adopt=adopt,
+    state = lifecycle.supervise(ctx.obj.state_dir, job_id, connect_options(ctx), adopt=adopt,
                            echo=lambda m: print(m, flush=True))
     return 0 if state == JobState.SUCCEEDED else 1
 
@@ -151,9 +152,10 @@ def supervise_cmd(ctx, job_id, adopt) -> int:
 @click.pass_context
 def stop_cmd(ctx, job, grace, output, accept_new) -> int:
     """SIGTERM torchrun on every node, kill after --grace, remove exactly this job's containers."""
-    from clusterctl import jobs
+    from clusterctl.usecases import lifecycle
+    from clusterctl.usecases.base import open_workspace
 
-    stopped = jobs.stop(jobs.open_workspace(ctx.obj.state_dir), job, connect_options(ctx, accept_new), grace_s=grace)
+    stopped = lifecycle.stop(open_workspace(ctx.obj.state_dir), job, connect_options(ctx, accept_new), grace_s=grace)
     if output == "json":
         print_json({"job_id": stopped.job_id, "state": stopped.state.value,
                     "errors": {node: e.message for node, e in stopped.errors.items()}})
@@ -178,10 +180,12 @@ def stop_cmd(ctx, job, grace, output, accept_new) -> int:
 def resume_cmd(ctx, job, exclude, checkpoint, detach, output, accept_new) -> int:
     """Bring a job back: re-attach if it still runs, else relaunch from its newest valid checkpoint. A job that
     finished well while unsupervised becomes SUCCEEDED; nothing is relaunched."""
-    from clusterctl import jobs
+    from clusterctl.usecases import lifecycle
+    from clusterctl.usecases.base import open_workspace
 
-    ws = jobs.open_workspace(ctx.obj.state_dir)
-    outcome = jobs.resume(ws, jobs.ResumeRequest(job, connect_options(ctx, accept_new), tuple(exclude), checkpoint))
+    ws = open_workspace(ctx.obj.state_dir)
+    request = lifecycle.ResumeRequest(job, connect_options(ctx, accept_new), tuple(exclude), checkpoint)
+    outcome = lifecycle.resume(ws, request)
     for host, why in outcome.excluded:
         err.print(f"excluded {host}: cordoned: {why}", markup=False)
     err.print(f"job {outcome.job_id}: {outcome.message}", markup=False)
@@ -189,7 +193,7 @@ def resume_cmd(ctx, job, exclude, checkpoint, detach, output, accept_new) -> int
              "supervisor_pid": outcome.pid}
     if detach or outcome.pid is None or outcome.action == "already_supervised":
         if output == "json":
-            print_json({**extra, "state": jobs.state_of(ws, outcome.job_id).value})
+            print_json({**extra, "state": outcome.state.value})
         return 0
     return _attach(ws, outcome.job_id, outcome.name, output, extra=extra, from_start=False)
 
@@ -204,9 +208,10 @@ def resume_cmd(ctx, job, exclude, checkpoint, detach, output, accept_new) -> int
 def forget_cmd(ctx, jobs, on_nodes, output, accept_new) -> int:
     """Delete finished jobs' records and controller-side logs (never checkpoints, never an active job); with
     --nodes also their directories on the nodes."""
-    from clusterctl import jobs as jobs_mod
+    from clusterctl.usecases import lifecycle
+    from clusterctl.usecases.base import open_workspace
 
-    done = jobs_mod.forget(jobs_mod.open_workspace(ctx.obj.state_dir), jobs, nodes=on_nodes,
+    done = lifecycle.forget(open_workspace(ctx.obj.state_dir), jobs, nodes=on_nodes,
                            options=connect_options(ctx, accept_new))
     if output == "json":
         print_json({"forgotten": [dataclasses.asdict(f) for f in done]})

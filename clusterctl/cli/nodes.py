@@ -23,12 +23,13 @@ def nodes_cmd(ctx, inventory, output) -> int:
     """Per host: ok or cordoned (reason, since), jobs run, failures by class in the last 7 days, the last one."""
     import time
 
-    from clusterctl import jobs
+    from clusterctl.usecases import nodes as unodes
+    from clusterctl.usecases.base import open_workspace
     from clusterctl.views import history
 
     inv = load_hosts(inventory)
     now = time.time()
-    rows = jobs.node_rows(jobs.open_workspace(ctx.obj.state_dir), inv, now)
+    rows = unodes.node_rows(open_workspace(ctx.obj.state_dir), inv, now)
     if output == "json":
         print_json(rows)
         return 0
@@ -68,13 +69,14 @@ def _host_names(hosts) -> list:
 @click.pass_context
 def cordon_cmd(ctx, hosts, reason, inventory, output, slurm_drain) -> int:
     """Keep HOSTs out of every launch, resume and relaunch (running attempts are not touched)."""
-    from clusterctl import jobs as jobs_mod
     from clusterctl.errors import UserError
+    from clusterctl.usecases import nodes as unodes
+    from clusterctl.usecases.base import open_workspace
 
     if not reason.strip() or "\n" in reason:
         raise UserError("--reason must be one non-empty line")
     names = _host_names(hosts)
-    out = jobs_mod.cordon(jobs_mod.open_workspace(ctx.obj.state_dir), names, reason.strip(), load_hosts(inventory),
+    out = unodes.cordon(open_workspace(ctx.obj.state_dir), names, reason.strip(), load_hosts(inventory),
                           slurm_drain=slurm_drain)
     done = out.cordons
     if output != "json":
@@ -102,9 +104,10 @@ def cordon_cmd(ctx, hosts, reason, inventory, output, slurm_drain) -> int:
 @click.pass_context
 def uncordon_cmd(ctx, hosts, output) -> int:
     """Let HOSTs be used again; their earlier failures no longer count toward an automatic cordon."""
-    from clusterctl import jobs as jobs_mod
+    from clusterctl.usecases import nodes as unodes
+    from clusterctl.usecases.base import open_workspace
 
-    result = jobs_mod.uncordon(jobs_mod.open_workspace(ctx.obj.state_dir), _host_names(hosts))
+    result = unodes.uncordon(open_workspace(ctx.obj.state_dir), _host_names(hosts))
     if output == "json":
         print_json([{"host": h, "state": "ok", "was_cordoned": was} for h, was in result.items()])
     else:

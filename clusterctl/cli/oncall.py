@@ -9,25 +9,17 @@ from clusterctl.cli.base import (
     Finite,
     accept_option,
     app,
-    check_key_files,
     complete_hosts,
     complete_jobs,
     complete_nodes,
     connect_options,
     err,
     inventory_option,
-    load_hosts,
     nonempty,
     out,
     output_option,
     print_json,
 )
-
-
-def _job_nodes(ctx, job):
-    from clusterctl import jobs
-
-    return jobs.job_nodes(jobs.open_workspace(ctx.obj.state_dir), job)
 
 
 @app.command("exec")
@@ -48,29 +40,12 @@ def exec_cmd(ctx, inventory, limit, job, node, in_container, timeout, output, ac
     """Run COMMAND (after --) on every host, or on a job's nodes; identical results are grouped.
 
     The argv is quoted: no shell unless you write `sh -c '...'`. Exit 0 when every host exited 0, else 1."""
-    from clusterctl.errors import UserError
     from clusterctl.oncall import remote_exec
-    from clusterctl.transport import connect
+    from clusterctl.usecases import oncall as uoncall
 
-    wrap = None
-    if job:   # (imports per branch: the job's record needs pydantic, a plain exec does not)
-        from clusterctl.oncall import jobnodes
-
-        if limit or inventory:
-            raise UserError("--job takes its hosts from the job: use --node instead of --limit/-i")
-        jn = _job_nodes(ctx, job)
-        hosts = [jn.host(n) for n in jn.pick(node)]
-        if in_container:
-            wrap = lambda h, argv: jobnodes.in_job_argv(jn, h.name, argv)  # noqa: E731
-    else:
-        from clusterctl.config import hostpattern
-
-        if node or in_container:
-            raise UserError("--node and --in-container need --job")
-        hosts = hostpattern.select(load_hosts(inventory), limit)
-    check_key_files(hosts)
-    results = remote_exec.run(hosts, list(command), connect=connect, options=connect_options(ctx, accept_new),
-                              timeout=timeout, wrap=wrap)
+    request = uoncall.ExecRequest(tuple(command), inventory, limit, job, node, in_container, timeout,
+                                  connect_options(ctx, accept_new))
+    results = uoncall.exec_on(ctx.obj.state_dir, request, notes=lambda note: err.print(f"note: {note}", markup=False))
     if output == "json":
         print_json([r.to_dict() for r in results])
     else:
@@ -88,19 +63,10 @@ def shell_cmd(ctx, job, node, accept_new) -> int:
     """An interactive shell in JOB's container on a node (bare: on the host, in the job's directory).
 
     Exits with the shell's exit code; stdin may be a pipe (`echo 'nvidia-smi' | clusterctl shell JOB`)."""
-    from clusterctl.oncall import shell
-    from clusterctl.transport import connect
+    from clusterctl.usecases import oncall as uoncall
 
-    jn = _job_nodes(ctx, job)
-    target = jn.pick(node or jn.rdzv_host)[0]
-    host = jn.host(target)
-    check_key_files([host])
     tty = sys.stdin.isatty() and sys.stdout.isatty()
-    t = connect(host, connect_options(ctx, accept_new))
-    try:
-        return shell.run(t, shell.argv(jn, target, tty=tty), tty=tty)
-    finally:
-        t.close()
+    return uoncall.shell(ctx.obj.state_dir, job, node, connect_options(ctx, accept_new), tty=tty)
 
 
 @app.command("stacks")
@@ -113,27 +79,13 @@ def shell_cmd(ctx, job, node, accept_new) -> int:
 def stacks_cmd(ctx, job, node, output, accept_new) -> int:
     """The Python stack of every rank of JOB's current attempt (py-spy), identical stacks grouped."""
     from clusterctl.oncall import stacks
-    from clusterctl.transport import connect
+    from clusterctl.usecases import oncall as uoncall
 
-    jn = _job_nodes(ctx, job)
-    nodes = jn.pick(node)
-    check_key_files([jn.host(n) for n in nodes])
-    options = connect_options(ctx, accept_new)
-    transports: dict = {}
-
-    def run_on(n):
-        transports[n] = connect(jn.host(n), options)
-        return transports[n].run
-
-    try:
-        found, errors = stacks.collect(nodes, run_on, jn.job.job_id, jn.attempt)
-    finally:
-        for t in transports.values():
-            t.close()
+    got = uoncall.stacks(ctx.obj.state_dir, job, node, connect_options(ctx, accept_new))
     if output == "json":
-        print_json(stacks.to_json(found))
-        for n, msg in errors.items():
+        print_json(stacks.to_json(got.found))
+        for n, msg in got.errors.items():
             err.print(f"{n}: {msg}", markup=False)
     else:
-        out.print(stacks.render(found, errors), markup=False)
-    return 1 if errors or not found else 0
+        out.print(stacks.render(got.found, got.errors), markup=False)
+    return 1 if got.errors or not got.found else 0

@@ -8,11 +8,10 @@ import click
 from clusterctl.cli.base import (
     accept_option,
     app,
-    check_key_files,
     complete_hosts,
     connect_options,
+    err,
     inventory_option,
-    load_hosts,
     nonempty,
     out,
     output_option,
@@ -32,31 +31,14 @@ from clusterctl.cli.base import (
 @click.pass_context
 def preflight_cmd(ctx, inventory, job, limit, output, strict, pull, accept_new) -> int:
     """Check every host before a launch; every failure says how to fix it."""
-    from clusterctl import jobs
-    from clusterctl.checks.job import PreflightJob, PreflightOptions
-    from clusterctl.checks.preflight import run_preflight
     from clusterctl.checks.report import render_table
     from clusterctl.checks.results import exit_code
-    from clusterctl.transport import connect
+    from clusterctl.usecases import preflight as upreflight
 
-    if job:   # checked against the job (nodes, nproc_per_node: exit 2 at the job file's line); its hosts, or all
-        jc = jobs.load_context(job, inventory)
-        spec, inv = jc.spec, jc.inventory
-        hosts = list(jc.hosts) if spec.hosts else list(inv.hosts)
-    else:
-        spec, inv = None, load_hosts(inventory)
-        hosts = list(inv.hosts)
-    if limit:  # filters, keeping the job's (or inventory's) order: the first host stays the rendezvous host
-        from clusterctl.config import hostpattern
-
-        chosen = hostpattern.select(inv, limit)
-        hosts = [h for h in hosts if h in chosen]
-    check_key_files(hosts)
-    options = connect_options(ctx, accept_new)
+    request = upreflight.PreflightRequest(job, inventory, limit, pull, connect_options(ctx, accept_new))
     with progress_bar(output != "json") as progress:
-        report = run_preflight(hosts, connect=lambda h: connect(h, options),
-                               job=PreflightJob.from_spec(spec) if spec is not None else None,
-                               options=PreflightOptions(pull=pull), progress=progress)
+        report = upreflight.preflight(request, progress=progress,
+                                      notes=lambda note: err.print(f"note: {note}", markup=False))
     if output == "json":
         sys.stdout.write(report.to_json() + "\n")
     else:

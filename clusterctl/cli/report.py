@@ -20,14 +20,15 @@ def report_cmd(ctx, job, plot_file, output) -> int:
     reported up to now; one the database forgot is read from its kept job dir."""
     import time
 
-    from clusterctl import jobs, report
+    from clusterctl.usecases import report as ureport
+    from clusterctl.usecases.base import open_workspace
     from clusterctl.views import plot
     from clusterctl.views import report as text_report
 
     if plot_file:
         plot.check_path(plot_file)            # a wrong extension: exit 2 before any work
-    ws = jobs.open_workspace(ctx.obj.state_dir)
-    r = report.report(ws.root, ws.store, job, now=time.time())
+    ws = open_workspace(ctx.obj.state_dir)
+    r = ureport.report(ws.root, ws.store, job, now=time.time())
     if output == "json":
         print_json(r.value)
     else:

@@ -76,9 +76,9 @@ def doctor_cmd(ctx, output) -> int:
     import os
     from pathlib import Path
 
-    from clusterctl import jobs
+    from clusterctl.usecases import setup as usetup
 
-    found = jobs.doctor(ctx.obj.state_dir, os.environ, Path.home())
+    found = usetup.doctor(ctx.obj.state_dir, os.environ, Path.home())
     if output == "json":
         print_json([f.to_dict() for f in found])
     else:
@@ -100,11 +100,12 @@ def validate_cmd(ctx, job, inventory, strict, output) -> int:
     variables, key files); exit 0 valid, 2 invalid."""
     import os
 
-    from clusterctl import jobs
+    from clusterctl.usecases import lifecycle
+    from clusterctl.usecases.base import open_workspace
 
-    ws = jobs.open_workspace(ctx.obj.state_dir)
+    ws = open_workspace(ctx.obj.state_dir)
     with with_unset_secrets(job, os.environ):
-        dry = jobs.dry_run(ws, jobs.LaunchRequest(job, inventory, environ=os.environ))
+        dry = lifecycle.dry_run(ws, lifecycle.LaunchRequest(job, inventory, environ=os.environ))
     problems = [str(p) for p in dry.problems]
     if output == "json":
         print_json({"valid": not (strict and problems), "job": dry.plan.job_id.removesuffix("-DRYRUN"),

@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
-import sys
-from pathlib import Path
 
 import click
 
@@ -28,44 +25,28 @@ def sbatch_cmd(ctx, job, overlay, submit, dry_run, signal_s, script_path, output
     """Write (--submit: and submit) a batch script that supervises JOB inside a Slurm allocation, with
     --requeue; a requeued run resumes the job from its newest valid checkpoint. Arguments after `--` go to
     sbatch (e.g. -- --time=2:00:00 --partition=gpu)."""
-    from clusterctl import jobs
-    from clusterctl.config.spec import load_job
-    from clusterctl.errors import UserError
-    from clusterctl.slurm import allocation as slurm
-    from clusterctl.slurm import sbatch
+    from clusterctl.usecases import slurm as uslurm
 
-    spec = load_job(job)
-    root = jobs.state_root(ctx.obj.state_dir)
-    script = sbatch.build(job, spec, str(root), overlay, sys.executable, sbatch_args, signal_s)
-    path = Path(script_path or Path(root) / "slurm" / f"{spec.name}.sbatch").resolve()
-    text = script.render()
-    argv = script.sbatch_argv(str(path))
+    got = uslurm.sbatch(ctx.obj.state_dir, job, overlay=overlay, sbatch_args=sbatch_args, signal_s=signal_s,
+                        script_path=script_path, write=not dry_run, submit=submit)
     if dry_run:
         if output == "json":
-            print_json({"script": text, "path": str(path), "sbatch": argv, "gpus_per_node": script.gpus_per_node})
+            print_json({"script": got.script, "path": str(got.path), "sbatch": got.argv,
+                        "gpus_per_node": got.gpus_per_node})
         else:
-            out.print(text, markup=False, end="")
-            err.print("would submit: " + " ".join(argv), markup=False)
+            out.print(got.script, markup=False, end="")
+            err.print("would submit: " + " ".join(got.argv), markup=False)
         return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    (Path(root) / "slurm").mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(0o755)
-    result = {"path": str(path), "sbatch": argv, "slurm_job_id": None}
-    if submit:
-        r = slurm.run_cmd(argv, 60.0)
-        if r.returncode != 0:
-            raise UserError(f"sbatch failed: {r.stderr.strip() or r.stdout.strip()}")
-        result["slurm_job_id"] = r.stdout.strip().split(";")[0]
     if output == "json":
-        print_json(result)
+        print_json({"path": str(got.path), "sbatch": got.argv, "slurm_job_id": got.slurm_job_id})
     else:
-        err.print(f"wrote {path}", markup=False)
+        err.print(f"wrote {got.path}", markup=False)
         if submit:
-            out.print(f"submitted Slurm job {result['slurm_job_id']}", markup=False)
+            out.print(f"submitted Slurm job {got.slurm_job_id}", markup=False)
         else:
-            err.print("submit it: " + " ".join(argv), markup=False)
+            err.print("submit it: " + " ".join(got.argv), markup=False)
     return 0
+
 
 @app.command("sbatch-run", hidden=True)
 @click.argument("job")
@@ -73,34 +54,25 @@ def sbatch_cmd(ctx, job, overlay, submit, dry_run, signal_s, script_path, output
 @click.pass_context
 def sbatch_run_cmd(ctx, job, inventory) -> int:
     """Inside the batch script: launch JOB (first run of this Slurm job) or resume it (a requeued run)."""
-    from clusterctl import jobs
     from clusterctl.checks.report import render_table
-    from clusterctl.errors import UserError
-    from clusterctl.slurm import sbatch
+    from clusterctl.usecases import lifecycle
+    from clusterctl.usecases import slurm as uslurm
 
-    sjid = os.environ.get("SLURM_JOB_ID", "")
-    if not sjid.isdigit():
-        raise UserError("sbatch-run runs inside the script `clusterctl sbatch` writes (SLURM_JOB_ID not set)")
-    where = (f"Slurm job {sjid}, SLURM_RESTART_COUNT={sbatch.restart_count(os.environ)}, batch host "
-             f"{socket.gethostname()}")
-    ws = jobs.open_workspace(ctx.obj.state_dir)
-    run = jobs.slurm_run(ws, job, inventory, sjid, where, restart=sbatch.restart_count(os.environ))
+    got = uslurm.sbatch_run(ctx.obj.state_dir, job, inventory, os.environ, connect_options(ctx, False))
+    ws, run = got.ws, got.run
     if run.action == "succeeded":
         err.print(f"job {run.name} already SUCCEEDED", markup=False)
         return 0
-    if run.action == "resume":      # the hosts that left: srun cannot reach them; their guards' word is recorded
-        outcome = jobs.resume(ws, jobs.ResumeRequest(run.job_id, connect_options(ctx, False), run.leaving,
-                                                     cleaned=run.leaving))
+    if got.resumed is not None:
+        outcome = got.resumed
         err.print(f"job {outcome.job_id}: {outcome.message}", markup=False)
         if outcome.pid is None or outcome.action == "already_supervised":
             return 0
         return _attach(ws, outcome.job_id, outcome.name, "text", from_start=False)
-    request = jobs.LaunchRequest(job, inventory, connect_options(ctx, False), environ=os.environ)
-    launched = jobs.launch(ws, request)
-    if isinstance(launched, jobs.PreflightFailed):
+    launched = got.launched
+    if isinstance(launched, lifecycle.PreflightFailed):
         render_table(launched.report, err)
         err.print("launch stopped: preflight failed", markup=False)
         return 1
-    jobs.slurm_launched(ws, sjid, launched, where)
     err.print(f"job {launched.job_id} launched on {', '.join(launched.nodes)}", markup=False)
     return _attach(ws, launched.job_id, launched.name, "text")

@@ -38,20 +38,19 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
     stands (and, when clusterctl's supervisor of an active job is gone, what the nodes say now)."""
     import time
 
-    from clusterctl import jobs
+    from clusterctl.usecases import views as uviews
+    from clusterctl.usecases.base import open_workspace
     from clusterctl.views import history, status
 
     if watch and not job:
         raise click.UsageError("--watch needs a JOB")
-    ws = jobs.open_workspace(ctx.obj.state_dir)
+    ws = open_workspace(ctx.obj.state_dir)
     if job:
-        job_id = jobs.job_id_of(ws, job)
         options = connect_options(ctx, accept_new)
-
         if watch:
-            return _watch(lambda on_view, every: jobs.watch_status(ws, job_id, options, on_view, interval_s=every),
+            return _watch(lambda on_view, every: uviews.watch_status(ws, job, options, on_view, interval_s=every),
                           output)
-        v = jobs.status(ws, job_id, options)
+        v = uviews.status(ws, job, options)
         if output == "json":
             print_json(v)
         else:
@@ -59,7 +58,7 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
                 out.print(line, markup=False)
         return 0
     now = time.time()
-    listed = jobs.job_list(ws, states=states, since=since, show_all=show_all, now=now,
+    listed = uviews.job_list(ws, states=states, since=since, show_all=show_all, now=now,
                            options=connect_options(ctx, accept_new))
     views, rows = [v for v, _ in listed], [r for _, r in listed]
     if output == "json":
@@ -99,7 +98,7 @@ def status_cmd(ctx, job, show_all, states, since, watch, output, accept_new) -> 
 def _watch(watch, output: str, interval_s: float = 2.0) -> int:
     """`status JOB --watch`: rich Live on a terminal, else one line (json: one object) per change, until the job
     ends; exit 0 when it succeeded, 1 when it failed or was stopped. ``watch(on_view, interval_s)``: the use case
-    (``jobs.watch_status``), which calls ``on_view`` with every view until the job has ended."""
+    (``usecases.views.watch_status``), which calls ``on_view`` with every view until the job has ended."""
     import datetime
 
     from rich.live import Live
@@ -147,11 +146,12 @@ def events_cmd(ctx, job, follow, output) -> int:
     """The job's timeline: every decision the supervisor took."""
     import datetime
 
-    from clusterctl import jobs
+    from clusterctl.usecases import views as uviews
+    from clusterctl.usecases.base import open_workspace
 
-    ws = jobs.open_workspace(ctx.obj.state_dir)
+    ws = open_workspace(ctx.obj.state_dir)
     if output == "json" and not follow:
-        print_json(jobs.events_view(ws, job))
+        print_json(uviews.events_view(ws, job))
         return 0
 
     def show(e) -> None:
@@ -165,7 +165,7 @@ def events_cmd(ctx, job, follow, output) -> int:
         t = datetime.datetime.fromtimestamp(e.time).strftime("%H:%M:%S")
         out.print(f"{t}  attempt {e.attempt or '-'}  {e.kind:<14} {e.message}", markup=False)
 
-    jobs.follow_events(ws, job, show, follow=follow, options=connect_options(ctx),
+    uviews.follow_events(ws, job, show, follow=follow, options=connect_options(ctx),
                        say=lambda line: (err if output == "json" else out).print(line, markup=False))
     return 0
 
@@ -183,10 +183,11 @@ def events_cmd(ctx, job, follow, output) -> int:
 def logs_cmd(ctx, job, node, rank, attempt, tail, follow, accept_new) -> int:
     """Every rank's output, prefixed [node/rank] (the controller's copy, completed from the nodes' own logs for
     any stretch no supervisor followed)."""
-    from clusterctl import jobs
+    from clusterctl.usecases import views as uviews
+    from clusterctl.usecases.base import open_workspace
     from clusterctl.views.logs import for_terminal
 
-    got = jobs.logs(jobs.open_workspace(ctx.obj.state_dir), job, connect_options(ctx, accept_new), node=node,
+    got = uviews.logs(open_workspace(ctx.obj.state_dir), job, connect_options(ctx, accept_new), node=node,
                     rank=rank, attempt=attempt, tail=tail)
     for n, msg in got.missing.items():
         err.print(f"{n}: could not read its own log ({msg}); lines it printed since the last copy may be "
@@ -212,11 +213,12 @@ def top_cmd(ctx, job, once, output) -> int:
     read from what the job's supervisor sees each round (no connection of its own)."""
     import time
 
-    from clusterctl import jobs
+    from clusterctl.usecases import views as uviews
+    from clusterctl.usecases.base import open_workspace
     from clusterctl.views import top as top_mod
 
-    ws = jobs.open_workspace(ctx.obj.state_dir)
-    job = jobs.job_id_of(ws, job)           # an unknown job: exit 2, whatever else is asked
+    ws = open_workspace(ctx.obj.state_dir)
+    job = uviews.job_id_of(ws, job)         # an unknown job: exit 2, whatever else is asked
 
     def render(v) -> list[str]:
         lines = top_mod.text(v["doc"], v["job_id"], now=time.time(), width=out.width)
@@ -227,7 +229,7 @@ def top_cmd(ctx, job, once, output) -> int:
         return lines
 
     if once or output == "json":
-        v = jobs.top(ws, job)
+        v = uviews.top(ws, job)
         if output == "json":
             print_json({"ranks": top_mod.rows(v["doc"])})
         else:
@@ -240,6 +242,6 @@ def top_cmd(ctx, job, once, output) -> int:
     if not out.is_terminal:
         raise click.UsageError("top refreshes on a terminal only: use --once (or --output json) in a pipe")
     with Live(Text(""), console=out, auto_refresh=False) as live:
-        jobs.watch_top(ws, job, lambda v: live.update(Text("\n".join([*render(v), "(every 2s; Ctrl-C to stop)"])),
-                                                      refresh=True))
+        uviews.watch_top(ws, job, lambda v: live.update(Text("\n".join([*render(v), "(every 2s; Ctrl-C to stop)"])),
+                                                        refresh=True))
     return 0

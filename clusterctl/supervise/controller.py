@@ -1,8 +1,8 @@
-"""The mechanics under the job use cases (``jobs.py``): the state dir, the detached supervisor process (spawn,
+"""The mechanics under the job use cases (``usecases/``): the state dir, the detached supervisor process (spawn,
 its body, liveness), following a job's log copy, and the ``ClusterOps`` built from a job record.
 
-``jobs.launch`` records the job and starts ``python -m clusterctl.supervise JOB_ID`` here as a detached process (its own
-session, log and pid file in the state dir), so training never depends on the terminal: an attached ``launch``
+``usecases.lifecycle.launch`` records the job and starts ``python -m clusterctl.supervise JOB_ID`` here as a detached
+process (its own session, log and pid file in the state dir), so training never depends on the terminal: an attached ``launch``
 only follows the job's log copy and state, and Ctrl-C detaches.
 """
 from __future__ import annotations
@@ -182,8 +182,8 @@ LOG_LAG_S = 1.5      # how far the controller's log copy may lag a node (polled 
 def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *, from_start: bool = True,
            poll_s: float = 0.3, stop_when_done: bool = True, tick: Callable[[], None] | None = None) -> JobState:
     """Print the job's log copy and its events as they grow (``from_start=False``: only what comes after this
-    call); return the job's state once it is terminal. ``tick()`` every round, first (``jobs.Watchdog``: when
-    the supervisor is gone, it says so and completes the copy from the nodes)."""
+    call); return the job's state once it is terminal. ``tick()`` every round, first (``usecases.views.Watchdog``:
+    when the supervisor is gone, it says so and completes the copy from the nodes)."""
     path = paths.output_log(root, job_id)
     offset = 0 if from_start else (path.stat().st_size if path.exists() else 0)
     seen = store.events(job_id)

@@ -1,5 +1,5 @@
 """The module-level import graph of clusterctl is acyclic (docs/design.md), and the packages point one way, down
-the job's way: cli -> jobs (use cases) -> views -> supervise -> oncall -> checks/launch -> store/transport ->
+the job's way: cli -> usecases -> views -> supervise -> oncall -> checks/launch -> store/transport ->
 config/model -> errors. config/ and model/ do no I/O: they reach no transport, store, process or network module.
 """
 from __future__ import annotations
@@ -19,12 +19,12 @@ RANKS = {
     "clusterctl.oncall": 4,
     "clusterctl.supervise": 5,
     "clusterctl.views": 6,
-    "clusterctl.jobs": 7, "clusterctl.fabric": 7, "clusterctl.report": 7,
+    "clusterctl.usecases": 7, "clusterctl.fabric": 7,
     "clusterctl.cli": 8, "clusterctl.__main__": 8,
 }
 PURE = ("clusterctl.config", "clusterctl.model")
 IO = ("clusterctl.transport", "clusterctl.store", "clusterctl.slurm", "clusterctl.launch", "clusterctl.supervise", "clusterctl.oncall",
-      "clusterctl.views", "clusterctl.checks", "clusterctl.jobs", "clusterctl.cli", "clusterctl.fabric")
+      "clusterctl.views", "clusterctl.checks", "clusterctl.usecases", "clusterctl.cli", "clusterctl.fabric")
 
 
 def _modules() -> dict[str, Path]:
@@ -145,8 +145,8 @@ def test_layers_point_one_way():
     # watch.py is given its commands and connections: it knows nothing of ClusterOps, the plan or the pool
     watch_deps = _reaches(graph, "clusterctl.supervise.watch")
     assert not {ops, "clusterctl.launch.plan", "clusterctl.transport.pool"} & watch_deps
-    assert "clusterctl.jobs" not in _reaches(graph, "clusterctl.supervise.controller")
-    assert "clusterctl.cli" not in _reaches(graph, "clusterctl.jobs")
+    assert not {m for m in _reaches(graph, "clusterctl.supervise.controller") if _under(m, ("clusterctl.usecases",))}
+    assert not {m for m in _reaches(graph, "clusterctl.usecases") if _under(m, ("clusterctl.cli",))}
     assert not {m for m in _reaches(graph, "clusterctl.launch.plan") if m.startswith("clusterctl.checks")}
     for pure in ("clusterctl.launch.plan", "clusterctl.config.spec", sup, "clusterctl.model.causes",
                  "clusterctl.checks.model", "clusterctl.checks.registry", "clusterctl.config.hostport",
@@ -188,19 +188,40 @@ def test_only_the_ledger_writes_the_lifecycle():
 
 
 def test_the_cli_reaches_the_store_and_the_supervisor_only_through_the_use_cases():
-    """cli/: flags -> a request -> one use case (clusterctl.jobs) -> text and an exit code. No command opens the
-    store, resolves paths, writes the ledger or drives the controller itself (issue 25 step 3); the store's
+    """cli/: flags -> a request -> one use case (``clusterctl.usecases``) -> text and an exit code. No command opens
+    the store, resolves paths, writes the ledger or drives the controller itself (issue 25 step 3); the store's
     types (JobState) may be named."""
     graph = _graph(nested=True)
     banned = ("clusterctl.supervise", "clusterctl.store.paths", "clusterctl.store.ledger")
     found = sorted(f"{m} -> {t}" for m, ts in graph.items() if _under(m, ("clusterctl.cli",)) for t in ts
                    if _under(t, banned))
     assert found == []
-    assert "clusterctl.jobs" in graph["clusterctl.cli.lifecycle"]
     loops = [f"{m}:{n.lineno}" for m, path in _modules().items() if _under(m, ("clusterctl.cli",))
              for n in ast.walk(ast.parse(path.read_text()))
              if isinstance(n, ast.While) and isinstance(n.test, ast.Constant) and n.test.value is True]
     assert loops == []          # following and watching poll in the use cases; cli renders what they hand it
+
+
+def test_the_use_cases_mirror_the_cli():
+    """One use-case module per command group (issue 36): ``cli/<group>.py`` calls ``usecases/<group>.py`` (plus
+    ``usecases.base``, the workspace, and ``usecases.lifecycle``, which ``validate`` and ``sbatch-run`` share), and
+    no command keeps its use case: no cli module connects to a host, runs a check, a remote command or a Slurm
+    command itself (the work of ``preflight``, ``exec``, ``shell``, ``stacks`` and ``sbatch`` was in cli/)."""
+    graph = _graph(nested=True)
+    mods = _modules()
+    groups = sorted(m.rpartition(".")[2] for m in mods if _under(m, ("clusterctl.cli",))
+                    and m.rpartition(".")[2] not in ("cli", "base", "__main__"))
+    assert groups and [g for g in groups if f"clusterctl.usecases.{g}" not in mods] == []
+    for g in groups:
+        used = {t for t in graph[f"clusterctl.cli.{g}"] if _under(t, ("clusterctl.usecases",))}
+        assert f"clusterctl.usecases.{g}" in used, g
+        assert used <= {f"clusterctl.usecases.{g}", "clusterctl.usecases.base", "clusterctl.usecases.lifecycle"}, g
+    work = ("clusterctl.transport", "clusterctl.checks.preflight", "clusterctl.oncall.jobnodes",
+            "clusterctl.oncall.shell", "clusterctl.slurm.sbatch", "clusterctl.slurm.allocation")
+    allowed = {"clusterctl.cli.base": {"clusterctl.transport", "clusterctl.slurm.allocation"}}  # ConnectOptions, -i
+    found = sorted(f"{m} -> {t}" for m, ts in graph.items() if _under(m, ("clusterctl.cli",)) for t in ts
+                   if _under(t, work) and not _under(t, tuple(allowed.get(m, ()))))
+    assert found == []
 
 
 def test_only_the_runtimes_compare_a_runtimes_name():

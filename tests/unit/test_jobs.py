@@ -1,4 +1,4 @@
-"""The job use cases (clusterctl/jobs.py) over a temporary store, fake transports and a fake spawn: what is
+"""The job use cases (clusterctl/usecases/: lifecycle, views, context) over a temporary store, fake transports and a fake spawn: what is
 checked before anything starts, what is recorded, what is started, and what each outcome says."""
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from clusterctl import jobs  # noqa: E402
 from clusterctl.errors import ClusterctlError, ConnectError, HostKeyError, InputError, UserError  # noqa: E402
 from clusterctl.model import record
 from clusterctl.store.state import JobActive, JobState, Store  # noqa: E402
 from clusterctl.transport import ConnectOptions  # noqa: E402
+from clusterctl.usecases import base, context, lifecycle
+from clusterctl.usecases import views as uviews
 from tests.fakes.checks import FakeHost, FakeTransport, sections_for  # noqa: E402
 
 INVENTORY = """\
@@ -65,16 +66,16 @@ def env(tmp_path):
     (tmp_path / "inventory.yaml").write_text(INVENTORY)
     (tmp_path / "job.yaml").write_text(JOB)
     (tmp_path / "train.py").write_text("print('hi')\n")
-    ws = jobs.Workspace(tmp_path, Store(tmp_path / "state.db"))
+    ws = base.Workspace(tmp_path, Store(tmp_path / "state.db"))
     return ws, World(), Spawn()
 
 
 def request(ws, **kw):
-    return jobs.LaunchRequest(str(ws.root / "job.yaml"), str(ws.root / "inventory.yaml"), **kw)
+    return lifecycle.LaunchRequest(str(ws.root / "job.yaml"), str(ws.root / "inventory.yaml"), **kw)
 
 
 def launch(ws, world, spawn, **kw):
-    return jobs.launch(ws, request(ws, **kw), connect=world.connect, spawn=spawn)
+    return lifecycle.launch(ws, request(ws, **kw), connect=world.connect, spawn=spawn)
 
 
 def test_an_allocation_makes_every_host_the_jobs_and_those_beyond_max_spares(env, monkeypatch):
@@ -86,10 +87,10 @@ def test_an_allocation_makes_every_host_the_jobs_and_those_beyond_max_spares(env
 
     ws, _, _ = env
     job, inv = str(ws.root / "job.yaml"), str(ws.root / "inventory.yaml")
-    assert [h.name for h in jobs.load_context(job, inv).hosts] == ["n1", "n2"]
+    assert [h.name for h in context.load_context(job, inv).hosts] == ["n1", "n2"]
     real = inventory.load
     monkeypatch.setattr(inventory, "load", lambda path, **kw: dataclasses.replace(real(path, **kw), allocation=True))
-    ctx = jobs.load_context(job, inv)
+    ctx = context.load_context(job, inv)
     assert [h.name for h in ctx.hosts] == ["n1", "n2", "n3"] and ctx.spec.max_nodes == 2
 
 
@@ -97,9 +98,9 @@ def test_an_allocation_makes_every_host_the_jobs_and_those_beyond_max_spares(env
 def test_launch_checks_records_and_spawns_once(env):
     ws, world, spawn = env
     progress = []
-    out = jobs.launch(ws, request(ws), connect=world.connect, spawn=spawn,
+    out = lifecycle.launch(ws, request(ws), connect=world.connect, spawn=spawn,
                       on_progress=lambda *a: progress.append(a))
-    assert isinstance(out, jobs.Launched), getattr(out, "report", None) and out.report.failures()
+    assert isinstance(out, lifecycle.Launched), getattr(out, "report", None) and out.report.failures()
     assert (out.name, out.supervisor_pid, out.nodes, out.spares, out.excluded) == ("j", 4242, ("n1", "n2"), (), ())
     assert spawn.calls == [(out.job_id, False, False)]
     assert sorted(world.connects) == ["n1", "n2"]            # the quick preflight: one connection per host
@@ -122,10 +123,10 @@ def test_launch_and_dry_run_read_the_job_file_once_and_check_key_files_once(env,
     real_read, real_check = yamlfile.load_yaml_with_lines, ssh.check_key_files
     monkeypatch.setattr(yamlfile, "load_yaml_with_lines", lambda path: reads.append(path) or real_read(path))
     monkeypatch.setattr(ssh, "check_key_files", lambda hosts: checks.append(len(hosts)) or real_check(hosts))
-    assert isinstance(launch(ws, world, spawn), jobs.Launched)
+    assert isinstance(launch(ws, world, spawn), lifecycle.Launched)
     assert reads == [str(ws.root / "job.yaml")] and checks == [2]
     reads.clear()
-    jobs.dry_run(ws, request(ws, overrides={"name": "k"}))
+    lifecycle.dry_run(ws, request(ws, overrides={"name": "k"}))
     assert reads == [str(ws.root / "job.yaml")]
 
 
@@ -135,7 +136,7 @@ def test_launch_records_how_each_gpu_hosts_containers_get_gpus(env):
     for i in (1, 2, 3):
         world.fakes[f"n{i}"] = FakeHost(sections_for(f"10.77.0.1{i}", f"n{i}", runtime="podman", gpus=8))
     out = launch(ws, world, spawn)
-    assert isinstance(out, jobs.Launched), getattr(out, "report", None) and out.report.failures()
+    assert isinstance(out, lifecycle.Launched), getattr(out, "report", None) and out.report.failures()
     rec = record.from_job(ws.store.get_job(out.job_id))
     assert rec.gpu_flags == {"n1": "cdi", "n2": "cdi"}      # preflight's nvidia_toolkit choice, for the plan
 
@@ -144,7 +145,7 @@ def test_a_failed_preflight_records_and_starts_nothing(env):
     ws, world, spawn = env
     world.fakes["n2"].sections["ss"] = ("LISTEN 0 128 0.0.0.0:29400 0.0.0.0:*", 0)   # the rendezvous port is taken
     out = launch(ws, world, spawn)
-    assert isinstance(out, jobs.PreflightFailed)
+    assert isinstance(out, lifecycle.PreflightFailed)
     assert [(where, c.id) for where, c in out.report.failures()] == [("n2", "ports")]
     assert ws.store.list_jobs() == [] and spawn.calls == []
 
@@ -157,7 +158,7 @@ def test_an_active_job_of_that_name_stops_the_launch_before_any_connection(env):
         launch(ws, world, spawn)
     assert world.connects == [] and len(spawn.calls) == 1
     ws.store.set_state(first.job_id, JobState.STOPPED, "stopped by user")
-    assert isinstance(launch(ws, world, spawn), jobs.Launched)   # a finished one does not
+    assert isinstance(launch(ws, world, spawn), lifecycle.Launched)   # a finished one does not
 
 
 def test_a_missing_secret_is_an_input_error_before_any_connection(env):
@@ -167,7 +168,7 @@ def test_a_missing_secret_is_an_input_error_before_any_connection(env):
         launch(ws, world, spawn)
     assert e.value.exit_code == 2 and e.value.line == 5
     assert world.connects == [] and ws.store.list_jobs() == []
-    assert isinstance(launch(ws, world, spawn, environ={"WANDB_API_KEY": "s3cret"}), jobs.Launched)
+    assert isinstance(launch(ws, world, spawn, environ={"WANDB_API_KEY": "s3cret"}), lifecycle.Launched)
 
 
 def test_skip_preflight_still_refuses_an_unknown_host_key_but_not_an_unreachable_host(env):
@@ -179,7 +180,7 @@ def test_skip_preflight_still_refuses_an_unknown_host_key_but_not_an_unreachable
     world.fakes["n2"].connect_error = ConnectError("n2", "connection refused")   # may come back: the supervisor waits
     world.options.clear()
     out = launch(ws, world, spawn, skip_preflight=True, options=ConnectOptions(accept_new_host_keys=True))
-    assert isinstance(out, jobs.Launched) and record.from_job(ws.store.get_job(out.job_id)).interfaces == {}
+    assert isinstance(out, lifecycle.Launched) and record.from_job(ws.store.get_job(out.job_id)).interfaces == {}
     assert spawn.calls == [(out.job_id, True, False)]
     assert world.options and all(o.accept_new_host_keys for o in world.options)
 
@@ -200,7 +201,7 @@ def test_cordoned_hosts_are_left_out_and_too_few_is_a_user_error(env):
 def test_dry_run_connects_to_nothing_and_needs_no_secret(env):
     ws, world, spawn = env
     (ws.root / "job.yaml").write_text(JOB + "secret_env: [WANDB_API_KEY]\n")
-    dry = jobs.dry_run(ws, request(ws))
+    dry = lifecycle.dry_run(ws, request(ws))
     plan = dry.plan
     assert plan.job_id == "j-DRYRUN" and [n.host for n in plan.nodes] == ["n1", "n2"]
     assert world.connects == [] and ws.store.list_jobs() == []
@@ -211,7 +212,7 @@ def test_dry_run_connects_to_nothing_and_needs_no_secret(env):
 def test_stop_of_a_job_that_never_started_marks_it_stopped(env):
     ws, world, spawn = env
     out = launch(ws, world, spawn)
-    stopped = jobs.stop(ws, "j", ConnectOptions(), grace_s=0, connect=world.connect)
+    stopped = lifecycle.stop(ws, "j", ConnectOptions(), grace_s=0, connect=world.connect)
     assert (stopped.job_id, stopped.state, dict(stopped.errors)) == (out.job_id, JobState.STOPPED, {})
     assert [e.kind for e in ws.store.events(out.job_id)][-1] == "stop"
 
@@ -221,7 +222,7 @@ def test_status_of_a_finished_job_asks_no_node(env):
     out = launch(ws, world, spawn)
     ws.store.set_state(out.job_id, JobState.STOPPED, "stopped by user")
     world.connects.clear()
-    view = jobs.status(ws, "j", ConnectOptions(), connect=world.connect)
+    view = uviews.status(ws, "j", ConnectOptions(), connect=world.connect)
     assert (view["job_id"], view["state"], view["reason"]) == (out.job_id, "STOPPED", "stopped by user")
     assert view["restarts"]["max_failures"] == 3 and world.connects == []
 
@@ -239,7 +240,7 @@ def test_watch_status_shows_each_view_until_the_job_ends(env):
         if len(naps) == 2:
             ws.store.set_state(out.job_id, JobState.FAILED, "boom")
 
-    last = jobs.watch_status(ws, "j", ConnectOptions(), lambda v: seen.append(v["state"]), interval_s=0.5,
+    last = uviews.watch_status(ws, "j", ConnectOptions(), lambda v: seen.append(v["state"]), interval_s=0.5,
                              sleep=sleep)
     assert seen == ["RUNNING", "RUNNING", "FAILED"] and naps == [0.5, 0.5] and last["reason"] == "boom"
 
@@ -250,7 +251,7 @@ def test_resume_of_a_succeeded_job_relaunches_nothing(env):
     out = launch(ws, world, spawn)
     for s in (JobState.STARTING, JobState.RUNNING, JobState.SUCCEEDED):
         ws.store.set_state(out.job_id, s)
-    r = jobs.resume(ws, jobs.ResumeRequest("j"), connect=world.connect, spawn=spawn)
+    r = lifecycle.resume(ws, lifecycle.ResumeRequest("j"), connect=world.connect, spawn=spawn)
     assert (r.action, r.job_id, r.name, r.pid) == ("succeeded", out.job_id, "j", None)
     assert len(spawn.calls) == 1
 
@@ -260,10 +261,10 @@ def test_resume_refuses_an_unknown_exclude_and_too_few_uncordoned_hosts(env):
     out = launch(ws, world, spawn)
     ws.store.set_state(out.job_id, JobState.STOPPED)
     with pytest.raises(UserError, match="--exclude: n9 not among the job's hosts n1, n2"):
-        jobs.resume(ws, jobs.ResumeRequest("j", exclude=("n9",)), connect=world.connect, spawn=spawn)
+        lifecycle.resume(ws, lifecycle.ResumeRequest("j", exclude=("n9",)), connect=world.connect, spawn=spawn)
     ws.store.cordon("n2", "flaky NIC")
     with pytest.raises(UserError, match=r"cordoned host\(s\) n2 \(flaky NIC\)"):
-        jobs.resume(ws, jobs.ResumeRequest("j"), connect=world.connect, spawn=spawn)
+        lifecycle.resume(ws, lifecycle.ResumeRequest("j"), connect=world.connect, spawn=spawn)
     assert len(spawn.calls) == 1
 
 
@@ -272,7 +273,7 @@ def test_resume_of_a_stopped_job_relaunches_from_the_start(env):
     out = launch(ws, world, spawn)
     ws.store.set_state(out.job_id, JobState.STOPPED, "stopped by user")
     waits = []
-    r = jobs.resume(ws, jobs.ResumeRequest("j", checkpoint="/ckpt/step-10"), connect=world.connect, spawn=spawn,
+    r = lifecycle.resume(ws, lifecycle.ResumeRequest("j", checkpoint="/ckpt/step-10"), connect=world.connect, spawn=spawn,
                     wait=waits.append)
     assert r.action == "relaunched" and r.pid == 4242 and waits == []
     assert "from checkpoint /ckpt/step-10" in r.message
@@ -309,13 +310,13 @@ def test_a_supervisor_elsewhere_with_a_fresh_heartbeat_is_never_reconciled_or_re
     _supervised_on(ws, out.job_id, host)
     monkeypatch.setattr(controller, "reconcile_job", lambda *a, **k: pytest.fail("reconciled a supervised job"))
     world.connects.clear()
-    view = jobs.status(ws, "j", ConnectOptions(), connect=world.connect)
+    view = uviews.status(ws, "j", ConnectOptions(), connect=world.connect)
     assert view["supervised"] is True and view["state"] == "RUNNING" and world.connects == []
     assert view["supervisor"] == {"pid": 4242, "alive": True, "last_seen": view["supervisor"]["last_seen"],
                                   "host": host[0], "elsewhere": True}
     assert f"supervisor pid 4242 on {host[0]} (supervised elsewhere" in "\n".join(status_mod.text(view))
     with pytest.raises(UserError, match=f"supervised elsewhere: supervisor pid 4242 on {host[0]}") as e:
-        jobs.resume(ws, jobs.ResumeRequest("j"), connect=world.connect, spawn=spawn)
+        lifecycle.resume(ws, lifecycle.ResumeRequest("j"), connect=world.connect, spawn=spawn)
     assert e.value.exit_code == 2 and world.connects == [] and len(spawn.calls) == 1
     assert ws.store.get_job(out.job_id).state == JobState.RUNNING
     # its heartbeat gone stale: the supervisor is gone, wherever it ran: status reconciles again
@@ -347,7 +348,7 @@ def test_resume_refuses_a_checkpoint_the_nodes_do_not_have_and_excluding_every_h
         return t
 
     def resume(**kw):
-        return jobs.resume(ws, jobs.ResumeRequest("j", **kw), connect=connect, spawn=spawn, wait=lambda s: None)
+        return lifecycle.resume(ws, lifecycle.ResumeRequest("j", **kw), connect=connect, spawn=spawn, wait=lambda s: None)
 
     events = len(ws.store.events(out.job_id))
     with pytest.raises(UserError, match=r"--checkpoint ckpt/step-10: not an absolute path") as e:

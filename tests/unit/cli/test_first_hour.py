@@ -353,7 +353,7 @@ def test_the_rendezvous_exposure_warning_says_how_to_acknowledge_it_and_then_goe
     """Item 12: every single-node local launch warned "runs code sent by anyone" with no way to act on it."""
     from clusterctl.checks.results import ClusterCheck, PreflightReport
     from clusterctl.config.spec import loads_job
-    from clusterctl.jobs import launch_warnings
+    from clusterctl.usecases.lifecycle import launch_warnings
 
     report = PreflightReport.build([], [ClusterCheck("rendezvous_exposure", "warn", "localhost:29400 will listen on "
                                                      "all interfaces, including 192.0.2.2 (eth0)", "firewall TCP "

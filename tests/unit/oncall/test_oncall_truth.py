@@ -482,7 +482,8 @@ def test_followers_say_unsupervised_at_once_and_go_on_from_the_nodes(tmp_path, m
     """Issue 39 item 2: after the supervisor died, `events -f` and `logs -f` print the UNSUPERVISED line `status`
     prints (within a round, not never), `logs -f` goes on with what the nodes print (their own logs), and both
     end once a look at the nodes ends the job (none hangs silently)."""
-    from clusterctl import jobs
+    from clusterctl.usecases import base
+    from clusterctl.usecases import views as uviews
     from clusterctl.store import paths
 
     root = paths.ensure_state_dir(tmp_path / "state")
@@ -493,7 +494,7 @@ def test_followers_say_unsupervised_at_once_and_go_on_from_the_nodes(tmp_path, m
     Ledger(store).attempt_started(job_id, 1, "n1", ["n1", "n2"], None, "attempt 1")
     store.set_state(job_id, JobState.RUNNING)
     store.claim_supervisor(job_id, 999_999_999)          # SIGKILLed: its pid is gone
-    ws = jobs.Workspace(root, store)
+    ws = base.Workspace(root, store)
     log = paths.ensure_job_dir(root, job_id) / "output.log"
     log.write_text("[n1/-] === attempt 1 ===\n[n1/0] step 1\n")
     looks = []
@@ -511,9 +512,9 @@ def test_followers_say_unsupervised_at_once_and_go_on_from_the_nodes(tmp_path, m
 
     monkeypatch.setattr(controller, "fill_logs", fill_logs)
     monkeypatch.setattr(controller, "reconcile_job", reconcile_job)
-    monkeypatch.setattr(jobs.Watchdog, "__init__", _quick(jobs.Watchdog.__init__))    # every_s: 0.05 s
+    monkeypatch.setattr(uviews.Watchdog, "__init__", _quick(uviews.Watchdog.__init__))    # every_s: 0.05 s
     said: list[str] = []
-    got = jobs.logs(ws, job_id, ConnectOptions())
+    got = uviews.logs(ws, job_id, ConnectOptions())
     t = time.monotonic()
     got.follow(said.append)
     assert time.monotonic() - t < 10
@@ -527,7 +528,7 @@ def test_followers_say_unsupervised_at_once_and_go_on_from_the_nodes(tmp_path, m
     store.claim_supervisor(job2, 999_999_998)
     looks.clear()
     shown, lines = [], []
-    jobs.follow_events(ws, job2, shown.append, follow=True, poll_s=0.01, say=lines.append)
+    uviews.follow_events(ws, job2, shown.append, follow=True, poll_s=0.01, say=lines.append)
     assert len(lines) == 1 and lines[0].startswith("UNSUPERVISED: job " + job2) and len(looks) == 3
     assert [e.kind for e in shown][-1] in ("start", "reconciled", "end") and store.get_job(job2).terminal
 
@@ -571,7 +572,8 @@ def test_status_of_an_unsupervised_job_states_fresh_facts(tmp_path):
 def test_the_job_list_reconciles_unsupervised_jobs(tmp_path, monkeypatch):
     """Issue 39 item 4: `status` without JOB says what the nodes say of an unsupervised job (it exited 0: it
     is SUCCEEDED in the list, not RUNNING), and a job whose nodes cannot be asked is listed as recorded."""
-    from clusterctl import jobs
+    from clusterctl.usecases import base
+    from clusterctl.usecases import views as uviews
     from clusterctl.store import paths
 
     root = paths.ensure_state_dir(tmp_path / "state")
@@ -590,15 +592,16 @@ def test_the_job_list_reconciles_unsupervised_jobs(tmp_path, monkeypatch):
         Ledger(store_).attempt_ended(job_id, 1, "succeeded", to=JobState.SUCCEEDED, reason="exit 0 everywhere")
 
     monkeypatch.setattr(controller, "reconcile_job", reconcile_job)
-    ws = jobs.Workspace(root, store)
-    listed = {v["name"]: v["state"] for v, _ in jobs.job_list(ws, options=ConnectOptions())}
+    ws = base.Workspace(root, store)
+    listed = {v["name"]: v["state"] for v, _ in uviews.job_list(ws, options=ConnectOptions())}
     assert listed == {"done": "SUCCEEDED", "odd": "RUNNING"}
 
 
 def test_logs_of_a_stopped_job_say_what_the_signal_traceback_is(tmp_path, monkeypatch):
     """Issue 39 item 4: after a `stop`, torchrun's SignalException traceback ends the log; `logs` says it was the
     stop, not a crash (and says nothing of the kind for a job that was not stopped)."""
-    from clusterctl import jobs
+    from clusterctl.usecases import base
+    from clusterctl.usecases import views as uviews
     from clusterctl.store import paths
 
     root = paths.ensure_state_dir(tmp_path / "state")
@@ -610,11 +613,11 @@ def test_logs_of_a_stopped_job_say_what_the_signal_traceback_is(tmp_path, monkey
     log = paths.ensure_job_dir(root, job_id) / "output.log"
     log.write_text("[n1/-] === attempt 1 ===\n[n1/0] step 5\n[n1/-] Traceback (most recent call last):\n"
                    "[n1/-] torch.distributed.elastic.multiprocessing.api.SignalException: Process 41 got signal: 15\n")
-    ws = jobs.Workspace(root, store)
+    ws = base.Workspace(root, store)
     monkeypatch.setattr(controller, "fill_logs", lambda *a, **k: {})     # the nodes have nothing more
-    assert jobs.logs(ws, job_id, ConnectOptions()).lines[-1].startswith("[n1/-] torch.distributed")
+    assert uviews.logs(ws, job_id, ConnectOptions()).lines[-1].startswith("[n1/-] torch.distributed")
     Ledger(store).stop_requested(job_id)
-    got = jobs.logs(ws, job_id, ConnectOptions())
+    got = uviews.logs(ws, job_id, ConnectOptions())
     assert got.lines[-1].startswith(f"clusterctl: job {job_id} was stopped by `clusterctl stop` at ")
     assert "SignalException traceback above is how it reports that, not a failure" in got.lines[-1]
-    assert len(jobs.logs(ws, job_id, ConnectOptions(), tail=2).lines) == 2
+    assert len(uviews.logs(ws, job_id, ConnectOptions(), tail=2).lines) == 2

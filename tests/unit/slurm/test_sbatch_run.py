@@ -12,7 +12,6 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from clusterctl import jobs
 from clusterctl.cli import app
 from clusterctl.config.inventory import Host
 from clusterctl.config.spec import load_job
@@ -22,6 +21,8 @@ from clusterctl.slurm import guard, sbatch
 from clusterctl.store import paths
 from clusterctl.store.ledger import Ledger
 from clusterctl.store.state import JobState, Store
+from clusterctl.usecases import base
+from clusterctl.usecases import slurm as uslurm
 
 JOB = "name: demo\nnodes: 2\nnproc_per_node: {nproc}\nscript: train.py\n"
 INVENTORY = """all:
@@ -35,7 +36,7 @@ INVENTORY = """all:
 @pytest.fixture
 def ws(tmp_path):
     root = paths.ensure_state_dir(tmp_path / "state")
-    return jobs.Workspace(root, Store(paths.db_path(root)))
+    return base.Workspace(root, Store(paths.db_path(root)))
 
 
 def files(tmp_path, nproc="1"):
@@ -58,20 +59,20 @@ def test_first_run_marks_the_slurm_job_before_it_launches_and_a_requeue_in_betwe
     job, inv = files(tmp_path)
     old = record_job(ws, job)                        # an earlier job of that name (another Slurm job's, ended)
     Ledger(ws.store).state_changed(old, JobState.FAILED, "earlier")
-    first = jobs.slurm_run(ws, job, inv, "77", "run 0")
+    first = uslurm.slurm_run(ws, job, inv, "77", "run 0")
     assert first.action == "launch"
     marker = sbatch.marker(ws.root, "77")
     assert marker.read_text().startswith("launching demo ")             # written before anything was launched
     assert [p.name for p in marker.parent.iterdir()] == ["77"]           # atomically: no temporary file left
 
-    again = jobs.slurm_run(ws, job, inv, "77", "run 1")                  # requeued before it recorded a job
+    again = uslurm.slurm_run(ws, job, inv, "77", "run 1")                  # requeued before it recorded a job
     assert again.action == "launch"                                      # the earlier job is not taken for it
 
     launched = record_job(ws, job)                                       # run 1 recorded its job, then died
-    requeued = jobs.slurm_run(ws, job, inv, "77", "run 2")
+    requeued = uslurm.slurm_run(ws, job, inv, "77", "run 2")
     assert (requeued.action, requeued.job_id) == ("resume", launched)    # never a second job
     assert marker.read_text() == launched + "\n"
-    assert jobs.slurm_run(ws, job, inv, "77", "run 3").job_id == launched
+    assert uslurm.slurm_run(ws, job, inv, "77", "run 3").job_id == launched
 
 
 def test_marker_is_replaced_atomically_and_a_foreign_file_is_an_input_error(tmp_path):
@@ -168,7 +169,7 @@ def test_a_requeued_run_drops_the_hosts_that_left_with_what_their_guards_said(ws
     sbatch.write_marker(sbatch.marker(ws.root, "9"), job_id)
     guard.write_plan(ws.root, "9", job_id, {})
     guard.clean(ws.root, "9", "n3", 0)                   # n3's guard cleaned it when run 0 ended; n4's never spoke
-    run = jobs.slurm_run(ws, job, inv, "9", "run 1", restart=1)
+    run = uslurm.slurm_run(ws, job, inv, "9", "run 1", restart=1)
     assert (run.action, run.job_id, run.leaving) == ("resume", job_id, ("n3", "n4"))   # resume --exclude, not asked
     assert list(Ledger(ws.store).record(ws.store.get_job(job_id)).host_names) == ["n1", "n2", "n3", "n4"]
     events = [(e.kind, e.node) for e in ws.store.events(job_id)]

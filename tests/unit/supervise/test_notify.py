@@ -207,7 +207,7 @@ def test_plain_http_webhook_needs_allow_http():
 
 
 def test_launch_refuses_a_plain_http_webhook_env(tmp_path):
-    from clusterctl.jobs import check_environment
+    from clusterctl.usecases.context import check_environment
 
     f = tmp_path / "job.yaml"
     f.write_text("name: demo\nscript: train.py\nnotify:\n  - {webhook_env: HOOK}\n")

@@ -1,7 +1,6 @@
 """The use case of ``clusterctl report JOB`` (issue 38): the job's goodput report, from the state database (its
 events and attempts) and the job dir (``steps.jsonl``); for a job the database no longer knows (``forget``), from
-its kept dir alone (``events.jsonl``, ``steps.jsonl``, ``goodput.json``: see ``supervise.jobdir``). A use case as
-those of ``jobs.py`` (a request in, a value out), in a module of its own."""
+its kept dir alone (``events.jsonl``, ``steps.jsonl``, ``goodput.json``: see ``supervise.jobdir``)."""
 from __future__ import annotations
 
 import json
