@@ -2,8 +2,8 @@
 its body, liveness), following a job's log copy, and the ``ClusterOps`` built from a job record.
 
 ``usecases.lifecycle.launch`` records the job and starts ``python -m clusterctl.supervise JOB_ID`` here as a detached
-process (its own session, log and pid file in the state dir), so training never depends on the terminal: an attached ``launch``
-only follows the job's log copy and state, and Ctrl-C detaches.
+process (its own session, log and pid file in the state dir), so training never depends on the terminal: an attached
+``launch`` only follows the job's log copy and state, and Ctrl-C detaches.
 """
 from __future__ import annotations
 
