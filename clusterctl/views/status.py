@@ -16,7 +16,7 @@ from clusterctl.views.logs import for_terminal
 
 # the verdicts that are failures (not continue, success or stop), in the enum's order
 FAILURE_KLASSES = tuple(v.value for v in Verdict if v not in (Verdict.CONTINUE, Verdict.SUCCESS, Verdict.STOPPED))
-FAILURE_EVENTS = ("verdict", "start_failed", "reconciled")
+FAILURE_EVENTS = (events_mod.EventKind.VERDICT, events_mod.EventKind.START_FAILED, events_mod.EventKind.RECONCILED)
 ENDED = frozenset(s.value for s in TERMINAL_STATES)     # a view's state once the job is over
 
 
