@@ -29,11 +29,14 @@ MAX_DUMP_BYTES = 64 << 20       # of one node's tar (a 2,000-entry flight record
 # $1 the view dir (a leading ~/ is the node's $HOME)  $2 a fresh name for the dump's dir  $3 tenths of a second to
 # wait: write the trigger (whole: a temp file, then mv), wait until every rank with a view file has written its
 # stack and its flight record (or why not: fr-R.error), then print a base64 tar of what is there. Exit 3: no view
-# dir; 4: nothing came. Each rank missing is named on stderr.
+# dir; 4: nothing came. Each rank missing is named on stderr. The job's processes can write in the view dir (a
+# container's are mounted there) and this runs as the node's user: the temp file is made new (noclobber: never
+# through a symlink planted there), the dump's dir is not entered through a symlink, and tar keeps symlinks as
+# links (``unpack`` takes regular files only).
 DUMP = r'''v=$1 name=$2 tenths=$3
 case $v in "~/"*) v=$HOME/${v#"~/"};; esac
 [ -d "$v" ] || { echo "no rank view in $v" >&2; exit 3; }
-printf '%s\n' "$name" >"$v/.dump.tmp" && mv -f -- "$v/.dump.tmp" "$v/dump" || exit 1
+rm -f -- "$v/.dump.tmp"; (set -C; printf '%s\n' "$name" >"$v/.dump.tmp") && mv -f -- "$v/.dump.tmp" "$v/dump" || exit 1
 d=$v/$name; i=0
 while :; do
   missing=
@@ -46,7 +49,7 @@ while :; do
   [ "$i" -ge "$tenths" ] && { echo "no dump from rank(s)$missing within $((tenths / 10))s" >&2; break; }
   sleep 0.1; i=$((i + 1))
 done
-cd -- "$d" 2>/dev/null || exit 4
+[ ! -L "$d" ] && cd -- "$d" 2>/dev/null || exit 4
 set --
 for f in fr-* stack-*; do [ -f "$f" ] && set -- "$@" "$f"; done
 [ "$#" -gt 0 ] || exit 4

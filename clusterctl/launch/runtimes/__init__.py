@@ -407,7 +407,8 @@ NEWEST_STEP = ('newest() { n=; [ -n "$1" ] || return; for m in "$1"/step-*/MANIF
 # that got its pid again is not it (pid_max is 32768 on many hosts); a "1" for it made the supervisor trust the node
 # as running and never probe it again (issue 34 item 13).
 # Each line then carries the rank view: the one line of every ``rank-*`` file in the view dir (clusterctl/rankview.py),
-# each after a TAB (a missing or empty file is left out): ``1 12<TAB>{...rank 0...}<TAB>{...rank 1...}``. Only
+# each after a TAB (a missing or empty file is left out, and a symlink: the job's processes can write in the view dir,
+# the watch reads as the node's user): ``1 12<TAB>{...rank 0...}<TAB>{...rank 1...}``. Only
 # "ALIVE [STEP]" decides whether a line is due (the ranks rewrite their files every second). printf, not echo: the
 # JSON's backslashes are printed as they are.
 WATCH = (PID_ALIVE + '; ' + PID_STARTED + '; ' + NEWEST_STEP + '; c=$1 w=$2; shift 2; '
@@ -416,7 +417,7 @@ WATCH = (PID_ALIVE + '; ' + PID_STARTED + '; ' + NEWEST_STEP + '; c=$1 w=$2; shi
          'newest "$c"; if alive "$p" && started "$p" && [ "$v" = "$t" ]; then s="1 $n"; else s="0 $n"; fi; '
          'i=$((i + 1)); '
          'if [ "$s" != "$l" ] || [ "$i" -ge 2 ]; then o=$s; '
-         'if [ -n "$w" ]; then for f in "$w"/rank-*; do r=; { read -r r <"$f"; } 2>/dev/null; '
+         'if [ -n "$w" ]; then for f in "$w"/rank-*; do r=; [ -L "$f" ] || { read -r r <"$f"; } 2>/dev/null; '
          '[ -n "$r" ] && o="$o	$r"; done; fi; '
          'printf "%s\n" "$o"; l=$s; i=0; fi; sleep 0.5; done')
 
