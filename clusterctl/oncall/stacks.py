@@ -162,6 +162,19 @@ def parse_dump(text: str) -> list[Thread]:
     return threads
 
 
+LAUNCHER = "/clusterctl/rankview.py"     # every rank runs through it (its lib dir differs per node and attempt)
+
+
+def own_frames(frames: Sequence[Frame]) -> tuple[Frame, ...]:
+    """A rank's frames (innermost first) without the launcher's outermost ones: from the first frame of
+    clusterctl.rankview outwards (with the runpy frames that ran it) they are the same for every rank, but for
+    their path, so ranks in the same place would not group together."""
+    for i, f in enumerate(frames):
+        if f.file.endswith(LAUNCHER):
+            return tuple(frames[:i])
+    return tuple(frames)
+
+
 def main_thread(threads: Sequence[Thread]) -> Thread | None:
     """The thread named MainThread, else the first one py-spy lists."""
     return next((t for t in threads if t.name == "MainThread"), threads[0] if threads else None)
@@ -184,7 +197,7 @@ def parse_node(node: str, output: str) -> list[RankStack]:
             error = None
             if rc != 0 or main is None:
                 error = _error_text(text) or f"py-spy exited with code {rc}"
-            out.append(RankStack(node, rank, pid, main.frames if main else (), error, tuple(threads)))
+            out.append(RankStack(node, rank, pid, own_frames(main.frames) if main else (), error, tuple(threads)))
             pid = rank = None
         elif pid is not None:
             body.append(line)

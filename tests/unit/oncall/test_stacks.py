@@ -57,6 +57,22 @@ def test_parse_node_and_errors():
     assert set(got[0].to_dict()) == {"node", "rank", "pid", "frames"}
 
 
+def test_the_launchers_frames_are_left_out_so_ranks_of_different_nodes_group():
+    """Every rank runs through clusterctl.rankview, whose file lies in a lib dir of its node and attempt (bare):
+    its frames and the runpy ones below them are not the rank's (issue 37; before, ranks 0-1 on one node and 2
+    on another were two groups)."""
+    def dump(node):
+        lib = f"/home/u/.clusterctl/nodes/{node}/jobs/j/1/lib/clusterctl/rankview.py"
+        return ('Thread 0x7F12 (idle): "MainThread"\n    all_reduce (/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:3252)\n'
+                '    main (/job/hang.py:29)\n    <module> (/job/hang.py:34)\n'
+                f'    run_file ({lib}:94)\n    main ({lib}:102)\n    <module> ({lib}:520)\n'
+                '    _run_code (<frozen runpy>:88)\n    _run_module_as_main (<frozen runpy>:198)\n')
+    got = stacks.parse_node("node3", _node_output((10, 0, dump("node3"), 0))) + \
+        stacks.parse_node("node4", _node_output((11, 1, dump("node4"), 0)))
+    assert [f.function for f in got[0].frames] == ["all_reduce", "main", "<module>"]
+    assert stacks.summary(got) == ["ranks 0-1: all_reduce \u2190 main hang.py:29"]
+
+
 def _rs(rank, frames, node="n1", error=None):
     return RankStack(node, rank, 100 + rank, tuple(frames), error)
 
