@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
 class Progress:
     """Optimizer steps of this process: a global step post hook counts them (``torch.optim``'s
     ``register_optimizer_step_post_hook``), installed in the thread that imports ``torch.optim.optimizer`` (so never
-    while a step iterates the hooks), or at once when it is imported already (a warm rank: the zygote preloads it)."""
+    while a step iterates the hooks: never from the monitor's thread), or at once when it is imported already (a
+    warm rank: the zygote preloads it)."""
 
     def __init__(self, clock=time.monotonic):
         self.clock = clock
@@ -123,9 +124,8 @@ class Progress:
         register = getattr(mod, "register_optimizer_step_post_hook", None)
         if self.hooked or register is None:
             return self.hooked
-        register(self.on_step)
-        self.steps = self.steps or 0
-        self.hooked = True
+        register(self.on_step)          # steps stay None until the first one: a script without an optimizer has
+        self.hooked = True              # none (`import torch` imports torch.optim: the hook is always there)
         return True
 
     def install(self) -> None:
@@ -289,6 +289,7 @@ class Monitor:
         self.arrivals: list[list[int]] | None = None
         self.arrivals_at: float | None = None
         self.waiting: dict | None = None
+        self.in_flight: dict[str, tuple[int, int]] = {}    # pg -> (enqueued, completed) of last tick's collectives
         self.dumped: str | None = None   # the trigger's content last acted on
         self.peer_pids: dict[str, int] = {}
 
@@ -376,18 +377,21 @@ class Monitor:
     def view(self) -> dict:
         now = self.clock()
         self.n += 1
-        self.progress.hook()
         c10d = _fr()
         status = fr_status(c10d) if c10d is not None else {}
+        # in a collective since the last tick at least (the same one enqueued, nothing completed since): only then
+        # are the entries read to say which (a rank that trains passes through collectives all the time)
+        in_flight = {pg: s for pg, s in status.items() if s[0] > s[1]}
+        held, self.in_flight = bool(in_flight) and in_flight == self.in_flight, in_flight
         if "0" in status:
             done = status["0"][1]
             if done != self.colls:
                 self.colls, self.colls_at = done, now
         steps = self.progress.steps
         stalled = steps is None or now - self.progress.at >= WAIT_S
-        waiting = any(e > d for e, d in status.values())
+        waiting = held and stalled
         entries: list[dict] = []
-        if c10d is not None and status and ((waiting and stalled) or self.arrivals_at is None
+        if c10d is not None and status and (waiting or self.arrivals_at is None
                                             or now - self.arrivals_at >= ARRIVALS_S):
             try:
                 entries = last_entries(c10d._dump_fr_trace_json(), ARRIVALS)
@@ -398,7 +402,7 @@ class Monitor:
                 self.arrivals_at = now if entries else None
                 self.arrivals = [[int(e["collective_seq_id"]), int(e["time_created_ns"])] for e in entries
                                  if str(e.get("pg_id")) == "0" and e.get("time_created_ns")]
-        if waiting and stalled:
+        if waiting:
             self.waiting = waiting_in(status, entries, time.time_ns()) if entries else self.waiting
         else:
             self.waiting = None
@@ -413,7 +417,7 @@ class Monitor:
              "in": self.waiting, "cpu_s": round(cpu, 2), "io": io, "rss": self.rss(),
              "where": where, "stack": stack,
              "state": self.state(now, progress_at, steps is not None or bool(self.colls)),
-             "peers": self.peers()}
+             "peers": self.peers(), "mon_cpu_s": round(time.thread_time(), 3)}    # this monitor's own CPU
         if self.arrivals is not None:
             d["arrivals"] = self.arrivals
         return d
@@ -508,15 +512,11 @@ def start(view_dir: str) -> Monitor | None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     except ValueError:
         return None
-    if not os.path.isdir(view_dir):
+    if not os.path.isdir(view_dir) or not os.access(view_dir, os.W_OK | os.X_OK):
         return None
     progress = Progress()
     progress.install()
     mon = Monitor(view_dir, rank=rank, local_rank=local_rank, progress=progress)
-    try:
-        mon.tick()
-    except OSError:
-        return None
     threading.Thread(target=_loop, args=(mon,), name="clusterctl-rankview", daemon=True).start()
     return mon
 
