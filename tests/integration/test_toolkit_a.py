@@ -141,7 +141,8 @@ def hung(testbed, inv, tmp_path_factory):
     spec = {"name": "tkahang", "nodes": 2, "nproc_per_node": 2, "hosts": ["node1", "node2"], "script": str(HANG),
             "rendezvous": {"port": 29400, "join_timeout": 60, "last_call_timeout": 2},
             "restarts": {"max_restarts": 0, "max_node_failures": 0, "max_failures": 0},
-            "supervisor": {"probe_interval_s": 1, "hang_timeout_s": HANG_TIMEOUT_S},
+            # the on-call commands need the job hung for a while: not ended by the stuck rank after 20 s (issue 37)
+            "supervisor": {"probe_interval_s": 1, "hang_timeout_s": HANG_TIMEOUT_S, "stuck_timeout_s": 0},
             "container": {"ulimits": {}}}
     job = tmp / "job.yaml"
     job.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -164,6 +165,68 @@ def hung(testbed, inv, tmp_path_factory):
         st = cli(state, "status", "tkahang", "-o", "json")
         if st.returncode == 0 and json.loads(st.stdout).get("supervisor_pid"):
             cli(state, "stop", "tkahang", "--grace", "0", timeout=120)
+
+
+def controller_rank_views(state: Path, name: str, tmp: Path, timeout: float = 90) -> tuple[dict, dict, Path]:
+    """What a controller hears of every rank of the job's current attempt (issue 37's rank view), through the real
+    ``ClusterOps`` (its own, beside the supervisor's: the nodes' watches over SSH), once every rank is heard in the
+    hang hang.py makes: rank 3 ``still`` in its own code, ranks 0-2 ``waiting`` in all_reduce; then every rank's
+    flight-recorder dump and stack fetched with ``dump_ranks``. Returns (node -> rank -> view, dump errors, dump dir)."""
+    from clusterctl.store.ledger import Ledger
+    from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
+    from clusterctl.transport import ConnectOptions
+
+    store = rh.open_store(state)
+    job = store.find_job(name)
+    rec = Ledger(store).record(job)
+    att = store.attempts(job.job_id)[-1]
+    ops = ClusterOps(spec=rec.spec, hosts=rec.hosts_by_name, job_id=job.job_id, store=store,
+                     sink=LogSink(tmp / "controller-output.log"), options=ConnectOptions(accept_new_host_keys=False),
+                     interfaces=dict(rec.interfaces))
+    views: dict = {}
+    try:
+        ops.adopt(att.attempt, list(att.nodes), att.rdzv_host)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            ops.observe(att.attempt, list(att.nodes))          # starts the watches
+            views = ops.rank_views(att.attempt)
+            hints = {r: v.hint for rs in views.values() for r, v in rs.items()}
+            if hints == {0: "waiting", 1: "waiting", 2: "waiting", 3: "still"}:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"the controller heard: {views}")
+        dest = tmp / f"hang-{att.attempt}"
+        return views, ops.dump_ranks(att.attempt, list(att.nodes), str(dest)), dest
+    finally:
+        ops.close()
+        store.close()
+
+
+def check_rank_views(views: dict, errors: dict, dest: Path) -> None:
+    """hang.py's hang as the rank view tells it: every rank heard from its own node, rank 3 still in
+    stuck_in_own_code, the others waiting in all_reduce #4 (3 completed); the dump holds every rank's flight
+    record and stack, and torch's analyzer reads it and names rank 3 as missing."""
+    assert {n: sorted(rs) for n, rs in views.items()} == {"node1": [0, 1], "node2": [2, 3]} or \
+        {n: sorted(rs) for n, rs in views.items()} == {"node3": [0, 1], "node4": [2, 3]}, views
+    flat = {r: v for rs in views.values() for r, v in rs.items()}
+    assert flat[3].where.endswith("stuck_in_own_code") and flat[3].in_coll is None and flat[3].colls == 3
+    for r in (0, 1, 2):
+        assert flat[r].in_coll is not None and flat[r].in_coll.op == "all_reduce" and flat[r].in_coll.seq == 4
+        assert flat[r].in_coll.for_s >= 1 and flat[r].colls == 3 and flat[r].step is None      # no optimizer
+    assert all(v.answered_age_s < 3 for v in flat.values())
+    assert errors == {}, errors
+    assert sorted(p.name for p in dest.iterdir()) == ["fr-0", "fr-1", "fr-2", "fr-3", "stack-0.txt", "stack-1.txt",
+                                                      "stack-2.txt", "stack-3.txt"]
+    assert "stuck_in_own_code" in (dest / "stack-3.txt").read_text()
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dest), "-p", "fr-"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "missing ranks: {3}" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_the_controller_hears_every_rank_and_names_the_blocked_one(hung, tmp_path):
+    """Issue 37's rank view, podman: first in the file, while the hang is fresh."""
+    check_rank_views(*controller_rank_views(hung, "tkahang", tmp_path))
 
 
 def test_exec_on_job_nodes_in_container(hung):
@@ -390,6 +453,7 @@ def test_bare_job_exec_shell_stacks_run_in_the_job_directory(testbed, tmp_path):
             time.sleep(1)
         else:
             raise AssertionError(cli(state, "events", "tkabare").stdout + text[-3000:])
+        check_rank_views(*controller_rank_views(state, "tkabare", tmp_path))    # issue 37's rank view, bare
         ex = cli(state, "exec", "--job", "tkabare", "--in-container", "-o", "json", "--", "pwd")
         assert [(x["host"], x["stdout"]) for x in json.loads(ex.stdout)] == [("node3", f"{wd}\n"), ("node4", f"{wd}\n")]
         sh = cli(state, "shell", "tkabare", input="pwd; hostname; exit 9\n")
