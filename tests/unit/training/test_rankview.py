@@ -72,7 +72,10 @@ def test_a_module_runs_as_python_minus_m_runs_it(tmp_path):
 
 
 def test_no_view_dir_no_monitor_thread(tmp_path):
-    (tmp_path / "t.py").write_text("import threading; print(sorted(t.name for t in threading.enumerate()))\n")
+    (tmp_path / "t.py").write_text("import os, threading, time\nprint(sorted(t.name for t in threading.enumerate()))\n"
+                                   "end = time.time() + 10\n"        # its first view comes from the thread, at once
+                                   "while os.environ.get('RANK') and not os.path.exists('rank-7') and time.time() < end:\n"
+                                   "    time.sleep(0.05)\n")
     out = _py(["-m", "clusterctl.rankview", "t.py"], tmp_path)[1]
     assert out.strip() == "['MainThread']"
     env = {**ENV, rankview.VIEW_DIR_VAR: str(tmp_path), "RANK": "7"}
