@@ -25,6 +25,8 @@ class EventKind(str, Enum):
     START = "start"
     START_FAILED = "start_failed"
     RELAUNCH = "relaunch"                 # per node: warm or cold, and why (klass = the mode)
+    STARTUP = "startup"                   # an attempt's start-up until its first step (klass: rendezvous | ranks |
+                                          # first_step): "waiting for rendezvous: 1/2 nodes joined", ...
     CHECKPOINT = "checkpoint"             # a new latest valid checkpoint (checkpoint_step, path in the message)
     VERDICT = "verdict"                   # why the attempt ended (klass = the verdict)
     STACKS = "stacks"                     # every rank's stack, taken before a hung attempt is stopped

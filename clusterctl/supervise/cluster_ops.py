@@ -33,7 +33,7 @@ from clusterctl.store import paths
 from clusterctl.store.ledger import Ledger
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise import rankwatch
-from clusterctl.supervise.observe import Confirm, Explain, interpret
+from clusterctl.supervise.observe import Confirm, Explain, interpret, rendezvous_peers, startup
 from clusterctl.supervise.watch import Mux, Watch, Watches
 from clusterctl.transport import CommandResult, ConnectOptions, HostResult, Transport, connect, fan_out
 from clusterctl.transport.base import readable
@@ -114,6 +114,11 @@ class LogSink:
         as a node's progress (``watch.Watches.progress``; the agent's start-up lines are not the job's)."""
         with self.lock:
             return sum(n for rank, n in self.copied.get(node, Counter()).items() if rank != "-")
+
+    def ranks(self, node: str) -> int:
+        """How many of ``node``'s ranks have a line in its current section (an attempt's start-up: ranks started)."""
+        with self.lock:
+            return sum(1 for rank, n in self.copied.get(node, Counter()).items() if rank != "-" and n)
 
     def begin(self, node: str, attempt: int) -> int:
         """Open (or continue) ``node``'s section of ``attempt``; returns the lines it already holds."""
@@ -330,6 +335,7 @@ class ClusterOps:
     checkpoint_override: str | None = None   # `resume --checkpoint PATH`: used by the first attempt only
     clock: Callable[[], float] = time.monotonic    # the watches' times and the probe round's "now"
     mux: Callable[[], Mux] = StreamMux             # makes the one mux every watch and log follower runs on
+    first_step: Callable[[int], int | None] | None = None   # attempt -> its first `step N` seen (jobdir.StepTap)
 
     def __post_init__(self) -> None:
         # one kept connection per node; connect reads self.connect/hosts/options when it connects
@@ -659,6 +665,28 @@ class ClusterOps:
 
         ib = [self.hosts[n.host] for n in self._plan.nodes if n.infiniband]
         return [r.value for r in fan_out(ib, look, host_timeout=self.probe_timeout_s + 5) if r.ok and r.value]
+
+    def startup(self, attempt: int) -> tuple[str, str] | None:
+        """Where ``attempt``'s start-up stands (``observe.startup``): the nodes whose torchrun agent reached the
+        rendezvous (distinct peers connected to the c10d store's port on the rendezvous host: one bounded ``ss``
+        there, asked only until a rank printed), the ranks that printed (the log copy), its first ``step N``."""
+        plan = self._plan
+        if plan is None or plan.attempt != attempt:
+            return None
+        ranks = sum(self.sink.ranks(n.host) for n in plan.nodes)
+        world = sum(n.nproc for n in plan.nodes)
+        step = self.first_step(attempt) if self.first_step is not None else None
+        joined = None
+        if not ranks and step is None:
+            rdzv = next(n.host for n in plan.nodes if n.is_rdzv_host)
+            port = plan.rdzv_endpoint.rsplit(":", 1)[-1]
+            try:
+                r = self._run(rdzv, ["ss", "-Htn", "state", "established", f"( sport = :{port} )"],
+                              timeout=self.probe_timeout_s)
+                joined = rendezvous_peers(r.stdout) if r.ok else None
+            except TransportError:
+                pass
+        return startup(len(plan.nodes), joined, ranks, world, step)
 
     def gpu_check(self, nodes: Sequence[str]) -> dict[str, str]:
         """{node: why} for each of ``nodes`` that fails the GPU part of launch's quick preflight (gpu_driver,

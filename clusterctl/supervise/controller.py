@@ -124,6 +124,7 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
     tap = jobdir.StepTap(paths.job_dir(root, job_id) / jobdir.STEPS, store.get_job(job_id).attempt)
     if getattr(ops, "sink", None) is not None:
         ops.sink.echo = tap
+        ops.first_step = tap.first_step     # an attempt's start-up ends at its first step (ClusterOps.startup)
     try:
         sup = Supervisor(job_id, store, ops, policy, nodes, wait=ops.wait_for_change, sleep=ops.sleep_unless_stopped,
                          on_event=lambda m: echo(f"clusterctl: {redact(m, ops.secrets.values())}"),

@@ -42,6 +42,7 @@ class StepTap:
         self._attempt: dict[str, int] = {}
         self._default = attempt
         self._best: dict[int, int] = {}
+        self._first: dict[int, int] = {}      # attempt -> its first step seen (an attempt's start-up is over)
         self._fd: int | None = None
 
     def __call__(self, line: str) -> None:
@@ -57,6 +58,7 @@ class StepTap:
         if step <= self._best.get(attempt, -1):
             return
         self._best[attempt] = step
+        self._first.setdefault(attempt, step)
         try:
             if self._fd is None:
                 self._fd = paths.open_private(self.path)
@@ -64,6 +66,10 @@ class StepTap:
                                 + "\n").encode())
         except Exception:  # noqa: BLE001 - a full disk: the report says less, training goes on
             pass
+
+    def first_step(self, attempt: int) -> int | None:
+        """The first ``step N`` line of ``attempt`` this tap saw (None: none yet)."""
+        return self._first.get(attempt)
 
     def close(self) -> None:
         fd, self._fd = self._fd, None

@@ -88,3 +88,31 @@ def interpret(node: str, instances: Sequence[Instance], attempt: int, *, runtime
         return Observation(node, "exited", exit_code=inst.exit_code, signal=causes.signal_of(inst.exit_code),
                            progress=progress)
     return Explain(inst)
+
+
+# ------------------------------------------------------------------------------ an attempt's start-up (issue 39)
+STARTUP_PHASES = ("rendezvous", "ranks", "first_step")
+
+
+def startup(nodes: int, joined: int | None, ranks: int, world: int, step: int | None) -> tuple[str, str] | None:
+    """Where an attempt's start-up stands, as ``(phase, message)`` (None: nothing known yet): the nodes whose torchrun
+    agent reached the rendezvous (``joined`` of ``nodes``), the ranks that printed their first line (``ranks`` of
+    ``world``), the first ``step N`` of a rank."""
+    if step is not None:
+        return "first_step", f"first step: step {step} ({ranks}/{world} ranks started)"
+    if ranks:
+        return "ranks", f"ranks started: {ranks}/{world} (the ranks that printed), waiting for the first step"
+    if joined is not None:
+        return "rendezvous", f"waiting for rendezvous: {min(joined, nodes)}/{nodes} nodes joined"
+    return None
+
+
+def rendezvous_peers(ss_output: str) -> int:
+    """Distinct peer hosts of ``ss -Htn state established '( sport = :PORT )'`` (the lines: Recv-Q Send-Q Local
+    Peer): the nodes whose torchrun agent holds a connection to the c10d store on the rendezvous host."""
+    peers = set()
+    for line in ss_output.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and ":" in fields[-1]:
+            peers.add(fields[-1].rsplit(":", 1)[0].strip("[]"))
+    return len(peers)

@@ -25,6 +25,7 @@ from clusterctl.supervise import jobdir
 from clusterctl.supervise.ranklook import Look, RankWatch
 
 PEER_SETTLE = 4     # a rank that failed because a peer went away waits this many settle_s for the peer's node
+STARTUP_EVERY_S = 2.0   # an attempt's start-up is said when it changes, at most this often within one phase
 GPU_RECHECK_S = 10.0    # a node left out for a GPU error whose GPU check failed is checked again after this
 
 
@@ -44,6 +45,8 @@ class Health:
     first_checkpoint: bool = False      # the attempt wrote its first new checkpoint
     first_progress: bool = False        # the attempt made its first progress: its ranks' first output or a new
                                         # checkpoint (before it: first_progress_timeout_s is the hang bound)
+    startup: tuple[str, str, float] | None = None   # the start-up's (phase, message, when) said last
+    started_up: bool = False            # its first step was seen: nothing more to say of its start-up
 
 
 def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, probe_failures: int,
@@ -246,7 +249,7 @@ class Supervisor:
                         return self.store.get_job(self.job_id).state
                     nodes, rdzv, attempt = started
                     running = True
-                decision = self._monitor(attempt, nodes, rdzv)
+                decision = self._monitor(attempt, nodes, rdzv, adopted=attempt == adopt_attempt)
                 running = False
                 end = self._act(decision, attempt, nodes, excluded)
                 if end is not None:
@@ -386,9 +389,10 @@ class Supervisor:
                                               "its GPU error: it may be used again", node=n, klass="gpu_error")
         return [n for n in nodes if n not in self._gpu_suspect]
 
-    def _monitor(self, attempt: int, nodes: list[str], rdzv: str) -> Decision:
+    def _monitor(self, attempt: int, nodes: list[str], rdzv: str, *, adopted: bool = False) -> Decision:
+        """``adopted``: an attempt started by an earlier supervisor (its start-up is not this one's to say)."""
         now = self.clock()
-        health = self._health = Health(started=now, last_progress=now)
+        health = self._health = Health(started=now, last_progress=now, started_up=adopted)
         self._ranks = RankWatch(self.policy.stuck_timeout_s)
         rounds = 0
         while True:
@@ -407,6 +411,8 @@ class Supervisor:
                          hang_timeout_s=self.policy.hang_timeout_s, now=now, settle_s=self.policy.settle_s,
                          first_progress_timeout_s=self.policy.first_progress_timeout_s)
             self._survive(self._record_nodes, attempt, obs)
+            if not health.started_up:
+                self._startup(attempt, health, now)
             if d.verdict == Verdict.CONTINUE:
                 d = self._look_at_ranks(attempt, nodes, obs, now) or d
             if d.verdict != Verdict.CONTINUE:
@@ -416,6 +422,33 @@ class Supervisor:
                     self._checkpoint_progress(attempt, nodes)
                 return d
             self.wait(self.policy.probe_interval_s)
+
+    def _startup(self, attempt: int, health: Health, now: float) -> None:
+        """Until the attempt's first step, say where its start-up stands when that changes (optional
+        ``NodeOps.startup(attempt) -> (phase, message) | None``; ``ClusterOps.startup``): "waiting for rendezvous:
+        1/2 nodes joined", "ranks started: 4/4 ...", "first step: ...", as ``startup`` events (an attached
+        `launch` prints them, `status` shows the latest); within one phase at most every ``STARTUP_EVERY_S``."""
+        look = getattr(self.ops, "startup", None)
+        if look is None:
+            health.started_up = True
+            return
+        try:
+            got = look(attempt)
+        except Exception as e:  # noqa: BLE001 - a diagnosis: never in the way of the job
+            print(f"clusterctl: could not tell the attempt's start-up: {e}", file=sys.stderr, flush=True)
+            return
+        last = health.startup
+        if got is None or (last is not None and got[1] == last[1]):
+            return
+        phase, message = got
+        if phase == "first_step":
+            health.started_up = True
+            message += f", {now - health.started:.1f}s after the start"
+        elif last is not None and phase == last[0] and now - last[2] < STARTUP_EVERY_S:
+            return
+        health.startup = (phase, got[1], now)
+        self._survive(lambda: self.event(EventKind.STARTUP, f"attempt {attempt}: {message}", attempt=attempt,
+                                         klass=phase))
 
     def _survive(self, write: Callable, *args):
         """A record the monitor keeps (node rows, checkpoint events) that the state database refused (disk full,

@@ -57,6 +57,7 @@ def job_view(store: Store, job: Job, now: float | None = None, supervision: dict
                       "error_tail": _tail(store, job.job_id, e), "stacks": _stacks(events, e)} for e in failures],
         "checkpoint": checkpoint,
         "warnings": _warnings(events, job.attempt),
+        "startup": _startup(events, job.attempt),
         # the rank view (issue 37): stragglers named and not recovered, ranks stuck now (the current attempt's)
         "stragglers": [{"node": x.node, "rank": x.rank, "slowdown": round(x.slowdown, 2)}
                        for x in events_mod.stragglers_now(events, job.attempt)] if running else [],
@@ -99,6 +100,13 @@ def _warnings(events, attempt: int) -> list[dict[str, Any]]:
     (the ``network`` events; an earlier attempt's no longer says anything about the nodes now)."""
     return [{"time": e.time, "attempt": e.attempt, "kind": e.kind, "node": e.node, "message": e.message}
             for e in events if e.kind == events_mod.EventKind.NETWORK and e.attempt == attempt]
+
+
+def _startup(events, attempt: int) -> dict[str, Any] | None:
+    """Where the current attempt's start-up stood last (the supervisor's ``startup`` events: waiting for the
+    rendezvous, ranks started, first step), or None when nothing was said of it."""
+    e = next((e for e in reversed(events) if e.kind == events_mod.EventKind.STARTUP and e.attempt == attempt), None)
+    return None if e is None else {"attempt": e.attempt, "phase": e.klass, "message": e.message, "time": e.time}
 
 
 def _tail(store: Store, job_id: str, event) -> str | None:
@@ -164,6 +172,9 @@ def text(v: dict[str, Any], now: float | None = None) -> list[str]:
       + (f", last heartbeat {_ago(sup['last_seen'], now)}" if sup["last_seen"] else ""))
     p(f"attempt   {v['attempt']}  started {_ago(v['started_at'], now)}  rendezvous {v['rendezvous_host'] or '-'}")
     p("nodes     " + ", ".join(_node_text(n) for n in v["nodes"]))
+    up = v.get("startup")
+    if up and up["phase"] != "first_step" and v["state"] not in ENDED:     # still starting: where it stands
+        p(f"startup   {up['message']} ({_ago(up['time'], now)})")
     ck = v["checkpoint"]
     p("checkpoint " + (f"{ck['path']} (step {ck['step']})" if ck else "none"))
     r = v["restarts"]

@@ -178,6 +178,9 @@ def test_three_nodes_train_to_completion(tb3, tmp_path, runtime):
     r = clusterctl(state, "launch", str(job), "-i", str(inv), timeout=JOB_TIMEOUT)
     assert r.returncode == 0, f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
     assert "done: step 30" in r.stdout              # the attached launch followed the output
+    # and the attempt's start-up (issue 39 item 11): its first step, with how many ranks had started by then
+    assert re.search(r"clusterctl: attempt 1: first step: step \d+ \([1-6]/6 ranks started\), [\d.]+s after the "
+                     r"start", r.stdout), r.stdout[-4000:]
 
     # every rank: WORLD_SIZE 6, one MASTER_ADDR (the rendezvous host's address), its own node
     dumps = {}
@@ -199,6 +202,7 @@ def test_three_nodes_train_to_completion(tb3, tmp_path, runtime):
     v = status_json(state, "tbdemo")
     assert v["state"] == "SUCCEEDED", v
     assert v["checkpoint"] and v["checkpoint"]["step"] == 30
+    assert v["startup"]["phase"] == "first_step", v["startup"]
 
     for rank in range(6):
         node = dumps[rank]["env"]["CLUSTERCTL_NODE"]
