@@ -7,11 +7,15 @@ the job dir's ``events.jsonl``) and the steps the supervisor saw, ``StepSeen(tim
 
 The wall time (first ``start`` to the job's ``end``, or now) is cut into intervals, each in one bucket:
 
-- an attempt's start -> its first step seen: ``program_startup`` (torch, the process group, the checkpoint load:
-  restore time is not told apart from start-up without a signal for it);
+- an attempt's start -> its training's start: ``program_startup`` (torch, the process group, the checkpoint load:
+  restore time is not told apart from start-up without a signal for it); the steps from the checkpoint it resumed
+  from to its first step seen are trained before that line, one pace each (the attempt's seconds per step over its
+  step lines), and are steps, not start-up;
 - between consecutive steps seen: the steps' time, shared evenly among the steps between two records, to
   ``productive_s`` when the step's progress was kept, else ``wasted_progress_from_disruption`` (a step after the
-  checkpoint the next attempt resumed from is trained again);
+  checkpoint the next attempt resumed from is trained again). Lines received together (a log copy read in chunks:
+  ``podman logs -f`` reads once a second) are one record, their highest step: their arrival times tell nothing
+  of the steps between; the last span of an attempt lasts at most a pace a step (its line may come a read late);
 - the failed attempt's last step -> its verdict: ``hang_detection`` (verdict ``hang``) or
   ``infrastructure_recovery_from_disruption`` (detection), and the verdict -> the next start: ``backoff`` (the
   supervisor's ``backoff`` waits), ``waiting_for_nodes`` (from a ``waiting`` event to the next start), the rest
@@ -123,7 +127,7 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
     buckets = dict.fromkeys(BUCKETS, 0.0)
     unknown_s, productive = 0.0, 0.0
     durations: list[float] = []
-    gaps: list[int] = []
+    gaps = [r.step - p.step for ss in seen.values() for p, r in zip(ss, ss[1:]) if r.step > p.step]
     disruptions: list[dict] = []
     head = {"job_id": job_id, "name": name, "state": state}
     if not attempts:
@@ -150,27 +154,26 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
                                 and start.time <= m.time <= limit), None)
         over = verdict.time if verdict else (stopped_by_user.time if stopped_by_user else limit)
         klass = (verdict.klass or "start_failed") if verdict else None
-        recs = [s for s in seen.get(a, []) if start.time <= s.time <= limit]
+        recs = _deliveries([s for s in seen.get(a, []) if start.time <= s.time <= limit])
         resume_next = (nxt.step or 0) if nxt else None
         wasted_a = 0.0
         if recs:
-            add("program_startup", start.time, recs[0].time, a)
-            for p, r in zip(recs, recs[1:]):
-                n = r.step - p.step
-                if n <= 0:
-                    continue
-                dt = r.time - p.time
-                durations.append(dt / n)
-                gaps.append(n)
-                kept = n if resume_next is None else max(0, min(r.step, resume_next) - p.step)
+            spans, trained_from, steps_end = _spans(recs, start)
+            add("program_startup", start.time, trained_from, a)
+            for k, (p_step, p_time, r_step, r_time) in enumerate(spans):
+                n = r_step - p_step
+                dt = r_time - p_time
+                if k > 0:                                    # the head is the rate's estimate, not a measurement
+                    durations.append(dt / n)
+                kept = n if resume_next is None else max(0, min(r_step, resume_next) - p_step)
                 productive += dt * kept / n
                 wasted_a += dt * (n - kept) / n
-                cut = p.time + dt * kept / n
-                segs.extend(Segment(b, x, y, a) for b, x, y in (("productive", p.time, cut),
-                            ("wasted_progress_from_disruption", cut, r.time)) if y > x)
+                cut = p_time + dt * kept / n
+                segs.extend(Segment(b, x, y, a) for b, x, y in (("productive", p_time, cut),
+                            ("wasted_progress_from_disruption", cut, r_time)) if y > x)
             failed = klass is not None and klass not in NOT_SUCCESS
             add("hang_detection" if klass == "hang" else
-                "infrastructure_recovery_from_disruption" if failed else "other", recs[-1].time, over, a)
+                "infrastructure_recovery_from_disruption" if failed else "other", steps_end, over, a)
         elif signal:
             add("program_startup", start.time, over, a)       # it never reached a step
         else:
@@ -233,6 +236,50 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
         "started_at": _r(t0), "ended_at": _r(end) if ends else None, "created_at": _r(created_at),
         "unknown": unknown,
     }
+
+
+DELIVERY_S = 0.05     # step lines received within this of each other came in one read of the log
+
+
+def _deliveries(recs: list[StepSeen]) -> list[StepSeen]:
+    """One record per delivery: the highest step of the lines that arrived together. A log copy that is read in
+    chunks (``podman logs -f`` reads the container's log file once a second) hands over several steps at one
+    instant: their times say when the chunk came, not when each step ended, so only the chunk's last step is
+    timed (the steps between two chunks share the time between them, as sparse step lines do)."""
+    out: list[StepSeen] = []
+    for s in recs:
+        if out and s.step <= out[-1].step:
+            continue
+        if out and s.time - out[-1].time <= DELIVERY_S:
+            out[-1] = s
+        else:
+            out.append(s)
+    return out
+
+
+def _spans(recs: list[StepSeen], start: Mark) -> tuple[list[tuple[int, float, int, float]], float, float]:
+    """An attempt's deliveries as spans of steps ``(from_step, from_time, to_step, to_time)``, when its training
+    began and when its last step ended. The steps between the two are timed by the deliveries, but where they
+    cannot be, the attempt's own pace (seconds per step over its deliveries) estimates them:
+
+    - the head: the steps from the checkpoint it resumed from (``start.step``; 0: from scratch) to the first step
+      seen trained before that line came, from one pace per step before it (never before the start): the first
+      step seen is not start-up;
+    - the tail: the last step's line may come up to a read of the log later than the step (a chunk): the last
+      span lasts at most one pace per step; the rest is the fault's (its detection), not the steps'."""
+    first, last = recs[0], recs[-1]
+    pace = (last.time - first.time) / (last.step - first.step) if last.step > first.step else None
+    spans = [(p.step, p.time, r.step, r.time) for p, r in zip(recs, recs[1:])]
+    if pace is not None and spans:
+        p_step, p_time, r_step, r_time = spans[-1]
+        spans[-1] = (p_step, p_time, r_step, min(r_time, p_time + (r_step - p_step) * pace))
+    base = start.step or 0
+    if pace is not None and first.step > base:
+        began = max(start.time, first.time - (first.step - base) * pace)
+        if first.time > began:
+            spans.insert(0, (base, began, first.step, first.time))
+    trained_from = spans[0][1] if spans else first.time
+    return spans, trained_from, spans[-1][3] if spans else last.time
 
 
 def _cycle(attempt: int, verdict: Mark, start: Mark, nxt: Mark | None, recs: list[StepSeen],
