@@ -21,6 +21,8 @@ The wall time (first ``start`` to the job's ``end``, or now) is cut into interva
   supervisor's ``backoff`` waits), ``waiting_for_nodes`` (from a ``waiting`` event to the next start), the rest
   ``infrastructure_recovery_from_disruption`` (gang stop, cleanup, the relaunch);
 - the last step -> the job's end (final save, teardown), and a stopped job's time until its ``resume``: ``other``.
+  A job that a look ended (`status`/`resume` found its supervisor gone: a ``reconciled`` event) ended at that look;
+  the attempt's verdict, when the look judged it, is that event's class, found then.
 
 ``unproductive_checkpoint_save_time``, ``unproductive_checkpoint_restore_time`` and ``data_loading`` stay 0 until a
 signal tells them apart (they are inside the steps' and the start-up's time); the report says so in ``unknown``.
@@ -46,6 +48,10 @@ NO_SIGNAL = ("no step signal: the job's ranks printed no `step N` line, so the t
              "each disruption's fault_at, first_step_at, lost_steps and lost_s are unknown")
 NOT_SPLIT = ("checkpoint save, checkpoint restore and data loading are not told apart from the steps and the "
              "start-up (no signal for them): their buckets are 0")
+# the job's end: its ``end`` event, or the ``reconciled`` one of a look (`status`, `resume`) that found the supervisor
+# gone and ended the job (every ``reconciled`` event is such an end); a ``reconciled`` event with a class is also the
+# attempt's verdict, found at that look
+ENDS = (EventKind.END, EventKind.RECONCILED)
 _WAIT = re.compile(r"waiting ([0-9.]+)s")
 
 
@@ -136,7 +142,7 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
                 "unknown": ["the job never started an attempt"]}
     t0 = starts[attempts[0]].time
     last_start = starts[attempts[-1]].time
-    ends = [m for m in marks if m.kind == EventKind.END and m.time >= last_start]
+    ends = [m for m in marks if m.kind in ENDS and m.time >= last_start]
     end = ends[-1].time if ends else max(now, last_start)
 
     def add(bucket: str, a: float, b: float, attempt: int) -> None:
@@ -148,9 +154,10 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
         start = starts[a]
         nxt = starts[attempts[i + 1]] if i + 1 < len(attempts) else None
         limit = nxt.time if nxt else end
-        verdict = next((m for m in marks if m.kind in (EventKind.VERDICT, EventKind.START_FAILED) and m.attempt == a
+        verdict = next((m for m in marks if (m.kind in (EventKind.VERDICT, EventKind.START_FAILED)
+                                             or m.kind == EventKind.RECONCILED and m.klass) and m.attempt == a
                         and start.time <= m.time <= limit), None)
-        stopped_by_user = next((m for m in marks if m.kind in (EventKind.STOP, EventKind.END)
+        stopped_by_user = next((m for m in marks if m.kind in (EventKind.STOP, *ENDS)
                                 and start.time <= m.time <= limit), None)
         over = verdict.time if verdict else (stopped_by_user.time if stopped_by_user else limit)
         klass = (verdict.klass or "start_failed") if verdict else None
@@ -197,7 +204,7 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
             buckets["waiting_for_nodes"] += d
             spent += d
             segs.append(Segment("waiting_for_nodes", limit - d, limit, a))
-        user_end = next((m for m in gap if m.kind == EventKind.END), None)
+        user_end = next((m for m in gap if m.kind in ENDS), None)
         resume = next((m for m in gap if m.kind == EventKind.RESUME and user_end and m.time >= user_end.time), None)
         if nxt and user_end and resume:          # ended, then resumed by the user: the time between was theirs
             buckets["other"] += resume.time - user_end.time

@@ -131,6 +131,28 @@ def test_steps_delivered_in_chunks_are_timed_by_their_pace():
     assert r["productive_s"] + sum(r["badput_s"].values()) == r["wall_s"]
 
 
+def test_a_job_that_status_ended_ends_at_that_look():
+    """The supervisor died at 30; `status` at 50 found n2's rank killed and ended the job (a ``reconciled`` event
+    with the verdict's class, no ``end`` event): the report ends there, whatever ``now``, with the disruption found
+    at that look; a later `resume` (at 80) starts attempt 2, and the time between the two is the user's."""
+    marks = [Mark(0.0, "start", attempt=1, id=1), Mark(30.0, "supervisor_lost", attempt=1, id=2),
+             Mark(50.0, "reconciled", attempt=1, klass="node_lost", node="n2", id=3)]
+    steps = [StepSeen(2.0 + s, 1, s) for s in range(1, 21)]        # steps 1..20 end at 3..22
+    for now in (60.0, 6000.0):
+        r = build(marks, steps, created_at=0.0, now=now, state="FAILED")
+        assert r["wall_s"] == 50.0 and r["ended_at"] == 50.0
+        assert r["productive_s"] == 20.0                           # 2 -> 22: never resumed, every step stands
+        assert r["badput_s"]["infrastructure_recovery_from_disruption"] == 28.0      # the last step -> the look
+        (d,) = r["disruptions"]
+        assert (d["verdict"], d["node"], d["detected_at"], d["restarted_at"]) == ("node_lost", "n2", 50.0, None)
+    marks += [Mark(80.0, "resume", id=4), Mark(81.0, "start", attempt=2, step=10, id=5),
+              Mark(95.0, "end", message="job SUCCEEDED", id=6)]
+    r = build(marks, steps + [StepSeen(82.0 + s - 10, 2, s) for s in range(11, 21)], created_at=0.0, now=999.0)
+    assert r["wall_s"] == 95.0 and r["badput_s"]["other"] >= 30.0      # 50 -> 80: the user's (and 92 -> 95)
+    (d,) = r["disruptions"]
+    assert d["lost_steps"] == 10 and d["restarted_at"] == 81.0
+
+
 def test_marks_round_trip_through_json():
     m = Mark(1.5, "verdict", attempt=2, klass="node", node="n1", step=None, message="lost n1", id=7)
     assert Mark.from_json(json.loads(json.dumps(m.to_json()))) == m
