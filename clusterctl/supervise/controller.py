@@ -297,7 +297,7 @@ def reconcile_job(root: Path, store: Store, job_id: str, options: ConnectOptions
     withheld = (f"(error tail withheld: it could not be redacted, as secret_env {', '.join(missing)} is not set in "
                 f"the environment of this `status`; see `clusterctl logs`)") if missing else None
     try:
-        return reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5, withheld_tail=withheld,
+        return reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5, withheld_tail=withheld, root=root,
                          keep_logs=lambda attempt: complete_logs(ops, store, job_id, attempt,
                                                                  deadline_s=options.connect_timeout + 10))
     finally:

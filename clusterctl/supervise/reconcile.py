@@ -11,12 +11,15 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 from clusterctl.model.events import EventKind, checkpoint_of
 from clusterctl.model.verdicts import Decision, Observation, Verdict, node_state
 from clusterctl.store.ledger import Ledger, note
+from clusterctl.store import paths
 from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store
+from clusterctl.supervise import jobdir
 from clusterctl.supervise.supervisor import Health, classify
 
 
@@ -50,14 +53,25 @@ class Reconciled:
 
 
 def reconcile(store: Store, job_id: str, ops, *, deadline_s: float, clock=time.time,
-              withheld_tail: str | None = None,
-              keep_logs: Callable[[int], object] | None = None) -> Reconciled | None:
+              withheld_tail: str | None = None, keep_logs: Callable[[int], object] | None = None,
+              root: Path | None = None) -> Reconciled | None:
     """One look at the current attempt's nodes (``ops``: a ``cluster_ops.ClusterOps``), recorded. None when the
     job has no attempt yet or is no longer active. Error tails reach the store redacted (the store's secrets);
     ``withheld_tail``: recorded instead of every tail (the caller cannot redact them: a secret value unknown).
     An attempt whose end is recorded is never judged again (its result stands). A look that ends the job removes
     its leftovers on every node (``clean_up``), after ``keep_logs(attempt)`` (the log copy completed from the
-    nodes' own logs, which go with their containers)."""
+    nodes' own logs, which go with their containers), and, given the state dir ``root``, keeps the job's report
+    in its dir as a supervisor's exit does (``events.jsonl`` completed, ``goodput.json``: ``jobdir.keep``)."""
+    found = _look(store, job_id, ops, deadline_s=deadline_s, clock=clock, withheld_tail=withheld_tail,
+                  keep_logs=keep_logs)
+    if root is not None and found is not None and found.state.terminal:
+        events = paths.job_dir(root, job_id) / jobdir.EVENTS
+        jobdir.keep(store, root, job_id, jobdir.EventMirror(store, job_id, events), clock())
+    return found
+
+
+def _look(store: Store, job_id: str, ops, *, deadline_s: float, clock, withheld_tail: str | None,
+          keep_logs: Callable[[int], object] | None) -> Reconciled | None:
     ledger = Ledger(store)
     job = store.get_job(job_id)
     attempts = store.attempts(job_id)

@@ -433,6 +433,33 @@ def test_a_reconcile_that_ends_a_warm_job_removes_its_leftovers_or_says_what_it_
     assert [(e.node, "connection timed out" in e.message) for e in pending] == [("n3", True)]
 
 
+def test_a_job_that_status_ends_keeps_its_report_in_its_dir(tmp_path, monkeypatch):
+    """Issue 38 item 3: `status` finds the supervisor gone and a node's rank killed: the job ends FAILED, and its
+    dir holds `goodput.json` (the report of the ended job, as a supervisor's exit writes it) and `events.jsonl`
+    (every event, the reconcile's end included); a look that ends nothing writes neither."""
+    from clusterctl.store import paths
+    from clusterctl.supervise import jobdir
+
+    store, job_id = _running_job(tmp_path)
+    directory = paths.job_dir(tmp_path, job_id)
+    directory.mkdir(parents=True)
+    obs = [Observation("n1", "running"), Observation("n2", "running"), Observation("n3", "running")]
+    monkeypatch.setattr(ClusterOps, "observe", lambda self, attempt, nodes, **kw: obs)
+    monkeypatch.setattr(ClusterOps, "latest_checkpoint", lambda self, nodes: ("", 0))
+    monkeypatch.setattr(ClusterOps, "stop", lambda self, attempt, nodes, grace_s=0.0: {})
+    monkeypatch.setattr(controller, "complete_logs", lambda *a, **k: {})
+    assert controller.reconcile_job(tmp_path, store, job_id, ConnectOptions()).state == JobState.RUNNING
+    assert not (directory / jobdir.GOODPUT).exists()
+    obs[1] = Observation("n2", "exited", exit_code=137, signal="SIGKILL", rank=1)
+    assert controller.reconcile_job(tmp_path, store, job_id, ConnectOptions()).state == JobState.FAILED
+    kept = json.loads((directory / jobdir.GOODPUT).read_text())
+    assert (kept["job_id"], kept["state"]) == (job_id, "FAILED") and kept["ended_at"] is not None
+    assert kept["wall_s"] == jobdir.report(store, tmp_path, job_id, now=time.time() + 999)["wall_s"]
+    mirrored = jobdir.read_marks(directory / jobdir.EVENTS)
+    assert [m.id for m in mirrored] == [e.id for e in store.events(job_id)]
+    assert "reconciled" in {m.kind for m in mirrored}
+
+
 def test_reconcile_never_judges_an_attempt_that_has_ended_again(tmp_path):
     """Issue 34 item 11: the supervisor recorded attempt 1's end (node_lost) and died before attempt 2: a later
     look does not observe it again nor overwrite its result (nodes that now read exit 0 do not make it a
