@@ -130,6 +130,8 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
     for s in sorted(steps, key=lambda s: s.time):
         seen.setdefault(s.attempt, []).append(s)
     signal = bool(seen)
+    paces = [p for p in (_pace(_deliveries(ss)) for ss in seen.values()) if p]
+    job_pace = sum(t for t, _ in paces) / sum(n for _, n in paces) if paces else None
     buckets = dict.fromkeys(BUCKETS, 0.0)
     unknown_s, productive = 0.0, 0.0
     durations: list[float] = []
@@ -165,7 +167,7 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
         resume_next = (nxt.step or 0) if nxt else None
         wasted_a = 0.0
         if recs:
-            spans, trained_from, steps_end = _spans(recs, start)
+            spans, trained_from, steps_end = _spans(recs, start, job_pace)
             add("program_startup", start.time, trained_from, a)
             for k, (p_step, p_time, r_step, r_time) in enumerate(spans):
                 n = r_step - p_step
@@ -246,6 +248,7 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
 
 
 DELIVERY_S = 0.05     # step lines received within this of each other came in one read of the log
+PACE_MIN_S = 10.0     # an attempt's own pace needs deliveries over this long (else the job's is used)
 
 
 def _deliveries(recs: list[StepSeen]) -> list[StepSeen]:
@@ -264,10 +267,18 @@ def _deliveries(recs: list[StepSeen]) -> list[StepSeen]:
     return out
 
 
-def _spans(recs: list[StepSeen], start: Mark) -> tuple[list[tuple[int, float, int, float]], float, float]:
+def _pace(recs: list[StepSeen]) -> tuple[float, int] | None:
+    """(seconds, steps) from the first delivery to the last, None with fewer than two."""
+    return (recs[-1].time - recs[0].time, recs[-1].step - recs[0].step) if recs[-1].step > recs[0].step else None
+
+
+def _spans(recs: list[StepSeen], start: Mark, job_pace: float | None) -> tuple[list[tuple[int, float, int, float]],
+                                                                               float, float]:
     """An attempt's deliveries as spans of steps ``(from_step, from_time, to_step, to_time)``, when its training
     began and when its last step ended. The steps between the two are timed by the deliveries, but where they
-    cannot be, the attempt's own pace (seconds per step over its deliveries) estimates them:
+    cannot be, the attempt's own pace (seconds per step over its deliveries; over the whole job's, ``job_pace``,
+    when the attempt's deliveries span less than ``PACE_MIN_S``: two deliveries a read apart say little) estimates
+    them:
 
     - the head: the steps from the checkpoint it resumed from (``start.step``; 0: from scratch) to the first step
       seen trained before that line came, from one pace per step before it (never before the start): the first
@@ -275,7 +286,9 @@ def _spans(recs: list[StepSeen], start: Mark) -> tuple[list[tuple[int, float, in
     - the tail: the last step's line may come up to a read of the log later than the step (a chunk): the last
       span lasts at most one pace per step; the rest is the fault's (its detection), not the steps'."""
     first, last = recs[0], recs[-1]
-    pace = (last.time - first.time) / (last.step - first.step) if last.step > first.step else None
+    own = _pace(recs)
+    pace = own[0] / own[1] if own and own[0] >= PACE_MIN_S else job_pace if job_pace else \
+        own[0] / own[1] if own else None
     spans = [(p.step, p.time, r.step, r.time) for p, r in zip(recs, recs[1:])]
     if pace is not None and spans:
         p_step, p_time, r_step, r_time = spans[-1]
