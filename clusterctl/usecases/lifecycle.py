@@ -274,7 +274,7 @@ def resume(ws: Workspace, request: ResumeRequest, *, connect: Connect = default_
             _check_checkpoint(checkpoint, [ops.hosts[n] for n in nodes if n not in exclude], options, connect)
         if attempts and not job.terminal:
             a = attempts[-1]
-            found = reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5,
+            found = reconcile(store, job_id, ops, deadline_s=options.connect_timeout + 5, root=root,
                               keep_logs=lambda attempt: controller.complete_logs(ops, store, job_id, attempt))
             if found is not None and found.state == JobState.SUCCEEDED:
                 return done("succeeded", f"attempt {a.attempt} had finished with exit code 0 on every node while "
