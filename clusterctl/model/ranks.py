@@ -250,26 +250,54 @@ CLEAR_AT = 1.2          # ... and below which it has recovered (sustained SUSTAI
 SUSTAIN_S = 60.0
 
 
-def slowdowns(views: Views) -> dict[tuple[str, int], float]:
+WINDOW = 64            # the newest collectives every rank has that a slowdown is computed over
+KEEP = 256             # arrivals kept per rank between looks (each rank's file carries only its last 32)
+
+
+def slowdowns(views: Views, log: "ArrivalLog | None" = None) -> dict[tuple[str, int], float]:
     """Per rank how much slower than the fastest it arrives at pg 0's collectives: ``P / (P - lateness)``, with
-    lateness its mean delay after the earliest rank over the collectives every rank has (at least
-    ``MIN_COLLECTIVES``) and P the mean period between them. {} when there is not enough to tell."""
-    flat = [v for node_views in views.values() for v in node_views.values() if v.arrivals]
-    if len(flat) < 2:
+    lateness its mean delay after the earliest rank over the newest ``WINDOW`` collectives every rank has (at
+    least ``MIN_COLLECTIVES``) and P the mean period between them. ``log``: the arrivals of earlier looks too
+    (each rank refreshes its list on its own clock: two ranks' last 32 may not overlap). {} when there is not
+    enough to tell."""
+    per = {(v.node, v.rank): dict(v.arrivals) for nv in views.values() for v in nv.values() if v.arrivals}
+    if log is not None:
+        per = log.merge(per)
+    if len(per) < 2:
         return {}
-    per = [dict(v.arrivals) for v in flat]
-    seqs = sorted(set.intersection(*(set(p) for p in per)))
+    seqs = sorted(set.intersection(*(set(p) for p in per.values())))[-WINDOW:]
     if len(seqs) < MIN_COLLECTIVES:
         return {}
-    earliest = [min(p[s] for p in per) for s in seqs]
-    period = (earliest[-1] - earliest[0]) / (len(seqs) - 1)
+    earliest = [min(p[s] for p in per.values()) for s in seqs]
+    steps = [b - a for a, b, sa, sb in zip(earliest, earliest[1:], seqs, seqs[1:]) if sb == sa + 1]
+    period = statistics.fmean(steps) if steps else 0      # mean: a step's collectives come at uneven intervals
     if period <= 0:
         return {}
     out = {}
-    for v, p in zip(flat, per):
+    for key, p in per.items():
         lateness = statistics.fmean(p[s] - e for s, e in zip(seqs, earliest))
-        out[(v.node, v.rank)] = period / (period - lateness) if lateness < period else float("inf")
+        out[key] = period / (period - lateness) if lateness < period else float("inf")
     return out
+
+
+@dataclass
+class ArrivalLog:
+    """Each rank's arrivals (seq -> time_created_ns) gathered over successive looks, the newest ``KEEP``."""
+
+    arrivals: dict[tuple[str, int], dict[int, int]] = field(default_factory=dict)
+
+    def merge(self, fresh: Mapping[tuple[str, int], Mapping[int, int]]) -> dict[tuple[str, int], dict[int, int]]:
+        for key, got in fresh.items():
+            mine = self.arrivals.setdefault(key, {})
+            if got and mine and min(got) < min(mine) - KEEP:     # the counter went back: a new process group
+                mine.clear()
+            mine.update(got)
+            if len(mine) > KEEP:
+                for seq in sorted(mine)[:-KEEP]:
+                    del mine[seq]
+        for key in set(self.arrivals) - set(fresh):
+            del self.arrivals[key]
+        return self.arrivals
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterctl.model import ranks
-from clusterctl.model.ranks import RankState, Rates, Straggler, Stragglers, Views
+from clusterctl.model.ranks import ArrivalLog, RankState, Rates, Straggler, Stragglers, Views
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class RankWatch:
     stuck_timeout_s: float
     stragglers: Stragglers = field(default_factory=Stragglers)
     rates: Rates = field(default_factory=Rates)
+    arrivals: ArrivalLog = field(default_factory=ArrivalLog)
     _stuck: dict[tuple[str, int], RankState] = field(default_factory=dict)
 
     def look(self, views: Views, *, now: float, gone_nodes=(), all_running: bool = True) -> Look:
@@ -36,7 +37,7 @@ class RankWatch:
         culprit this round: a node being lost is the verdict's to name)."""
         states = ranks.judge(views, gone_nodes=gone_nodes)
         self.rates.update(views, now)
-        named, recovered = self.stragglers.update(ranks.slowdowns(views), now)
+        named, recovered = self.stragglers.update(ranks.slowdowns(views, self.arrivals), now)
         stuck_now = {(s.node, s.rank): s for s in states if s.state == "stuck"}
         new = [s for k, s in stuck_now.items() if k not in self._stuck]
         gone = {(s.node, s.rank) for s in states if s.state == "gone"}

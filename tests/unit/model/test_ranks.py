@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from clusterctl.model.ranks import (Collective, Rates, RankView, Stragglers, judge, slowdowns, stuck_culprit)
+from clusterctl.model.ranks import (ArrivalLog, Collective, Rates, RankView, Stragglers, judge, slowdowns,
+                                    stuck_culprit)
 
 AR = {"pg": "0", "seq": 12, "op": "all_reduce"}
 
@@ -166,6 +167,20 @@ def test_slowdowns_name_a_rank_at_half_speed():
     s = slowdowns(vs)
     assert s[("n2", 3)] == pytest.approx(2.0, rel=0.01)
     assert all(s[(v.node, v.rank)] == pytest.approx(1.0) for nv in vs.values() for v in nv.values() if v.rank != 3)
+
+
+def test_slowdowns_over_looks_whose_windows_do_not_overlap():
+    """Each rank refreshes its last 32 arrivals on its own clock: two ranks' lists may share no collective. The
+    log of earlier looks finds the collectives they share."""
+    def shifted(r, lo):
+        return [a for a in arrivals(r, 0.1 if r == 3 else 0.0, n=200) if lo <= a[0] < lo + 32]
+
+    log = ArrivalLog()
+    first = views(*(view(r, arrivals=shifted(r, 0 if r % 2 else 40)) for r in range(6)))
+    assert slowdowns(first) == {} and slowdowns(first, log) == {}
+    second = views(*(view(r, arrivals=shifted(r, 40 if r % 2 else 0)) for r in range(6)))
+    s = slowdowns(second, log)
+    assert s[("n2", 3)] == pytest.approx(2.0, rel=0.01) and s[("n1", 0)] == pytest.approx(1.0)
 
 
 def test_slowdowns_need_enough_common_collectives():
