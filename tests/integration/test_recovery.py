@@ -258,3 +258,28 @@ def test_a_node_whose_gpu_failed_is_left_out_and_the_job_finishes(job, rtb):
     assert st["attempt"] == 2 and victim not in [n["node"] for n in st["nodes"]], st["nodes"]
     assert f"{victim} rank" in run.events_text() or f"node {victim}" in run.events_text()
     rh.check_clean(run, timeout=60)
+
+
+def test_a_stuck_rank_is_a_hang_named_within_30_s_and_a_busy_rank_is_not(job):
+    """Issue 37, with the job's defaults (stuck_timeout_s 20): 3 nodes x 2 ranks of DDP; on attempt 1 rank 1 first
+    computes silently for 25 s (busy: its peers wait in DDP's all-reduce all along, and no hang comes of it), then
+    blocks forever at a step: the hang is declared within 30 s of its last step, naming that rank and its node,
+    every rank's flight-recorder dump and stack are kept in the job's dir, and the job recovers and finishes."""
+    import json
+
+    run = job(script=JOBS / "sick.py", nodes="3", nproc=2, steps=30, step_time=0.1,
+              extra_args=["--fault", "busy,sleep", "--rank", "1", "--at", "5,12", "--busy-s", "25"])
+    run.launch()
+    st = finish(run, timeout=360)
+    assert st["attempt"] == 2 and len(st["failures"]) == 1, st["failures"]     # the busy spell was no hang
+    f = failure_of(run, "hang")
+    truth = json.loads((run.record.parent / "sick.json").read_text())            # where rank 1 ran
+    assert (f["node"], f["rank"]) == (truth["node"], 1), f
+    assert f"node {truth['node']} rank 1 stuck in" in f["message"] and "all_reduce" in f["message"], f["message"]
+    last = max(r["time"] for r in run.steps_log() if r["attempt"] == 1)
+    assert f["time"] - last <= 30, f"hang declared {f['time'] - last:.1f}s after the last step"
+    stuck = [e for e in run.events() if e["kind"] == "stuck" and e["class"] == "stuck"]
+    assert stuck and (stuck[0]["node"], stuck[0]["rank"]) == (truth["node"], 1)
+    dumps = sorted(p.name for p in (run.state_dir / "jobs" / run.job_row().job_id / "hang-1").iterdir())
+    assert [d for d in dumps if d.startswith("fr-")] and [d for d in dumps if d.startswith("stack-")], dumps
+    rh.check_clean(run)
