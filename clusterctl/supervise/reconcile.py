@@ -104,10 +104,10 @@ def _look(store: Store, job_id: str, ops, *, deadline_s: float, clock, withheld_
         return Reconciled(a.attempt, (), None, JobState.FAILED, leftovers=tidy())
     # the checkpoint on the nodes' storage is asked while they are observed (a look takes the longer, not both)
     on_disk: list = []
-    asking = threading.Thread(target=lambda: on_disk.append(_latest(ops, a.nodes)), daemon=True,
-                              name="checkpoint")
+    nodes = in_record(ops, a.nodes)
+    asking = threading.Thread(target=lambda: on_disk.append(_latest(ops, nodes)), daemon=True, name="checkpoint")
     asking.start()
-    obs = ops.observe(a.attempt, list(a.nodes), watch=False, deadline_s=deadline_s)
+    obs = ops.observe(a.attempt, nodes, watch=False, deadline_s=deadline_s)
     d = judge(obs, rdzv_host=a.rdzv_host or "", now=clock())
     ledger.nodes_changed(job_id, a.attempt, {o.node: dict(
         state=node_state(o), exit_code=o.exit_code, signal=o.signal, rank=o.rank,
@@ -142,6 +142,13 @@ def _look(store: Store, job_id: str, ops, *, deadline_s: float, clock, withheld_
     except InvalidTransition:
         return Reconciled(a.attempt, states, d, store.get_job(job_id).state)
     return Reconciled(a.attempt, states, d, JobState.FAILED, checkpoint, tidy())
+
+
+def in_record(ops, nodes) -> list[str]:
+    """``nodes`` that are still the job's hosts (``ops.hosts``: its record): one that `resume --exclude` took out
+    (which cleaned it up then) is neither asked nor cleaned again; the record has no address for it."""
+    known = getattr(ops, "hosts", None)
+    return [n for n in nodes if known is None or n in known]
 
 
 def _latest(ops, nodes) -> tuple[str, int] | None:
@@ -189,7 +196,7 @@ def clean_up(ledger: Ledger, job_id: str, ops, before: Callable[[], object] = la
     containers or processes, the zygotes, the warm dirs), or say what is left where: a ``cleanup`` event naming
     the nodes cleaned, a ``cleanup_pending`` event per node that could not be (unreachable, the runtime refused).
     Returns those nodes."""
-    nodes = sorted({n for a in ledger.store.attempts(job_id) for n in a.nodes})
+    nodes = in_record(ops, sorted({n for a in ledger.store.attempts(job_id) for n in a.nodes}))
     before()
     errors = ops.stop(None, nodes)
     done = [n for n in nodes if n not in errors]

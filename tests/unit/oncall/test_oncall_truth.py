@@ -648,3 +648,34 @@ def test_logs_of_a_stopped_job_say_what_the_signal_traceback_is(tmp_path, monkey
     assert got.lines[-1].startswith(f"clusterctl: job {job_id} was stopped by `clusterctl stop` at ")
     assert "SignalException traceback above is how it reports that, not a failure" in got.lines[-1]
     assert len(uviews.logs(ws, job_id, ConnectOptions(), tail=2).lines) == 2
+
+
+def test_a_reconcile_after_resume_exclude_asks_and_cleans_only_the_jobs_hosts(tmp_path):
+    """A node of the last attempt that `resume --exclude` took out of the record (which cleaned it up then), and the
+    supervisor gone before the next attempt: `status`'s look raised KeyError (ClusterOps has no address for it);
+    now it looks at, judges and cleans the job's hosts only."""
+    from clusterctl.supervise.reconcile import reconcile
+
+    store, job_id = _running_job(tmp_path, ("n1", "n2"))
+
+    class Node:
+        def __init__(self):
+            self.runs = []
+
+        def run(self, argv, *, timeout, stdin=None):
+            self.runs.append(list(argv))
+            return CommandResult(tuple(argv), 0, "[]", "", 0.01)     # the job's containers: none listed
+
+        def close(self):
+            pass
+
+    n1 = Node()
+    ops = ClusterOps(spec=loads_job(JOB, "job.yaml"), hosts={"n1": HOSTS[0]}, job_id=job_id, store=store,
+                     sink=LogSink(tmp_path / "o.log"), connect=lambda h, o: n1)
+    try:
+        found = reconcile(store, job_id, ops, deadline_s=2)
+    finally:
+        ops.close()
+    assert found.state == JobState.FAILED and [n for n, _ in found.nodes] == ["n1"], found
+    assert found.decision.lost == ("n1",) and found.leftovers == ()
+    assert any("rm" in " ".join(r) or "remove" in " ".join(r) for r in n1.runs), n1.runs   # n1 cleaned
