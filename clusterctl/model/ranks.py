@@ -20,6 +20,7 @@ PEER_WAIT_S = 1.0        # a peer waiting this long in a collective: a still ran
 MISMATCH_S = 3.0         # ranks waiting this long in different collectives: a mismatch, not a passing moment
 STOPPED = ("T", "t")     # /proc/PID/stat states of a stopped (SIGSTOP) or traced process
 DEAD = ("Z", "X", "x")   # a zombie or dead process
+COMPUTING_PCT = 50.0     # CPU % since the last look of a rank that computes (``Rates.cpu_pct``)
 # where a rank waits for its own DataLoader workers (they compute in other processes: its own CPU does not move)
 DATA_WAIT = ("torch/utils/data/", "multiprocessing/queues.py", "multiprocessing/connection.py")
 
@@ -160,7 +161,8 @@ class RankState:
 Views = Mapping[str, Mapping[int, RankView]]     # node -> rank -> view
 
 
-def judge(views: Views, *, gone_nodes: Iterable[str] = (), world: int | None = None) -> list[RankState]:
+def judge(views: Views, *, gone_nodes: Iterable[str] = (), world: int | None = None,
+          computing: Iterable[tuple[str, int]] = ()) -> list[RankState]:
     """Per rank (sorted by rank) one of ``STATES``.
 
     - gone: its node's process is gone (``gone_nodes``), another rank on its node sees its pid dead, or (with
@@ -168,10 +170,13 @@ def judge(views: Views, *, gone_nodes: Iterable[str] = (), world: int | None = N
     - stuck: (a) still (no progress, no CPU, no I/O, the same stack), stopped (/proc state T as its node's other
       ranks see it) or not answering for ``NOT_ANSWERING_S``, outside a collective, while a peer waits in one; or
       (b) waiting in another collective than the one most ranks wait in (another op, or another sequence number).
+      Another sequence number of the same op and group is not a mismatch while a rank is ``computing`` (its CPU
+      busy since the last look: ``Rates``): DDP enqueues a step's buckets as the backward pass goes, so a slow
+      rank's newest collective trails its peers' while it computes (and theirs leads it, however many they are).
     - busy: no progress but CPU or I/O advancing (never stuck), or waiting for its own DataLoader's workers.
     - waiting, training, starting: as the node side says (a still rank nobody waits for: waiting).
     """
-    gone_nodes = set(gone_nodes)
+    gone_nodes, computing = set(gone_nodes), set(computing)
     flat = [v for node_views in views.values() for v in node_views.values()]
     proc = {}           # pid -> state letter, as the node's other ranks see it (per node: pids are per host)
     for v in flat:
@@ -195,8 +200,10 @@ def judge(views: Views, *, gone_nodes: Iterable[str] = (), world: int | None = N
             continue
         silent = stopped or not v.answering
         data_wait = any(p in v.where for p in DATA_WAIT)
+        trailing = (v.in_coll is not None and common is not None and v.in_coll.pg == common.pg
+                    and v.in_coll.op == common.op and bool(computing))
         if (v.in_coll is not None and not silent and common is not None and v.in_coll.key != common.key
-                and v.in_coll.for_s >= MISMATCH_S and common.for_s >= MISMATCH_S):
+                and v.in_coll.for_s >= MISMATCH_S and common.for_s >= MISMATCH_S and not trailing):
             out.append(RankState(state="stuck", why="mismatched collective", peers_in=common,
                                  peers_for_s=common.for_s, mismatch=True, **base))
             continue

@@ -35,8 +35,9 @@ class RankWatch:
     def look(self, views: Views, *, now: float, gone_nodes=(), all_running: bool = True) -> Look:
         """``now``: the supervisor's clock; ``all_running``: every node's process runs and answers (else no
         culprit this round: a node being lost is the verdict's to name)."""
-        states = ranks.judge(views, gone_nodes=gone_nodes)
         self.rates.update(views, now)
+        computing = {k for k, pct in self.rates.cpu_pct.items() if pct >= ranks.COMPUTING_PCT}
+        states = ranks.judge(views, gone_nodes=gone_nodes, computing=computing)
         named, recovered = self.stragglers.update(ranks.slowdowns(views, self.arrivals), now)
         stuck_now = {(s.node, s.rank): s for s in states if s.state == "stuck"}
         new = [s for k, s in stuck_now.items() if k not in self._stuck]

@@ -107,6 +107,20 @@ def test_a_rank_that_skipped_a_collective_waits_at_another_sequence_number():
     assert (s.node, s.rank) == ("n2", 2)
 
 
+def test_a_slow_rank_still_computing_its_backward_pass_trails_its_peers_without_a_mismatch():
+    """DDP enqueues a step's buckets as the backward pass goes: a slow rank's newest all_reduce trails its peers'
+    for seconds while it computes (a big model's long backward). Not stuck; the same without CPU is."""
+    trailing = waiting(2, coll={"pg": "0", "seq": 11, "op": "all_reduce"}, for_s=4.0)
+    vs = views(*(waiting(r, 4.0) for r in (0, 1, 3, 4, 5)), trailing)
+    assert by_rank(judge(vs, computing={("n2", 2)}))[2].state == "waiting"
+    assert by_rank(judge(vs))[2].state == "stuck"
+    # most ranks slow, one fast: the fast one leads, waiting for them
+    leading = waiting(2, coll={"pg": "0", "seq": 13, "op": "all_reduce"}, for_s=4.0)
+    vs = views(*(waiting(r, 4.0) for r in (0, 1, 3, 4, 5)), leading)
+    slow = {(v.node, v.rank) for nv in vs.values() for v in nv.values() if v.rank != 2}
+    assert {s.state for s in judge(vs, computing=slow)} == {"waiting"}
+
+
 def test_ranks_passing_through_different_collectives_for_a_moment_are_not_a_mismatch():
     ahead = waiting(2, coll={"pg": "0", "seq": 13, "op": "all_reduce"}, for_s=0.5)
     assert by_rank(judge(views(*(waiting(r, 0.6) for r in (0, 1, 3, 4, 5)), ahead)))[2].state == "waiting"
