@@ -46,9 +46,10 @@ def advice(rs: list[dict[str, Any]]) -> list[str]:
         out.append("data pipeline: " + _ranks(data) + " wait for their DataLoader workers (more workers, faster "
                    "storage, or prefetch)")
     elif waiting and len(waiting) < len(rs):
-        late = [r for r in rs if r not in waiting and r.get("state") in ("training", "busy")]
+        late = [r for r in rs if r not in waiting and r.get("state") in ("training", "busy", "stuck")]
         out.append("communication: " + _ranks(waiting) + " wait in collectives"
-                   + (f" for {_ranks(late)} (the slow side)" if late else ""))
+                   + (f" for {_ranks(late)}" + (" (stuck)" if all(r.get("state") == "stuck" for r in late)
+                                                    else " (the slow side)") if late else ""))
     if low and not data and not waiting:
         out.append(f"GPU utilisation below {LOW_GPU_PCT:.0f}% on {_ranks(low)} with no rank waiting: look at the "
                    "step's own code (host work between kernels, small batches)")

@@ -47,6 +47,7 @@ def test_advice_names_a_stuck_rank_and_communication():
     doc = doc_of([{"a": {0: v("a", 0, state="waiting", **{"in": dict(AR, for_s=24.0)})}, "b": {1: stuck}}])
     said = top.advice(top.rows(doc))
     assert said[0].startswith("STUCK: node b rank 1 stuck in train.py:55")
+    assert said[1] == "communication: rank a/0 wait in collectives for rank b/1 (stuck)"
     lines = top.text(doc, "demo-1", now=101.0)
     assert any(line.startswith("STUCK:") for line in lines)
 
