@@ -74,8 +74,8 @@ DESCRIPTIONS: dict[str, str] = {
     "supervisor.start_timeout_s": "Bound (s) of each per-node command that starts an attempt.",
     "supervisor.slurm_drain": "Under Slurm: a cordon by the supervisor also drains the node (scontrol update ... "
                               "State=DRAIN).",
-    "supervisor.cordon_after": "The supervisor cordons a host after this many node_lost/rendezvous_lost/hang "
-                               "failures of it within 24 h; 0: never.",
+    "supervisor.cordon_after": "The supervisor cordons a host after this many infrastructure failures of it "
+                               "(node_lost, rendezvous_lost, hang, gpu_error, straggler) within 24 h; 0: never.",
     "supervisor.stuck_timeout_s": "A rank stuck while its peers wait in a collective makes the attempt a hang once "
                                   "its last progress is this many seconds old; 0: off.",
     "supervisor.stragglers": "What a straggler (a rank every collective waits for) gets: warn (an event) or "

@@ -259,7 +259,7 @@ class SupervisorSettings(_Model):
     first_progress_timeout_s: float = Field(1800, gt=0)  # the hang bound until an attempt's first progress
     start_timeout_s: float = Field(60, gt=0)  # bound of each per-node command of a start (leftovers' removal, start)
     collective_timeout_s: int = Field(120, ge=1)  # -> CLUSTERCTL_COLLECTIVE_TIMEOUT_S (process-group timeout)
-    cordon_after: int = Field(3, ge=0)       # node_lost/hang failures of one host in 24 h before it is cordoned; 0: never
+    cordon_after: int = Field(3, ge=0)       # infrastructure failures of one host in 24 h before it is cordoned; 0: never
     slurm_drain: bool = False                # under Slurm: a cordon also drains the node (scontrol ... State=DRAIN)
     stuck_timeout_s: float = Field(20, ge=0)  # a stuck rank (model.ranks) this long without progress -> hang; 0: off
     stragglers: Literal["warn", "relaunch"] = "warn"  # relaunch: a straggler's node is replaced by a spare

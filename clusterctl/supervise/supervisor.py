@@ -177,7 +177,7 @@ class Policy:
     settle_s: float = 3.0                # a non-zero exit waits this long for a dead peer before it is a user error
     window_s: float | None = 86400.0     # budgets count failures within this window; None: since the last progress
     progress_after_s: float = 600.0      # an attempt with output for this long made progress (resets the backoff)
-    cordon_after: int = 3                # node_lost/hang/gpu_error failures of a host in 24 h before it is cordoned (0: never)
+    cordon_after: int = 3                # infrastructure failures (INFRA) of a host in 24 h before it is cordoned (0: never)
     slurm_drain: bool = False            # a cordon also drains the node in Slurm (ops.slurm_drain)
     stuck_timeout_s: float = 20.0        # a stuck rank this long without progress: the attempt is a hang (0: off)
     stragglers: str = "warn"             # warn | relaunch (a straggler's node replaced by a spare when one exists)
@@ -769,13 +769,15 @@ class Supervisor:
         return out
 
     def _maybe_cordon(self, node: str, verdict: Verdict) -> None:
-        """Cordon ``node`` after ``cordon_after`` node_lost/hang/gpu_error failures within 24 h (every job counts)."""
+        """Cordon ``node`` after ``cordon_after`` infrastructure failures (``INFRA``: node_lost, rendezvous_lost, hang,
+        gpu_error, straggler) within 24 h (every job counts); the reason names the classes counted."""
         n = self.policy.cordon_after
         if not n or node in self.store.cordons():
             return
         count = self.store.host_failures(node, [v.value for v in INFRA], 24 * 3600)
         if count >= n:
-            reason = f"{count} node_lost/hang failures within 24 h (last: {verdict.value} in job {self.job_id})"
+            reason = (f"{count} infrastructure failures within 24 h ({', '.join(v.value for v in INFRA)}; last: "
+                      f"{verdict.value} in job {self.job_id})")
             said = f"{node} cordoned: {reason}; launches skip it until `clusterctl uncordon {node}`"
             self.ledger.host_cordoned(node, reason, by=f"supervisor (job {self.job_id})", job_id=self.job_id,
                                       message=said)

@@ -152,7 +152,7 @@ def test_notifications_history_and_automatic_cordon(testbed, tmp_path):
         text = cli("nodes", "-i", str(inv)).stdout
         assert victim in text and "cordoned" in text
         plan = cli("launch", str(job), "-i", str(inv), "--dry-run").stdout
-        assert f"excluded   {victim}: cordoned: 1 node_lost/hang failures within 24 h" in plan
+        assert f"excluded   {victim}: cordoned: 1 infrastructure failures within 24 h" in plan
         cli("uncordon", victim)
         assert json.loads(cli("nodes", "-i", str(inv), "-o", "json").stdout)[HOSTS.index(victim)]["state"] == "ok"
 

@@ -107,7 +107,9 @@ def test_supervisor_cordons_a_host_after_cordon_after_failures(store):
         assert sup.run() == JobState.SUCCEEDED
         assert ("b" in store.cordons()) == (i == 2)
     cordon = store.cordons()["b"]
-    assert cordon.by == f"supervisor (job {job_id})" and "3 node_lost/hang failures within 24 h" in cordon.reason
+    assert cordon.by == f"supervisor (job {job_id})" and cordon.reason.startswith(
+        "3 infrastructure failures within 24 h (node_lost, rendezvous_lost, hang, gpu_error, straggler; last: "
+        "node_lost in job ")
     ev = [e for e in store.events(job_id) if e.kind == "cordon"]
     assert len(ev) == 1 and ev[0].node == "b" and "clusterctl uncordon b" in ev[0].message
     ops = FakeOps([obs(a=(E, 0), c=(E, 0))])
