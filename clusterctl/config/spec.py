@@ -191,6 +191,7 @@ def too_few_gpus(value: str, count: int, nproc: int, what: str) -> str:
             "ranks, or lower nproc_per_node")
 
 
+MAX_COUNT = 1_000_000        # a count of restarts, failures or probes: anything above it is a typo, not a budget
 MAX_NPROC_PER_NODE = 256     # ranks per node: a CPU job may run more than one per GPU, never thousands
 
 
@@ -229,9 +230,9 @@ class Checkpoint(_Model):
 
 
 class Restarts(_Model):
-    max_restarts: int = Field(3, ge=0)       # torchrun --max-restarts (local worker-group restarts per node)
-    max_failures: int = Field(3, ge=0)       # job-level restarts after a user-code failure
-    max_node_failures: int = Field(10, ge=0)  # job-level restarts after a lost node (infrastructure)
+    max_restarts: int = Field(3, ge=0, le=MAX_COUNT)   # torchrun --max-restarts (local worker-group restarts per node)
+    max_failures: int = Field(3, ge=0, le=MAX_COUNT)   # job-level restarts after a user-code failure
+    max_node_failures: int = Field(10, ge=0, le=MAX_COUNT)  # job-level restarts after a lost node (infrastructure)
     backoff_s: float = Field(1, ge=0)
     backoff_max_s: float = Field(30, ge=0)
     window: Window = "24h"                   # budgets count the failures within this window ("progress": since
@@ -254,12 +255,12 @@ class Restarts(_Model):
 
 class SupervisorSettings(_Model):
     probe_interval_s: float = Field(1, gt=0)
-    probe_failures: int = Field(2, ge=2)     # consecutive failed probes before a node is declared lost (one is noise)
+    probe_failures: int = Field(2, ge=2, le=MAX_COUNT)     # consecutive failed probes before a node is declared lost (one is noise)
     hang_timeout_s: float = Field(300, gt=0)  # no progress for this long -> the attempt is hung
     first_progress_timeout_s: float = Field(1800, gt=0)  # the hang bound until an attempt's first progress
     start_timeout_s: float = Field(60, gt=0)  # bound of each per-node command of a start (leftovers' removal, start)
     collective_timeout_s: int = Field(120, ge=1)  # -> CLUSTERCTL_COLLECTIVE_TIMEOUT_S (process-group timeout)
-    cordon_after: int = Field(3, ge=0)       # infrastructure failures of one host in 24 h before it is cordoned; 0: never
+    cordon_after: int = Field(3, ge=0, le=MAX_COUNT)       # infrastructure failures of one host in 24 h before it is cordoned; 0: never
     slurm_drain: bool = False                # under Slurm: a cordon also drains the node (scontrol ... State=DRAIN)
     stuck_timeout_s: float = Field(20, ge=0)  # a stuck rank (model.ranks) this long without progress -> hang; 0: off
     stragglers: Literal["warn", "relaunch"] = "warn"  # relaunch: a straggler's node is replaced by a spare
