@@ -120,7 +120,23 @@ def kill(pids: list[int]) -> None:
             pass
 
 
-class Torchrun:
+class Child:
+    """A start that is one child process of this one (``self.proc``): ended, and its exit code within a bound."""
+
+    proc: subprocess.Popen
+
+    def ended(self) -> bool:
+        return self.proc.poll() is not None
+
+    def finish(self, timeout: float) -> int | None:
+        """Its exit code, or None when it did not end within ``timeout`` s."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+class Torchrun(Child):
     """One start: torchrun of the quickstart, here."""
 
     def __init__(self, work: Path, i: int):
@@ -133,17 +149,8 @@ class Torchrun:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work,
                 start_new_session=True)
 
-    def ended(self) -> bool:
-        return self.proc.poll() is not None
-
     def processes(self) -> list[int]:
         return tree(self.proc.pid)
-
-    def finish(self, timeout: float) -> int | None:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
 
     def kill(self) -> None:
         if self.proc.poll() is None:      # never by a pid this process has reaped (it may be another's by now)
@@ -151,7 +158,7 @@ class Torchrun:
         self.proc.wait()
 
 
-class Local:
+class Local(Child):
     """One start: ``clusterctl launch`` of the quickstart with the embedded default (this machine, bare)."""
 
     def __init__(self, work: Path, i: int):
@@ -175,9 +182,6 @@ class Local:
         return subprocess.run([sys.executable, "-m", "clusterctl.cli", "--state-dir", str(self.state), *args],
                               capture_output=True, text=True, env=self.env, timeout=timeout)
 
-    def ended(self) -> bool:
-        return self.proc.poll() is not None
-
     def processes(self) -> list[int]:
         job_id = next((d.name for d in (self.state / "jobs").glob(f"{self.name}-*")), "")
         return with_env(f"CLUSTERCTL_JOB_ID={job_id}") if job_id else []
@@ -185,12 +189,6 @@ class Local:
     def stacks(self) -> str:
         r = self._cli("stacks", self.name)
         return f"$ clusterctl stacks {self.name}  (exit {r.returncode})\n{r.stdout}{r.stderr}"
-
-    def finish(self, timeout: float) -> int | None:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
 
     def kill(self) -> None:
         self._cli("stop", self.name, "--grace", "0")
