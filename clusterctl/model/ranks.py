@@ -9,7 +9,6 @@ brings it to the controller with its line (``watch.Watch.ranks``); the superviso
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
@@ -183,11 +182,13 @@ def judge(views: Views, *, gone_nodes: Iterable[str] = (), world: int | None = N
         for pid, letter in v.peers:
             proc[(v.node, pid)] = letter
     waiting = [v for v in flat if v.in_coll is not None and v.answering and v.node not in gone_nodes]
-    common = _common_collective([v for v in waiting if v.in_coll.for_s >= PEER_WAIT_S])
+    long_wait = [v for v in waiting if v.in_coll.for_s >= PEER_WAIT_S]
+    long_ids = {id(v) for v in long_wait}
+    common = _common_collective(long_wait)
     out = []
     for v in flat:
         letter = proc.get((v.node, v.pid)) if v.pid is not None else None
-        peer_wait = [w for w in waiting if w.rank != v.rank and w.in_coll.for_s >= PEER_WAIT_S]
+        peer_wait = len(long_wait) > (id(v) in long_ids)          # a peer (not itself) waits in a collective
         base = dict(node=v.node, rank=v.rank, where=v.where, step=v.step, progress_age_s=v.progress_age_s,
                     waiting_s=v.in_coll.for_s if v.in_coll else None, in_coll=v.in_coll, rss=v.rss,
                     gpu_util=v.gpu_util, gpu_mem=v.gpu_mem)
@@ -208,11 +209,11 @@ def judge(views: Views, *, gone_nodes: Iterable[str] = (), world: int | None = N
                                  peers_for_s=common.for_s, mismatch=True, **base))
             continue
         if peer_wait and (silent or (v.hint == "still" and v.in_coll is None and not data_wait)):
-            peers_in = _common_collective(peer_wait) or peer_wait[0].in_coll
+            peers_in = common if id(v) not in long_ids else _common_collective([w for w in long_wait if w is not v])
             why = ("stopped (SIGSTOP)" if stopped else
                    f"not answering for {v.answered_age_s:.0f}s" if silent else "no CPU, no I/O, the same stack")
             out.append(RankState(state="stuck", why=why, peers_in=peers_in, peers_for_s=max(
-                w.in_coll.for_s for w in peer_wait if w.in_coll.key == peers_in.key), **base))
+                w.in_coll.for_s for w in long_wait if w is not v and w.in_coll.key == peers_in.key), **base))
             continue
         if data_wait and v.hint in ("still", "busy"):
             out.append(RankState(state="busy", why="waiting for its DataLoader workers (data pipeline)",
@@ -277,12 +278,13 @@ def slowdowns(views: Views, log: "ArrivalLog | None" = None) -> dict[tuple[str, 
         return {}
     earliest = [min(p[s] for p in per.values()) for s in seqs]
     steps = [b - a for a, b, sa, sb in zip(earliest, earliest[1:], seqs, seqs[1:]) if sb == sa + 1]
-    period = statistics.fmean(steps) if steps else 0      # mean: a step's collectives come at uneven intervals
+    period = sum(steps) / len(steps) if steps else 0      # mean: a step's collectives come at uneven intervals
     if period <= 0:
         return {}
     out = {}
+    mean_earliest = sum(earliest) / len(earliest)
     for key, p in per.items():
-        lateness = statistics.fmean(p[s] - e for s, e in zip(seqs, earliest))
+        lateness = sum(p[s] for s in seqs) / len(seqs) - mean_earliest
         out[key] = period / (period - lateness) if lateness < period else float("inf")
     return out
 

@@ -12,6 +12,9 @@ from clusterctl.model import ranks
 from clusterctl.model.ranks import ArrivalLog, RankState, Rates, Straggler, Stragglers, Views
 
 
+SLOWDOWN_EVERY_S = 5.0    # slowdowns are computed this often (a straggler is named after 60 s; it costs CPU)
+
+
 @dataclass(frozen=True)
 class Look:
     """What one round of rank views says."""
@@ -31,6 +34,7 @@ class RankWatch:
     rates: Rates = field(default_factory=Rates)
     arrivals: ArrivalLog = field(default_factory=ArrivalLog)
     _stuck: dict[tuple[str, int], RankState] = field(default_factory=dict)
+    _slow_at: float = -float("inf")
 
     def look(self, views: Views, *, now: float, gone_nodes=(), all_running: bool = True) -> Look:
         """``now``: the supervisor's clock; ``all_running``: every node's process runs and answers (else no
@@ -38,7 +42,10 @@ class RankWatch:
         self.rates.update(views, now)
         computing = {k for k, pct in self.rates.cpu_pct.items() if pct >= ranks.COMPUTING_PCT}
         states = ranks.judge(views, gone_nodes=gone_nodes, computing=computing)
-        named, recovered = self.stragglers.update(ranks.slowdowns(views, self.arrivals), now)
+        slow = {}
+        if now - self._slow_at >= SLOWDOWN_EVERY_S:       # each rank refreshes its arrivals every 10 s
+            self._slow_at, slow = now, ranks.slowdowns(views, self.arrivals)
+        named, recovered = self.stragglers.update(slow, now)
         stuck_now = {(s.node, s.rank): s for s in states if s.state == "stuck"}
         new = [s for k, s in stuck_now.items() if k not in self._stuck]
         gone = {(s.node, s.rank) for s in states if s.state == "gone"}

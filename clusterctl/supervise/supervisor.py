@@ -24,6 +24,7 @@ from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, S
 from clusterctl.supervise import jobdir
 from clusterctl.supervise.ranklook import Look, RankWatch
 
+RANKS_EVERY_S = 1.9  # ranks.json at most this often (``top`` refreshes every 2 s), and whenever a rank is newly named
 PEER_SETTLE = 4     # a rank that failed because a peer went away waits this many settle_s for the peer's node
 STARTUP_EVERY_S = 2.0   # an attempt's start-up is said when it changes, at most this often within one phase
 GPU_RECHECK_S = 10.0    # a node left out for a GPU error whose GPU check failed is checked again after this
@@ -206,6 +207,7 @@ class Supervisor:
         self._store_trouble_at = -math.inf        # when a refused write was last said in the log
         self.job_dir, self.wall = job_dir, wall
         self._ranks: RankWatch | None = None      # the attempt's rank view (issue 37)
+        self._ranks_written = -math.inf           # when ranks.json was last written (self.clock)
         self._gpu_suspect: dict[str, tuple[str, float]] = {}   # node left out for a GPU error -> (why its last
                                                                # GPU check failed, when), until it passes one
 
@@ -571,7 +573,8 @@ class Supervisor:
         look = self._ranks.look(views, now=now, gone_nodes={o.node for o in obs if o.state in ("exited", "missing")},
                                 all_running=bool(obs) and len(running) == len(obs))
         self._say_ranks(attempt, look)
-        if self.job_dir is not None:
+        if self.job_dir is not None and (now - self._ranks_written >= RANKS_EVERY_S or look.stuck or look.named):
+            self._ranks_written = now
             self._survive_io(jobdir.write_ranks, self.job_dir,
                              self._ranks.document(look, job_id=self.job_id, attempt=attempt, wall=self.wall()))
         c = look.culprit

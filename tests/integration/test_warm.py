@@ -360,3 +360,25 @@ def test_a_warm_root_another_user_made_first_runs_nothing_of_it_and_the_job_fini
         ran = sorted(p.name for p in Path(root).iterdir() if p.name.startswith("RAN-"))
         shutil.rmtree(root, ignore_errors=True)
     assert ran == [], ran
+
+
+def test_bare_a_stopped_rank_then_a_rank_in_another_collective_are_hangs_named_cold_and_warm(job, wtb):
+    """Issue 37 on the bare runtime, a cold attempt and a warm one (the ranks forked by the zygotes): attempt 1's
+    rank 3 stops itself (SIGSTOP), attempt 2's waits in another collective than its peers' all-reduce; each is a
+    hang within 30 s of the last step naming that rank and its node, then attempt 3 finishes."""
+    import json
+
+    run = job(runtime="bare", script=JOBS / "sick.py", nodes="3", nproc=2, steps=20, step_time=0.1,
+              extra_args=["--fault", "1:sigstop,2:other", "--rank", "3", "--at", "8,8"])
+    run.launch()
+    st = run.wait_end(480)
+    assert st["state"] == "SUCCEEDED", f"{st['state']}: {st['reason']}\n{run.events_text()}"
+    assert st["attempt"] == 3 and [f["class"] for f in st["failures"]] == ["hang", "hang"], st["failures"]
+    assert set(relaunches(run, 2).values()) == {"warm"}, run.events_text()
+    for f, attempt, what in zip(st["failures"], (1, 2), ("stopped (SIGSTOP)", "mismatched collectives")):
+        truth = json.loads(Path(f"{run.record.parent / 'sick.json'}.{attempt}").read_text())
+        assert (f["attempt"], f["node"], f["rank"]) == (attempt, truth["node"], 3), f
+        assert what in f["message"], f["message"]
+        last = max(r["time"] for r in run.steps_log() if str(r["attempt"]) == str(attempt))
+        assert f["time"] - last <= 30, f"attempt {attempt}: hang declared {f['time'] - last:.1f}s after the last step"
+    rh.check_clean(run)

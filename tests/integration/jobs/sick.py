@@ -1,6 +1,6 @@
 """A DDP job that gets sick, not dead (issue 37): at step ``--at`` of attempt ``--attempt``, rank ``--rank`` does
 ``--fault`` while every other rank goes on into DDP's all-reduce (comma-separated faults and steps: one after the
-other, as ``--fault busy,sleep --at 5,10``):
+other, as ``--fault busy,sleep --at 5,10``; a fault ``A:KIND`` is attempt A's, as ``--fault 1:sigstop,2:other``):
 
     sleep     blocks forever in its own code (time.sleep)
     fifo      blocks reading a FIFO nobody writes (open() of ``--fifo``)
@@ -48,20 +48,27 @@ def main():
     rank = dist.get_rank()
     attempt = int(os.environ.get("CLUSTERCTL_ATTEMPT", "1"))
     start = 0
-    faulty = rank == a.rank and attempt == a.attempt
+    faulty = rank == a.rank
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(64, 64))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(16, 64)
     slow = 1.0
-    faults = dict(zip((int(x) for x in a.at.split(",")), a.fault.split(",")))
+    faults = {}
+    for at, f in zip((int(x) for x in a.at.split(",")), a.fault.split(",")):
+        when, _, kind = f.rpartition(":")
+        if int(when or a.attempt) == attempt:
+            faults[at] = kind
     for step in range(start + 1, a.steps + 1):
         fault = faults.get(step) if faulty else None
         if fault:
             print(f"rank {rank}: {fault} at step {step}", flush=True)
-            if a.mark:
-                with open(a.mark, "w") as f:
-                    json.dump({"node": os.environ.get("CLUSTERCTL_NODE"), "rank": rank, "time": time.time()}, f)
+            if a.mark:          # the last fault's, and each attempt's (MARK.<attempt>)
+                seen = {"node": os.environ.get("CLUSTERCTL_NODE"), "rank": rank, "time": time.time(),
+                        "attempt": attempt, "fault": fault}
+                for path in (a.mark, f"{a.mark}.{attempt}"):
+                    with open(path, "w") as f:
+                        json.dump(seen, f)
             if fault == "sleep":
                 time.sleep(10 ** 6)
             elif fault == "fifo":
