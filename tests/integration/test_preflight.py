@@ -377,3 +377,41 @@ def test_docker_daemon_down_fails_with_the_fix(dpf, home):
     assert rt["status"] == "fail" and "Cannot connect to the Docker daemon" in rt["detail"], rt
     assert "systemctl enable --now docker" in rt["hint"], rt
     assert by["node2"]["image"]["status"] == "skip"
+
+
+def test_a_node_left_out_for_a_gpu_error_is_used_again_only_once_it_passes_the_gpu_checks(pf, tmp_path):
+    """Issue 35 item 5: node2's rank dies of torch's ECC error (gpu_error) in a 2-node bare job (MIN 2), so MIN needs
+    node2 back; it answers at once, but its GPUs (the stub nvidia-smi) still report uncorrectable ECC errors: the
+    supervisor's GPU check (launch's gpu_driver/gpu_count/gpu_health, over SSH) keeps it out with a `waiting` event
+    naming gpu_health; once the GPU reads healthy again the next check passes and the job finishes on both."""
+    from tests.integration import recovery_harness as rh
+    from tests.testbed import stubs
+
+    tb = pf["tb"]
+    node2 = tb.host("node2")
+    healthy = dict(node2.profile)
+    run = rh.new_run(tb, tmp_path / "run", "gpureadmit", runtime="bare", nodes="2",
+                     script=Path(__file__).parent / "jobs" / "gpu_error.py")
+    run.inventory = tb.inventory(tmp_path / "run" / "inv2.yaml", runtime="bare", hosts=["node1", "node2"])
+    spec = yaml.safe_load(run.job.read_text())
+    spec["env"] = {"GPU_ERROR_NODE": "node2"}
+    run.job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    stubs.write_stubs(node2.bin_dir, profile(gpus=2, ecc_uncorrectable=[0, 2]), node2.index)   # its GPU 1 failed
+    try:
+        run.launch()
+        end = time.monotonic() + 120
+        while not (out := [e for e in run.events() if e["kind"] == "waiting" and e["class"] == "gpu_error"]):
+            assert time.monotonic() < end, run.events_text()
+            time.sleep(1)
+        assert out[0]["node"] == "node2" and "gpu_health: uncorrectable ECC errors (GPU 1: 2)" in out[0]["message"]
+        assert run.status()["attempt"] == 1            # not relaunched on node2 meanwhile
+        stubs.write_stubs(node2.bin_dir, healthy, node2.index)     # the GPU was reset
+        st = run.wait_end(120)
+    finally:
+        stubs.write_stubs(node2.bin_dir, healthy, node2.index)
+        rh.stop_unless_done(run)
+    assert st["state"] == "SUCCEEDED", run.events_text()
+    assert [f["class"] for f in st["failures"]] == ["gpu_error"] and st["attempt"] == 2, st["failures"]
+    assert sorted(n["node"] for n in st["nodes"]) == ["node1", "node2"]
+    assert any("node2 passed the GPU check" in e["message"] for e in run.events())
+    rh.check_clean(run)
