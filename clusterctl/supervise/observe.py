@@ -91,7 +91,8 @@ def interpret(node: str, instances: Sequence[Instance], attempt: int, *, runtime
 
 
 # ------------------------------------------------------------------------------ an attempt's start-up (issue 39)
-STARTUP_PHASES = ("rendezvous", "ranks", "first_step")
+STARTUP_PHASES = ("rendezvous", "ranks", "started", "first_step")   # "started": every rank printed (a script
+                                                                      # without `step N` lines ends there)
 
 
 def startup(nodes: int, joined: int | None, ranks: int, world: int, step: int | None) -> tuple[str, str] | None:
@@ -100,8 +101,10 @@ def startup(nodes: int, joined: int | None, ranks: int, world: int, step: int | 
     ``world``), the first ``step N`` of a rank."""
     if step is not None:
         return "first_step", f"first step: step {step} ({ranks}/{world} ranks started)"
+    if ranks >= world > 0:
+        return "started", f"ranks started: {ranks}/{world} (every rank printed)"
     if ranks:
-        return "ranks", f"ranks started: {ranks}/{world} (the ranks that printed), waiting for the first step"
+        return "ranks", f"ranks started: {ranks}/{world} (the ranks that printed)"
     if joined is not None:
         return "rendezvous", f"waiting for rendezvous: {min(joined, nodes)}/{nodes} nodes joined"
     return None

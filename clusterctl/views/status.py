@@ -173,7 +173,7 @@ def text(v: dict[str, Any], now: float | None = None) -> list[str]:
     p(f"attempt   {v['attempt']}  started {_ago(v['started_at'], now)}  rendezvous {v['rendezvous_host'] or '-'}")
     p("nodes     " + ", ".join(_node_text(n) for n in v["nodes"]))
     up = v.get("startup")
-    if up and up["phase"] != "first_step" and v["state"] not in ENDED:     # still starting: where it stands
+    if up and up["phase"] in ("rendezvous", "ranks") and v["state"] not in ENDED:   # still starting: where it stands
         p(f"startup   {up['message']} ({_ago(up['time'], now)})")
     ck = v["checkpoint"]
     p("checkpoint " + (f"{ck['path']} (step {ck['step']})" if ck else "none"))

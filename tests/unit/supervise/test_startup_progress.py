@@ -30,7 +30,8 @@ def test_the_startup_phases_and_the_rendezvous_peers_are_pure():
     assert observe.rendezvous_peers("0 0 [fd00::1]:29400 [fd00::2]:4000\n") == 1
     assert observe.startup(3, None, 0, 6, None) is None
     assert observe.startup(3, 1, 0, 6, None) == ("rendezvous", "waiting for rendezvous: 1/3 nodes joined")
-    assert observe.startup(3, 3, 4, 6, None)[0] == "ranks" and "4/6" in observe.startup(3, 3, 4, 6, None)[1]
+    assert observe.startup(3, 3, 4, 6, None) == ("ranks", "ranks started: 4/6 (the ranks that printed)")
+    assert observe.startup(3, 3, 6, 6, None) == ("started", "ranks started: 6/6 (every rank printed)")
     assert observe.startup(3, None, 6, 6, 1) == ("first_step", "first step: step 1 (6/6 ranks started)")
 
 
@@ -87,10 +88,10 @@ def test_the_supervisor_says_the_start_up_when_it_changes_until_the_first_step(t
     store, job_id, state = _supervise(tmp_path, ops)
     assert state == JobState.SUCCEEDED
     ups = [e for e in store.events(job_id) if e.kind == EventKind.STARTUP]
-    assert [e.klass for e in ups] == ["rendezvous", "rendezvous", "ranks", "ranks", "first_step"]
+    assert [e.klass for e in ups] == ["rendezvous", "rendezvous", "ranks", "started", "first_step"]
     assert ups[0].message == "attempt 1: waiting for rendezvous: 1/2 nodes joined"
     assert ups[1].message == "attempt 1: waiting for rendezvous: 2/2 nodes joined"     # 2 rounds later (1 s each)
-    assert "2/2" in ups[3].message                      # 1/2 -> 2/2 within one phase: said once the 2 s passed
+    assert ups[3].message == "attempt 1: ranks started: 2/2 (every rank printed)"
     assert ups[4].message.startswith("attempt 1: first step: step 1 (2/2 ranks started), ") and "s after the start" \
         in ups[4].message
     assert ops.asked == 9                              # not asked again after the first step
@@ -130,7 +131,7 @@ def test_cluster_ops_startup_reads_the_stores_peers_then_the_ranks_then_the_firs
         assert not any(r[0] == "ss" for n in ("n2", "n3") for r in nodes[n].runs)    # the rendezvous host only
         sink.begin("n2", 1)
         sink.feed("n2", b"[2]:loading data\n[3]:loading data\n")
-        assert ops.startup(1) == ("ranks", "ranks started: 2/6 (the ranks that printed), waiting for the first step")
+        assert ops.startup(1) == ("ranks", "ranks started: 2/6 (the ranks that printed)")
         assert len([r for r in nodes["n1"].runs if r[0] == "ss"]) == 1     # a rank printed: no more ss
         sink.feed("n2", b"[2]:step 1 loss 0.5\n")
         assert ops.startup(1) == ("first_step", "first step: step 1 (2/6 ranks started)")
@@ -153,4 +154,8 @@ def test_status_shows_where_the_start_up_stands_until_the_first_step(tmp_path):
                  attempt=1, klass="first_step")
     v = status.job_view(store, store.get_job(job_id))
     assert v["startup"]["phase"] == "first_step" and not any(line.startswith("startup") for line in status.text(v))
+    ledger.event(job_id, EventKind.STARTUP, "attempt 1: ranks started: 2/2 (every rank printed)", attempt=1,
+                 klass="started")              # a script without `step N` lines: its start-up ends here
+    v = status.job_view(store, store.get_job(job_id))
+    assert v["startup"]["phase"] == "started" and not any(line.startswith("startup") for line in status.text(v))
     store.close()
