@@ -122,7 +122,7 @@ def supervise(root: Path, job_id: str, options: ConnectOptions, *, adopt: bool =
     mirror = jobdir.EventMirror(store, job_id, paths.job_dir(root, job_id) / jobdir.EVENTS)
     store.on_state = mirror.chain(store.on_state)
     tap = jobdir.StepTap(paths.job_dir(root, job_id) / jobdir.STEPS, store.get_job(job_id).attempt)
-    if getattr(ops, "sink", None) is not None:
+    if ops.sink is not None:
         ops.sink.echo = tap
         ops.first_step = tap.first_step     # an attempt's start-up ends at its first step (ClusterOps.startup)
     try:

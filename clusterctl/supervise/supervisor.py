@@ -13,7 +13,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol, Sequence
+from types import MappingProxyType
+from typing import Callable, Mapping, Protocol, Sequence
 
 from clusterctl.model import budget, causes
 from clusterctl.model.ranks import RankView
@@ -127,34 +128,82 @@ def classify(obs: Sequence[Observation], health: Health, *, rdzv_host: str, prob
 
 
 class NodeOps(Protocol):
-    """Everything the supervisor does to the cluster. The real one is ``cluster_ops.ClusterOps``."""
+    """Everything the supervisor does to the cluster: the whole port (the loop asks nothing else of ``ops``). The
+    real one is ``cluster_ops.ClusterOps``; the tests' fakes implement the same port. An implementation subclasses
+    ``NodeOps`` and inherits the capabilities a cluster may lack, below the first block, which answer None ("not
+    here": the loop does without) or nothing; ``Supervisor`` refuses one short of a member (``port_problems``)."""
+
+    recovery: Mapping[str, tuple[str, str]] = MappingProxyType({})   # node -> (warm | cold, why) of the last start
 
     def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str,
               resume: tuple[str, int]) -> dict[str, NodeError]:
         """Start the attempt on ``nodes``; returns {node: error} for nodes that failed to start (rolled back)."""
+        raise NotImplementedError
 
-    def observe(self, attempt: int, nodes: Sequence[str]) -> list[Observation]: ...
+    def observe(self, attempt: int, nodes: Sequence[str]) -> list[Observation]:
+        raise NotImplementedError
 
     def stop(self, attempt: int | None, nodes: Sequence[str]) -> dict[str, NodeError]:
         """Gang-stop (TERM, grace, KILL, remove). attempt None = every attempt of the job. {node: error}."""
+        raise NotImplementedError
 
-    def reachable(self, nodes: Sequence[str]) -> list[str]: ...
+    def reachable(self, nodes: Sequence[str]) -> list[str]:
+        raise NotImplementedError
 
     def latest_checkpoint(self, nodes: Sequence[str]) -> tuple[str, int] | None:
         """(path, step); ("", 0) when there is none; None when no node could tell."""
+        raise NotImplementedError
 
+    def stop_requested(self) -> bool:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------- what a cluster may lack: None, "not here"
     def checkpoint_hint(self) -> int | None:
-        """Optional: the newest checkpoint step seen (unverified), so a new one is verified at once."""
+        """The newest checkpoint step seen (unverified), so a new one is verified at once; None: ask every
+        ``checkpoint_every_probes`` rounds."""
+        return None
 
-    def stop_requested(self) -> bool: ...
+    def gpu_check(self, nodes: Sequence[str]) -> dict[str, str] | None:
+        """node -> why, for the ``nodes`` that fail launch's GPU checks; a node left out for a GPU error passes
+        them before it is used again. None: no check here (reachable is enough)."""
+        return None
 
-    # optional: ``rank_views(attempt) -> {node: {rank: RankView}}``, what every rank is doing (the watches' rank
-    # files; {} when the node side writes none), and ``dump_ranks(attempt, nodes, dest_dir) -> {node: error}``,
-    # every rank's flight-recorder dump and stack copied into ``dest_dir`` (``cluster_ops.ClusterOps``)
-    # optional: ``stacks(attempt, nodes) -> str``, where every rank waits (one line per group of ranks); called on
-    # a hang before the gang-stop and stored as a ``stacks`` event (``cluster_ops.ClusterOps.stacks``)
-    # optional: ``gpu_check(nodes) -> {node: why}``: the nodes that fail launch's GPU checks (``ClusterOps.gpu_check``);
-    # a node left out for a GPU error passes it before it is used again
+    def rank_views(self, attempt: int) -> dict | None:
+        """node -> rank -> ``model.ranks.RankView``: what every rank is doing ({} when the node side writes none);
+        None: no rank view here."""
+        return None
+
+    def dump_ranks(self, attempt: int, nodes: Sequence[str], dest_dir: str) -> dict[str, str] | None:
+        """Every rank's flight-recorder dump and stack copied into ``dest_dir``; node -> why not. None: none here."""
+        return None
+
+    def socket_fallback(self, attempt: int) -> list[tuple[str, str]] | None:
+        """(node, NCCL's line) for each node whose NCCL fell back to sockets where InfiniBand is expected."""
+        return None
+
+    def stacks(self, attempt: int, nodes: Sequence[str]) -> str | None:
+        """Where every rank waits (one line per group of ranks), taken on a hang before the gang-stop and stored as
+        a ``stacks`` event. None: no stacks here."""
+        return None
+
+    def drop_zygotes(self, nodes: Sequence[str]) -> dict[str, NodeError] | None:
+        """The job ended: remove its warm zygotes and warm dirs on ``nodes``; {node: error}. None: no warm path."""
+        return None
+
+    def slurm_drained(self, nodes: Sequence[str]) -> set[str]:
+        """Those of ``nodes`` that Slurm reports drained, down or not responding (none outside Slurm)."""
+        return set()
+
+    def slurm_drain(self, node: str, reason: str) -> tuple[bool, str] | None:
+        """Drain ``node`` in Slurm: (done, Slurm's message). None: not under Slurm."""
+        return None
+
+
+def port_problems(impl: object) -> list[str]:
+    """The members of ``NodeOps`` that ``impl`` lacks (an implementation that does not subclass it lacks the
+    capabilities it would inherit): checked once, when a ``Supervisor`` is made."""
+    own = [n for n, v in vars(NodeOps).items() if callable(v) and not n.startswith("_")]
+    return [m for m in (*NodeOps.__annotations__, *own) if not hasattr(impl, m)]
 
 
 @dataclass(frozen=True)
@@ -192,6 +241,10 @@ class Supervisor:
         """``sleep``: backoff and waiting for nodes; ``wait``: between probe rounds (may return early when a
         node's process ends, e.g. ``ClusterOps.wait_for_change``; default ``sleep``). ``job_dir``: where the
         rank view (``ranks.json``, for ``top``) and a hang's flight-recorder dumps (``hang-<attempt>/``) go."""
+        missing = port_problems(ops)
+        if missing:
+            raise TypeError(f"{type(ops).__qualname__} is not a whole NodeOps: it lacks {', '.join(missing)} "
+                            "(subclass clusterctl.supervise.supervisor.NodeOps)")
         self.job_id, self.store, self.ops, self.policy = job_id, store, ops, policy
         self.ledger = Ledger(store)     # every lifecycle write goes through it; the store is read directly
         self.all_nodes = list(nodes)
@@ -327,9 +380,9 @@ class Supervisor:
             attempt += 1
 
     def _relaunches(self, attempt: int, nodes: list[str]) -> list[Relaunch]:
-        """How each node of a relaunch started: warm or cold, and why (optional ``NodeOps.recovery``: node ->
+        """How each node of a relaunch started: warm or cold, and why (``NodeOps.recovery``: node ->
         (mode, why) of the last start; without it every node is cold)."""
-        modes = getattr(self.ops, "recovery", None) or {}
+        modes = self.ops.recovery
         return [Relaunch(attempt, node, *modes.get(node, ("cold", "the node runtime has no warm path")))
                 for node in nodes]
 
@@ -366,19 +419,18 @@ class Supervisor:
         return None
 
     def _gpus_checked(self, nodes: list[str]) -> list[str]:
-        """``nodes`` without those left out for a GPU error that fail the GPU checks again (optional
-        ``NodeOps.gpu_check``; launch's quick preflight: gpu_driver, gpu_count, gpu_health): reachable is not enough.
+        """``nodes`` without those left out for a GPU error that fail the GPU checks again
+        (``NodeOps.gpu_check``; launch's quick preflight: gpu_driver, gpu_count, gpu_health): reachable is not enough.
         A node that fails stays out, with a ``waiting`` event saying why (again only when the reason changes; checked
         again after ``GPU_RECHECK_S``); one that passes is used again."""
-        check = getattr(self.ops, "gpu_check", None)
-        if check is None:
-            return nodes
         now = self.clock()
         due = [n for n in nodes if n in self._gpu_suspect and now - self._gpu_suspect[n][1] >= GPU_RECHECK_S]
         try:
-            failing = check(due) if due else {}
+            failing = self.ops.gpu_check(due) if due else {}
         except Exception as e:  # noqa: BLE001 - a check that cannot run proves nothing: the nodes stay out
             failing = {n: f"the GPU check could not run: {e}" for n in due}
+        if failing is None:         # no GPU check here: reachable is enough
+            return nodes
         for n in due:
             if n in failing:
                 if failing[n] != self._gpu_suspect[n][0]:
@@ -484,8 +536,7 @@ class Supervisor:
     def _checkpoint_due(self, rounds: int) -> bool:
         """Verify the latest checkpoint now? When the watches saw a new step directory (so ``status`` shows it
         within a probe interval), else every ``checkpoint_every_probes`` rounds."""
-        hint_of = getattr(self.ops, "checkpoint_hint", None)
-        hint = hint_of() if hint_of else None
+        hint = self.ops.checkpoint_hint()
         if hint is None:
             return rounds % self.policy.checkpoint_every_probes == 0
         if hint != self._last_hint:
@@ -555,15 +606,14 @@ class Supervisor:
 
     def _look_at_ranks(self, attempt: int, nodes: list[str], obs: Sequence[Observation],
                        now: float) -> Decision | None:
-        """The rank view of this round (optional ``NodeOps.rank_views``): say which rank is newly stuck or
+        """The rank view of this round (``NodeOps.rank_views``): say which rank is newly stuck or
         straggling (events), keep ``ranks.json`` for ``top``, and end the attempt as a hang when a stuck rank has
         made no progress for ``stuck_timeout_s`` (or, with ``stragglers: relaunch``, to replace a straggler's node
         by a spare)."""
-        views_of = getattr(self.ops, "rank_views", None)
-        if views_of is None or self._ranks is None:
+        if self._ranks is None:
             return None
         try:
-            views: dict[str, dict[int, RankView]] = views_of(attempt)
+            views: dict[str, dict[int, RankView]] | None = self.ops.rank_views(attempt)
         except Exception as e:  # noqa: BLE001 - a diagnosis: never in the way of the job
             print(f"clusterctl: could not read the rank view: {e}", file=sys.stderr, flush=True)
             return None
@@ -618,16 +668,17 @@ class Supervisor:
                 print(f"clusterctl: could not write the rank view: {e}", file=sys.stderr, flush=True)
 
     def _dump_ranks(self, attempt: int, nodes: list[str]) -> None:
-        """Keep every rank's flight-recorder dump and stack in ``<job dir>/hang-<attempt>/`` (optional
-        ``NodeOps.dump_ranks``), said in a ``stacks`` event."""
-        dump = getattr(self.ops, "dump_ranks", None)
-        if dump is None or self.job_dir is None:
+        """Keep every rank's flight-recorder dump and stack in ``<job dir>/hang-<attempt>/``
+        (``NodeOps.dump_ranks``), said in a ``stacks`` event."""
+        if self.job_dir is None:
             return
         dest = self.job_dir / f"hang-{attempt}"
         try:
-            errors = dump(attempt, nodes, str(dest))
+            errors = self.ops.dump_ranks(attempt, nodes, str(dest))
         except Exception as e:  # noqa: BLE001 - a diagnosis: never in the way of the recovery
             errors = {n: str(e) for n in nodes}
+        if errors is None:          # no dumps here
+            return
         kept = sorted(p.name for p in dest.iterdir()) if dest.is_dir() else []
         text = (f"every rank's flight-recorder dump and stack kept in {dest} ({len(kept)} files; read with "
                 f"`python -m torch.distributed.flight_recorder.fr_trace -p fr- {dest}`)")
@@ -637,31 +688,26 @@ class Supervisor:
 
     def _check_network(self, attempt: int) -> None:
         """Where InfiniBand is expected and NCCL came up on sockets (10-100x slower), say so loudly: a ``network``
-        event per node (optional ``NodeOps.socket_fallback(attempt) -> [(node, NCCL's line)]``)."""
-        look = getattr(self.ops, "socket_fallback", None)
-        if look is None:
-            return
+        event per node (``NodeOps.socket_fallback(attempt) -> [(node, NCCL's line)]``)."""
         try:
-            found = look(attempt)
+            found = self.ops.socket_fallback(attempt)
         except Exception as e:  # noqa: BLE001 - a diagnosis: never in the way of the job
             print(f"clusterctl: could not read NCCL's network choice: {e}", file=sys.stderr, flush=True)
             return
-        for node, line in found:
+        for node, line in found or ():
             self.event(EventKind.NETWORK, f"WARNING: {node}: NCCL uses sockets where InfiniBand is expected (10-100x "
                                           f"slower; check the IB devices, port state and nvidia_peermem with "
                                           f"`clusterctl preflight`): {line}", attempt=attempt, node=node,
                        klass="socket")
 
     def _take_stacks(self, attempt: int, nodes: list[str]) -> None:
-        """Record every rank's stack as a ``stacks`` event (optional ``NodeOps.stacks(attempt, nodes) -> str``)."""
-        take = getattr(self.ops, "stacks", None)
-        if take is None:
-            return
+        """Record every rank's stack as a ``stacks`` event (``NodeOps.stacks(attempt, nodes) -> str``)."""
         try:
-            text = take(attempt, nodes)
+            text = self.ops.stacks(attempt, nodes)
         except Exception as e:  # noqa: BLE001 - the stacks are a diagnosis: never in the way of the recovery
             text = f"could not take the stacks: {e}"
-        self.event(EventKind.STACKS, text, attempt=attempt)
+        if text is not None:        # None: no stacks here
+            self.event(EventKind.STACKS, text, attempt=attempt)
 
     def _spend(self, verdict: Verdict, message: str) -> bool:
         """Charge one failure to the matching budget; sleep the backoff. False when the budget is exhausted.
@@ -738,11 +784,8 @@ class Supervisor:
                                                       "run `clusterctl stop` once it is reachable again", node=node)
 
     def _drop_zygotes(self) -> None:
-        """The job ended: remove its warm zygotes on every node that answers (optional ``NodeOps.drop_zygotes``)."""
-        drop = getattr(self.ops, "drop_zygotes", None)
-        if drop is None:
-            return
-        for node, e in drop(self.ops.reachable(self.all_nodes)).items():
+        """The job ended: remove its warm zygotes on every node that answers (``NodeOps.drop_zygotes``)."""
+        for node, e in (self.ops.drop_zygotes(self.ops.reachable(self.all_nodes)) or {}).items():
             self.event(EventKind.CLEANUP_PENDING, f"could not remove the zygote on {node}: {e.message} (run "
                                                   "`clusterctl stop` when it is reachable again)", node=node)
 
@@ -765,9 +808,8 @@ class Supervisor:
         """``nodes`` without the cordoned ones (`clusterctl cordon`, or cordoned here after repeated failures)."""
         cordoned = self.store.cordons()
         out = [n for n in nodes if n not in cordoned]
-        drained = getattr(self.ops, "slurm_drained", None)     # under Slurm: drained/down nodes are skipped too
-        if drained is not None and out:
-            gone = drained(out)
+        if out:                 # under Slurm: drained/down nodes are skipped too
+            gone = self.ops.slurm_drained(out)
             out = [n for n in out if n not in gone]
         return out
 
@@ -785,8 +827,8 @@ class Supervisor:
             self.ledger.host_cordoned(node, reason, by=f"supervisor (job {self.job_id})", job_id=self.job_id,
                                       message=said)
             self.on_event(said)
-            if self.policy.slurm_drain and (drain := getattr(self.ops, "slurm_drain", None)) is not None:
-                ok, message = drain(node, reason)
+            if self.policy.slurm_drain and (drained := self.ops.slurm_drain(node, reason)) is not None:
+                ok, message = drained
                 self.event(EventKind.SLURM_DRAIN,
                            f"{node} drained in Slurm (scontrol update NodeName={node} State=DRAIN)"
                            if ok else f"{node}: Slurm drain refused: {message}", node=node)

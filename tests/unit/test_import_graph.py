@@ -264,6 +264,18 @@ def test_event_kinds_are_compared_with_the_enum():
     assert found == []
 
 
+def test_the_supervisors_port_is_called_not_probed():
+    """``NodeOps`` declares everything the loop uses (issue 36): nothing asks ``ops`` whether it has a member
+    (``getattr``/``hasattr`` on ``ops``/``self.ops``); a cluster that lacks a capability answers None."""
+    def is_ops(x: ast.expr) -> bool:
+        return (isinstance(x, ast.Name) and x.id == "ops") or (isinstance(x, ast.Attribute) and x.attr == "ops")
+
+    found = [f"{mod}:{n.lineno}" for mod, path in _modules().items() for n in ast.walk(ast.parse(path.read_text()))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
+             and n.args and is_ops(n.args[0])]
+    assert found == []
+
+
 def test_pyprojects_package_list_names_every_package():
     """pyproject.toml lists its packages explicitly: a new package missing there is missing from the wheel."""
     import tomllib

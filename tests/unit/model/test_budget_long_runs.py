@@ -8,7 +8,7 @@ import pytest
 
 from clusterctl.model.verdicts import Observation
 from clusterctl.store.state import JobState, Store
-from clusterctl.supervise.supervisor import Policy, Supervisor
+from clusterctl.supervise.supervisor import NodeOps, Policy, Supervisor
 from clusterctl.views import status as status_mod
 
 HOUR, DAY = 3600.0, 86400.0
@@ -26,7 +26,7 @@ class Clock:
         self.t += seconds
 
 
-class LongCluster:
+class LongCluster(NodeOps):
     """Every attempt answers ``rounds - 1`` probe rounds with all nodes running (output each round; with
     ``checkpoints`` a new valid checkpoint each round), then fails: ``fault`` = "node" (its last node is gone) or
     "user" (a rank exits 1 on every node). After ``failures`` failures the next attempt finishes (exit 0).

@@ -12,7 +12,7 @@ from clusterctl.model.verdicts import Observation
 from clusterctl.store.state import JobState, Store, StoreError
 from clusterctl.supervise import controller
 from clusterctl.supervise.cluster_ops import LogSink, rotated
-from clusterctl.supervise.supervisor import Policy, Supervisor
+from clusterctl.supervise.supervisor import NodeOps, Policy, Supervisor
 
 
 def fill(store: Store) -> None:
@@ -37,7 +37,7 @@ def test_the_supervisor_survives_refused_node_rows_and_finishes_the_job(tmp_path
     store = Store(tmp_path / "state.db")
     job_id = store.create_job("demo", "{}", None, None)
 
-    class Ops:
+    class Ops(NodeOps):
         rounds = [[Observation("a", "running", progress=True)]] * 3 + [[Observation("a", "exited", exit_code=0)]]
 
         def __init__(self):
@@ -77,7 +77,7 @@ def test_a_supervisor_that_cannot_go_on_stops_the_nodes_fails_the_job_and_notifi
     store.set_state(job_id, JobState.STARTING)
     stopped, told = [], []
 
-    class Ops:
+    class Ops(NodeOps):
         def stop(self, attempt, nodes):
             stopped.append((attempt, tuple(nodes)))
             return {}

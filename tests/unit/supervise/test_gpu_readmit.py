@@ -10,7 +10,7 @@ from clusterctl.model.events import EventKind
 from clusterctl.model.verdicts import Observation
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
-from clusterctl.supervise.supervisor import GPU_RECHECK_S, Policy, Supervisor
+from clusterctl.supervise.supervisor import GPU_RECHECK_S, NodeOps, Policy, Supervisor
 from tests.fakes.checks import FakeHost, FakeTransport, sections_for, smi_rows
 from tests.unit.supervise.test_cluster_ops import JOB, Mux
 from tests.unit.supervise.test_cluster_ops import Store as FakeStore
@@ -18,7 +18,7 @@ from tests.unit.supervise.test_cluster_ops import Store as FakeStore
 ECC = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
 
 
-class Ops:
+class Ops(NodeOps):
     """Three nodes; attempt 1: c's rank dies of a GPU error; every later attempt succeeds. ``gpu``: c's answers to
     the GPU check, one per call (the last repeats)."""
 

@@ -6,7 +6,7 @@ import pytest
 
 from clusterctl.model.verdicts import ErrorKind, NodeError, Observation, Verdict
 from clusterctl.store.state import JobState, Store
-from clusterctl.supervise.supervisor import Health, PEER_SETTLE, Policy, Supervisor, classify
+from clusterctl.supervise.supervisor import Health, NodeOps, PEER_SETTLE, Policy, Supervisor, classify
 
 R, E, M, U = "running", "exited", "missing", "unreachable"
 
@@ -52,7 +52,7 @@ def test_classify_hang_without_progress():
     assert classify(quiet, h, rdzv_host="a", probe_failures=3, hang_timeout_s=10, now=11).verdict == Verdict.HANG
 
 
-class FakeOps:
+class FakeOps(NodeOps):
     def __init__(self, script, reachable=None, checkpoint=("", 0)):
         self.script = deque(script)          # one list of observations per probe round
         self.started, self.stopped = [], []
@@ -578,3 +578,26 @@ def test_nccl_on_sockets_where_infiniband_is_expected_is_a_loud_event_once_per_a
     net = [e for e in store.events(job_id) if e.kind == "network"]
     assert len(net) == 1 and net[0].node == "b" and "WARNING" in net[0].message
     assert "InfiniBand" in net[0].message and "Using network Socket" in net[0].message
+
+
+def test_the_port_is_whole_or_refused(tmp_path):
+    """``NodeOps`` declares everything the loop asks of ``ops`` (issue 36): an implementation that does not
+    subclass it (and so lacks the capabilities a cluster may not have) is refused when the supervisor is made, not
+    met by an AttributeError mid-recovery; ClusterOps has every member."""
+    from clusterctl.supervise.cluster_ops import ClusterOps
+    from clusterctl.supervise.supervisor import port_problems
+
+    class Bare:          # the six methods of the first block only
+        def start(self, *a): return {}
+        def observe(self, *a): return []
+        def stop(self, *a, **kw): return {}
+        def reachable(self, nodes): return list(nodes)
+        def latest_checkpoint(self, nodes): return ("", 0)
+        def stop_requested(self): return False
+
+    store = Store(tmp_path / "s.db")
+    job_id = store.create_job("j", "{}", None, None)
+    with pytest.raises(TypeError, match="Bare is not a whole NodeOps: it lacks recovery, checkpoint_hint"):
+        Supervisor(job_id, store, Bare(), Policy(min_nodes=1, max_nodes=1), ["a"])
+    assert port_problems(FakeOps([])) == []
+    assert [m for m in port_problems(object()) if not hasattr(ClusterOps, m)] == ["recovery"]   # set in __init__

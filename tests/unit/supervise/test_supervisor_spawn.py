@@ -34,6 +34,7 @@ def test_supervisor_log_lines_are_redacted(tmp_path, monkeypatch):
 
     class Ops:
         secrets = {"TOKEN": "s3cr3t-value"}
+        sink = None
         spec = loads_job("name: j\nnodes: 1\nnproc_per_node: 1\nscript: t.py\n")   # no notify targets
 
         def wait_for_change(self, timeout):
