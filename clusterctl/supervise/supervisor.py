@@ -190,6 +190,11 @@ class NodeOps(Protocol):
         """The job ended: remove its warm zygotes and warm dirs on ``nodes``; {node: error}. None: no warm path."""
         return None
 
+    def startup(self, attempt: int) -> tuple[str, str] | None:
+        """Where ``attempt``'s start-up stands: (phase, message), e.g. ("rendezvous", "waiting for rendezvous: 1/2
+        nodes joined"), phase "first_step" once it stepped; None: nothing (new) to say."""
+        return None
+
     def slurm_drained(self, nodes: Sequence[str]) -> set[str]:
         """Those of ``nodes`` that Slurm reports drained, down or not responding (none outside Slurm)."""
         return set()
@@ -478,16 +483,12 @@ class Supervisor:
             self.wait(self.policy.probe_interval_s)
 
     def _startup(self, attempt: int, health: Health, now: float) -> None:
-        """Until the attempt's first step, say where its start-up stands when that changes (optional
-        ``NodeOps.startup(attempt) -> (phase, message) | None``; ``ClusterOps.startup``): "waiting for rendezvous:
+        """Until the attempt's first step, say where its start-up stands when that changes
+        (``NodeOps.startup(attempt) -> (phase, message) | None``; ``ClusterOps.startup``): "waiting for rendezvous:
         1/2 nodes joined", "ranks started: 4/4 ...", "first step: ...", as ``startup`` events (an attached
         `launch` prints them, `status` shows the latest); within one phase at most every ``STARTUP_EVERY_S``."""
-        look = getattr(self.ops, "startup", None)
-        if look is None:
-            health.started_up = True
-            return
         try:
-            got = look(attempt)
+            got = self.ops.startup(attempt)
         except Exception as e:  # noqa: BLE001 - a diagnosis: never in the way of the job
             print(f"clusterctl: could not tell the attempt's start-up: {e}", file=sys.stderr, flush=True)
             return

@@ -14,7 +14,7 @@ from clusterctl.store.state import ACTIVE_STATES, JobState, Store
 from clusterctl.supervise import observe
 from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
 from clusterctl.supervise.jobdir import StepTap
-from clusterctl.supervise.supervisor import Policy, Supervisor
+from clusterctl.supervise.supervisor import NodeOps, Policy, Supervisor
 from clusterctl.transport.base import CommandResult
 from clusterctl.views import status
 from tests.unit.supervise.test_cluster_ops import JOB, Mux
@@ -35,7 +35,7 @@ def test_the_startup_phases_and_the_rendezvous_peers_are_pure():
     assert observe.startup(3, None, 6, 6, 1) == ("first_step", "first step: step 1 (6/6 ranks started)")
 
 
-class Ops:
+class Ops(NodeOps):
     """Two nodes; ``said``: what ``startup`` answers, one per probe round; the attempt ends (exit 0) after as many
     rounds."""
 
