@@ -265,12 +265,15 @@ def test_event_kinds_are_compared_with_the_enum():
 
 
 def test_the_supervisors_port_is_called_not_probed():
-    """``NodeOps`` declares everything the loop uses (issue 36): nothing asks ``ops`` whether it has a member
-    (``getattr``/``hasattr`` on ``ops``/``self.ops``); a cluster that lacks a capability answers None."""
+    """``NodeOps`` declares everything the loop uses (issue 36): neither the supervisor nor the controller that
+    drives it asks ``ops`` whether it has a member (``getattr``/``hasattr`` on ``ops``/``self.ops``); a cluster
+    that lacks a capability answers None."""
     def is_ops(x: ast.expr) -> bool:
         return (isinstance(x, ast.Name) and x.id == "ops") or (isinstance(x, ast.Attribute) and x.attr == "ops")
 
-    found = [f"{mod}:{n.lineno}" for mod, path in _modules().items() for n in ast.walk(ast.parse(path.read_text()))
+    loop = ("clusterctl.supervise.supervisor", "clusterctl.supervise.controller")
+    found = [f"{mod}:{n.lineno}" for mod, path in _modules().items() if mod in loop
+             for n in ast.walk(ast.parse(path.read_text()))
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
              and n.args and is_ops(n.args[0])]
     assert found == []
