@@ -88,8 +88,8 @@ class Watch:
 
     def rank_views(self, now: float) -> dict[int, RankView]:
         """The ranks' views with ``answered_age_s`` (seconds since each file last changed) as of ``now``."""
-        return {r: replace(v, answered_age_s=max(0.0, now - self.answered.get(r, now)))
-                for r, v in self.ranks.items()}
+        ranks, answered = self.ranks, self.answered
+        return {r: replace(v, answered_age_s=max(0.0, now - answered.get(r, now))) for r, v in ranks.items()}
 
     def halt(self) -> None:
         self.stop.set()
@@ -182,23 +182,24 @@ class Watches:
 
     @staticmethod
     def _ranks(w: Watch, lines: Sequence[bytes], now: float) -> None:
-        """The ranks' views of a watch line (a file that did not change keeps its view and its answer time)."""
-        seen = set()
-        for raw in lines:
-            m = _RANK.search(raw)
+        """The ranks' views of a watch line (a file that did not change keeps its view and its answer time; a rank
+        whose file is gone or unreadable is left out). New dicts, swapped in whole: the supervisor's thread reads
+        them while the streams' thread writes."""
+        raw, ranks, answered = {}, {}, {}
+        for line in lines:
+            m = _RANK.search(line)
             if m is None:
                 continue
             rank = int(m.group(1))
-            seen.add(rank)
-            if w.raw.get(rank) == raw:
+            if w.raw.get(rank) == line:
+                raw[rank], ranks[rank], answered[rank] = line, w.ranks[rank], w.answered[rank]
                 continue
             try:
-                view = RankView.from_json(json.loads(raw), node=w.node)
+                view = RankView.from_json(json.loads(line), node=w.node)
             except ValueError:
                 continue
-            w.raw[rank], w.ranks[rank], w.answered[rank] = raw, view, now
-        for rank in [r for r in w.ranks if r not in seen]:    # its file is gone (a new attempt's dir, a rank gone)
-            w.raw.pop(rank, None), w.ranks.pop(rank, None), w.answered.pop(rank, None)
+            raw[rank], ranks[rank], answered[rank] = line, view, now
+        w.raw, w.answered, w.ranks = raw, answered, ranks
 
     def rank_views(self, node: str) -> dict[int, RankView]:
         """What the node's watch last heard of its ranks (``Watch.rank_views``; empty before a line had them)."""
