@@ -289,6 +289,7 @@ class Monitor:
         self.arrivals: list[list[int]] | None = None
         self.arrivals_at: float | None = None
         self.waiting: dict | None = None
+        self.waiting_since_ns = 0        # wall clock ns of its arrival in the collective it waits in
         self.in_flight: dict[str, tuple[int, int]] = {}    # pg -> (enqueued, completed) of last tick's collectives
         self.dumped: str | None = None   # the trigger's content last acted on
         self.peer_pids: dict[str, int] = {}
@@ -390,8 +391,12 @@ class Monitor:
         steps = self.progress.steps
         stalled = steps is None or now - self.progress.at >= WAIT_S
         waiting = held and stalled
+        # the same collective as at the last look: its op and arrival are known, only how long grows (a rank that
+        # waits a while every step reads the entries once per collective, not once a second)
+        known = waiting and self.waiting is not None and self.waiting.get("for_s") is not None and \
+            in_flight.get(self.waiting["pg"], (None,))[0] == self.waiting["seq"]
         entries: list[dict] = []
-        if c10d is not None and status and (waiting or self.arrivals_at is None
+        if c10d is not None and status and ((waiting and not known) or self.arrivals_at is None
                                             or now - self.arrivals_at >= ARRIVALS_S):
             try:
                 entries = last_entries(c10d._dump_fr_trace_json(), ARRIVALS)
@@ -402,9 +407,14 @@ class Monitor:
                 self.arrivals_at = now if entries else None
                 self.arrivals = [[int(e["collective_seq_id"]), int(e["time_created_ns"])] for e in entries
                                  if str(e.get("pg_id")) == "0" and e.get("time_created_ns")]
-        if waiting:
-            self.waiting = waiting_in(status, entries, time.time_ns()) if entries else self.waiting
-        else:
+        now_ns = time.time_ns()
+        if known:
+            self.waiting = {**self.waiting, "for_s": round((now_ns - self.waiting_since_ns) / 1e9, 1)}
+        elif waiting and entries:
+            self.waiting = waiting_in(status, entries, now_ns)
+            if self.waiting is not None and self.waiting.get("for_s") is not None:
+                self.waiting_since_ns = now_ns - int(self.waiting["for_s"] * 1e9)
+        elif not waiting:
             self.waiting = None
         where, stack = self.where()
         cpu, io = self.cpu_s(), self.io()

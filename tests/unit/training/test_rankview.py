@@ -263,3 +263,47 @@ def test_a_blocked_rank_is_still_its_peer_waits_the_dump_reads_and_record_names_
     assert p.returncode == 1, out
     root = out[out.index("Root Cause"):]
     assert "rank      : 1 (local_rank: 1)" in root and "ValueError: rank one fails on purpose" in root, root
+
+
+class _FR:
+    """torch's flight-recorder calls, scripted: the status, and the whole dump (counted)."""
+
+    def __init__(self):
+        self.status = {"0": (3, 3)}
+        self.dumps = 0
+        self.created_ns = 0
+
+    def _dump_fr_trace_json(self, includeCollectives=True, onlyActive=False):
+        enq, done = self.status["0"]
+        st = {"pg_status": {"0": {"last_enqueued_collective": str(enq), "last_completed_collective": str(done)}}}
+        if includeCollectives is False:
+            return json.dumps(st).encode()
+        self.dumps += 1
+        entries = [{"collective_seq_id": i, "pg_id": 0, "profiling_name": "gloo:all_reduce",
+                    "time_created_ns": self.created_ns + i} for i in range(1, enq + 1)]
+        return json.dumps({**st, "entries": entries}).encode()
+
+
+def test_the_entries_are_read_once_per_collective_waited_in_and_every_10_s(tmp_path, monkeypatch):
+    fr, clock = _FR(), _Clock()
+    monkeypatch.setattr(rankview, "_fr", lambda: fr)
+    m = rankview.Monitor(str(tmp_path), rank=0, local_rank=0, progress=rankview.Progress(clock), clock=clock)
+    fr.created_ns = time.time_ns() - 10 * 10**9      # arrived 10 s ago (wall clock)
+    m.tick()
+    assert fr.dumps == 1                         # the first look at the arrivals
+    fr.status["0"] = (4, 3)                      # in collective #4 from now on
+    for _ in range(5):
+        clock.t += 1
+        d = m.tick()
+    assert d["in"]["op"] == "all_reduce" and d["in"]["seq"] == 4 and fr.dumps == 2    # read once for #4
+    assert d["state"] == "waiting"
+    clock.t += 1
+    fr.status["0"] = (5, 4)                      # #4 done, now in #5: its entries read once more
+    m.tick()
+    clock.t += 1
+    d = m.tick()
+    assert d["in"]["seq"] == 5 and fr.dumps == 3
+    for _ in range(10):                          # 10 s on: the arrivals' look
+        clock.t += 1
+        m.tick()
+    assert fr.dumps == 4
