@@ -6,6 +6,7 @@ cold (the event says why) and the job still finishes.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -108,6 +109,29 @@ def long_aliases(run: rh.Run) -> dict[str, str]:
     return alias
 
 
+def wait_rank_view(run: rh.Run, attempt: int, nodes: list[str], timeout: float = 60) -> list[dict]:
+    """Until the supervisor's ranks.json (what it heard of every rank over the nodes' watches, issue 37) has every
+    rank of ``attempt`` on ``nodes`` (one per node: nproc 1); its rows then. A warm container attempt's ranks run
+    in the zygote's container and write their view in the warm dir (its ``s`` mounted at the host path there),
+    which the node dir's ``view`` links to."""
+    path = run.state_dir / "jobs" / run.job_row().job_id / "ranks.json"
+    end = time.monotonic() + timeout
+    doc: dict = {}
+    while time.monotonic() < end:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            doc = {}
+        rows = doc.get("ranks") or []
+        if doc.get("attempt") == attempt and sorted(r["node"] for r in rows) == sorted(nodes) and \
+                all(r["state"] != "gone" for r in rows):
+            return rows
+        row = run.job_row()
+        assert not row.terminal, f"the job ended before its ranks' view was heard: {doc}"
+        time.sleep(0.2)
+    raise AssertionError(f"ranks.json: {doc}\n{run.events_text()}")
+
+
 @pytest.mark.parametrize("runtime", ["podman", "bare"])
 def test_worker_node_killed_survivors_relaunch_warm(job, wtb, runtime):
     """Also with a 40-character job name and 32-character node names (issue 34 item 8: the socket path passed 107
@@ -121,6 +145,8 @@ def test_worker_node_killed_survivors_relaunch_warm(job, wtb, runtime):
     survivors = [n for n in run.current_attempt().nodes if n != victim]
     t = time.time()
     assert wtb.kill(host_of[victim], pattern=rh.JOB_PATTERN)
+    rows = wait_rank_view(run, 2, survivors)           # the warm ranks' views reach the supervisor
+    assert sorted(r["rank"] for r in rows) == list(range(len(survivors))), rows
     st = finish(run)
     assert relaunches(run, 2) == {n: "warm" for n in survivors}, run.events_text()
     assert any(r["recovery"] == "warm" for r in run.status()["relaunches"])
