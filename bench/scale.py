@@ -100,8 +100,9 @@ def check_log(path: Path) -> dict:
 def simulate_one(n: int, log_rate: float, window: float) -> dict:
     from clusterctl.config.inventory import Host
     from clusterctl.config.spec import loads_job
+    from clusterctl.store.logcopy import LogSink
     from clusterctl.store.state import JobState, Store
-    from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
+    from clusterctl.supervise.cluster_ops import ClusterOps
     from clusterctl.supervise.supervisor import Policy, Supervisor
 
     tmp = Path(tempfile.mkdtemp(prefix="cc-scale-"))

@@ -30,7 +30,8 @@ from clusterctl.store.state import (
     redact,
     this_host,
 )
-from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
+from clusterctl.store.logcopy import LogSink
+from clusterctl.supervise.cluster_ops import ClusterOps
 from clusterctl.supervise.reconcile import Reconciled, reconcile, unsupervised_span
 from clusterctl.supervise.supervisor import Policy, Supervisor
 from clusterctl.transport import ConnectOptions, Transport, connect
@@ -193,7 +194,7 @@ def follow(root: Path, store: Store, job_id: str, echo: Callable[[str], None], *
         if tick is not None:
             tick()
         if path.exists():
-            if path.stat().st_size < offset:     # the copy was rotated (cluster_ops.MAX_LOG_BYTES): a new file
+            if path.stat().st_size < offset:     # the copy was rotated (logcopy.MAX_LOG_BYTES): a new file
                 offset = 0
             with open(path, "rb") as f:
                 f.seek(offset)

@@ -9,8 +9,8 @@ lives, ``0`` once it is gone, and the newest checkpoint step it sees, then the v
 and how long the node may stay silent (``heartbeat.Arrivals``); ``heard`` turns that into an ``Observation``
 without a remote command (``observe.heard``).
 
-A node's **log follower** streams the node's whole log into the controller's copy (a ``Sink``: ``cluster_ops.LogSink``)
-on every (re)connect; the sink drops what it already holds. ``progress`` says whether a node wrote a line since
+A node's **log follower** streams the node's whole log into the controller's copy (a ``Sink``:
+``store.logcopy.LogSink``) on every (re)connect; the sink drops what it already holds. ``progress`` says whether a node wrote a line since
 the last time it was asked.
 
 Every stream runs on one ``StreamMux`` (made on first use). The commands and the connections are the caller's
@@ -58,7 +58,7 @@ class Mux(Protocol):
 
 
 class Sink(Protocol):
-    """The controller's copy of the nodes' output (``cluster_ops.LogSink``)."""
+    """The controller's copy of the nodes' output (``store.logcopy.LogSink``)."""
 
     def begin(self, node: str, attempt: int) -> int: ...
 

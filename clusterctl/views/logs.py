@@ -1,5 +1,5 @@
 """Reading the controller's copy of a job's output: ``[node/rank] text`` lines, one section per node and attempt
-(``[node/-] === attempt N ===``; see ``supervise.cluster_ops.LogSink``)."""
+(``[node/-] === attempt N ===``; see ``store.logcopy.LogSink``)."""
 from __future__ import annotations
 
 import re
@@ -88,7 +88,7 @@ def read(log: Path, sel: Selection, tail: int | None = None) -> list[str]:
     if tail == 0:
         return []
     current: dict[str, int] = {}
-    for part in (log.with_name(log.name + ".1"), log):    # the rotated copy first (cluster_ops.LogSink, 64 MiB each)
+    for part in (log.with_name(log.name + ".1"), log):    # the rotated copy first (logcopy.LogSink, 64 MiB each)
         if not part.exists():
             continue
         with open(part, errors="replace") as f:

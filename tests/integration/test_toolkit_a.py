@@ -173,7 +173,8 @@ def controller_rank_views(state: Path, name: str, tmp: Path, timeout: float = 90
     hang hang.py makes: rank 3 ``still`` in its own code, ranks 0-2 ``waiting`` in all_reduce; then every rank's
     flight-recorder dump and stack fetched with ``dump_ranks``. Returns (node -> rank -> view, dump errors, dump dir)."""
     from clusterctl.store.ledger import Ledger
-    from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
+    from clusterctl.store.logcopy import LogSink
+    from clusterctl.supervise.cluster_ops import ClusterOps
     from clusterctl.transport import ConnectOptions
 
     store = rh.open_store(state)

@@ -17,7 +17,8 @@ from clusterctl.config.spec import loads_job
 from clusterctl.launch import zygote
 from clusterctl.launch.runtimes import Instance
 from clusterctl.model import causes
-from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
+from clusterctl.store.logcopy import LogSink
+from clusterctl.supervise.cluster_ops import ClusterOps
 from clusterctl.transport.base import CommandResult
 from tests.unit.supervise.test_cluster_ops import JOB, Mux, Store
 

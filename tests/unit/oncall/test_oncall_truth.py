@@ -18,9 +18,10 @@ from clusterctl.errors import UserError
 from clusterctl.model import record
 from clusterctl.model.verdicts import Observation, Verdict
 from clusterctl.store.ledger import Ledger
+from clusterctl.store.logcopy import LogSink
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise import controller
-from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
+from clusterctl.supervise.cluster_ops import ClusterOps
 from clusterctl.supervise.reconcile import judge
 from clusterctl.transport import ConnectOptions
 from clusterctl.transport.base import CommandResult

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 from clusterctl.config.inventory import Host
 from clusterctl.config.spec import loads_job
 from clusterctl.launch import runtimes
+from clusterctl.store.logcopy import LogSink
 from clusterctl.supervise import controller
-from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
+from clusterctl.supervise.cluster_ops import ClusterOps
 from clusterctl.transport import connect, srun
 from tests.unit.transport.test_srun import STUB
 

@@ -9,9 +9,9 @@ import os
 import pytest
 
 from clusterctl.model.verdicts import Observation
+from clusterctl.store.logcopy import LogSink, rotated
 from clusterctl.store.state import JobState, Store, StoreError
 from clusterctl.supervise import controller
-from clusterctl.supervise.cluster_ops import LogSink, rotated
 from clusterctl.supervise.supervisor import NodeOps, Policy, Supervisor
 
 

@@ -9,7 +9,8 @@ from clusterctl.config.spec import loads_job
 from clusterctl.errors import CommandTimeout, ConnectError, DeadlineExceeded
 from clusterctl.launch import runtimes
 from clusterctl.model.verdicts import ErrorKind, NodeError
-from clusterctl.supervise.cluster_ops import ClusterOps, CommandFailed, LogSink, node_error
+from clusterctl.store.logcopy import LogSink
+from clusterctl.supervise.cluster_ops import ClusterOps, CommandFailed, node_error
 from clusterctl.transport.base import CommandResult
 
 JOB = """

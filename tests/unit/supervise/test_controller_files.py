@@ -15,7 +15,8 @@ import pytest
 from clusterctl.config.spec import loads_job
 from clusterctl.errors import UserError
 from clusterctl.store import paths
-from clusterctl.supervise.cluster_ops import MAX_LINE, ClusterOps, LogSink
+from clusterctl.store.logcopy import MAX_LINE, LogSink
+from clusterctl.supervise.cluster_ops import ClusterOps
 from clusterctl.transport.base import CommandResult
 
 REPO = Path(__file__).resolve().parents[3]

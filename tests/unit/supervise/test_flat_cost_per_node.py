@@ -310,7 +310,7 @@ def _scan(path, node, attempt):
 
 
 def test_log_sections_are_indexed_once_and_match_a_scan_of_the_file(tmp_path):
-    from clusterctl.supervise.cluster_ops import LogSink
+    from clusterctl.store.logcopy import LogSink
 
     path = tmp_path / "out.log"
     rng = random.Random(5)
@@ -329,7 +329,7 @@ def test_log_sections_are_indexed_once_and_match_a_scan_of_the_file(tmp_path):
 
 
 def test_starting_an_attempt_on_many_nodes_does_not_rescan_the_log(tmp_path):
-    from clusterctl.supervise.cluster_ops import LogSink
+    from clusterctl.store.logcopy import LogSink
 
     path = tmp_path / "out.log"
     path.write_text("".join(f"[n{i % 2000}/0] some output line {i}\n" for i in range(200_000)))

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 from clusterctl.config.inventory import Host
 from clusterctl.config.spec import loads_job
 from clusterctl.model import causes
-from clusterctl.supervise.cluster_ops import HAS_INFINIBAND, ClusterOps, LogSink
+from clusterctl.store.logcopy import LogSink
+from clusterctl.supervise.cluster_ops import HAS_INFINIBAND, ClusterOps
 from clusterctl.transport.base import CommandResult
 from tests.unit.supervise.test_cluster_ops import JOB, Mux, Store
 

@@ -8,8 +8,9 @@ from clusterctl.config.inventory import Host
 from clusterctl.config.spec import loads_job
 from clusterctl.model.events import EventKind
 from clusterctl.model.verdicts import Observation
+from clusterctl.store.logcopy import LogSink
 from clusterctl.store.state import JobState, Store
-from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
+from clusterctl.supervise.cluster_ops import ClusterOps
 from clusterctl.supervise.supervisor import GPU_RECHECK_S, NodeOps, Policy, Supervisor
 from tests.fakes.checks import FakeHost, FakeTransport, sections_for, smi_rows
 from tests.unit.supervise.test_cluster_ops import JOB, Mux

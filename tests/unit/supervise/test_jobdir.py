@@ -9,9 +9,9 @@ import pytest
 from clusterctl.model.events import Relaunch
 from clusterctl.store import paths
 from clusterctl.store.ledger import Ledger, note
+from clusterctl.store.logcopy import LogSink
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise import jobdir
-from clusterctl.supervise.cluster_ops import LogSink
 
 
 @pytest.fixture

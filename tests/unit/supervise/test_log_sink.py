@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from clusterctl.supervise.cluster_ops import MAX_LINE, RANK_PREFIX, LogSink
+from clusterctl.store.logcopy import MAX_LINE, RANK_PREFIX, LogSink
 
 
 def _old_lines(node: str, stream: list[bytes]) -> tuple[bytes, list[str], Counter]:

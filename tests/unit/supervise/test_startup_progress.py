@@ -10,9 +10,10 @@ from clusterctl.config.spec import loads_job
 from clusterctl.model.events import EventKind
 from clusterctl.model.verdicts import Observation
 from clusterctl.store.ledger import Ledger
+from clusterctl.store.logcopy import LogSink
 from clusterctl.store.state import ACTIVE_STATES, JobState, Store
 from clusterctl.supervise import observe
-from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
+from clusterctl.supervise.cluster_ops import ClusterOps
 from clusterctl.supervise.jobdir import StepTap
 from clusterctl.supervise.supervisor import NodeOps, Policy, Supervisor
 from clusterctl.transport.base import CommandResult

@@ -18,8 +18,9 @@ import pytest
 from clusterctl.config.inventory import Host
 from clusterctl.config.spec import loads_job
 from clusterctl.launch import runtimes
+from clusterctl.store.logcopy import LogSink
 from clusterctl.supervise import heartbeat, observe
-from clusterctl.supervise.cluster_ops import ClusterOps, LogSink
+from clusterctl.supervise.cluster_ops import ClusterOps
 from clusterctl.supervise.watch import Watches
 from clusterctl.transport.base import CommandResult
 
