@@ -27,6 +27,7 @@ from clusterctl.launch.runtimes import (
     warm_path,
     zygote_ping_argv,
 )
+from clusterctl.model.causes import MAX_TEXT, OOM_KILL
 
 CDI_ALL_GPUS = "--device=nvidia.com/gpu=all"
 _EXITED_RE = re.compile(r"^Exited \((-?[0-9]+)\)")
@@ -60,6 +61,16 @@ INIT_GONE = (PID_ALIVE + '; ' + SELECT_CONTAINER.replace("exit 1", "exit 0") + '
              '[ "$s" = running ] && exit 3; exit 0')
 
 
+# Did the OOM killer end a process of the container? Its OOMKilled flag, and the kernel's own line: podman (4.3,
+# runc, cgroup v1 here) sets the flag only when the container's main process was the one killed, never for a rank
+# under torchrun. The kernel's summary line (mm/oom_kill.c, dump_oom_summary: "oom-kill:constraint=...,oom_memcg=
+# ...,task_memcg=/libpod_parent/libpod-<id>,task=python,pid=N,uid=0") names the victim's cgroup, whose path holds the
+# container's full id (cgroupfs and systemd managers alike); reading it needs the right to read the kernel log
+# (dmesg), else the flag alone answers. $cid: SELECT_CONTAINER's full id.
+OOM_SH = ('"$0" inspect --format="oomkilled={{.State.OOMKilled}}" "$cid"; '
+          f'dmesg 2>/dev/null | tail -n 2000 | grep -F "{OOM_KILL}" | grep -F "$cid" | tail -c {MAX_TEXT}; exit 0')
+
+
 class ContainerRuntime:
     """Shared by docker and podman; subclasses set the program, the GPU flags and the remove flags."""
 
@@ -72,10 +83,10 @@ class ContainerRuntime:
         return None      # the runtime keeps the container's log (``logs_argv``)
 
     def oom_argv(self, node: NodeRef) -> list[str]:
-        return self.inspect_argv(node, "oomkilled={{.State.OOMKilled}}")   # the rank's pid is the container's own
+        return self._by_label(node, OOM_SH)       # the flag, and the kernel's oom-kill lines naming the container
 
     def oom_killed(self, stdout: str, pid: int | None) -> bool:
-        return "oomkilled=true" in stdout
+        return "oomkilled=true" in stdout or any(OOM_KILL in line for line in stdout.splitlines())
 
     def gpu_args(self, flags: str | None = None) -> list[str]:
         """``flags`` (preflight's choice, see ``checks.runtime.choose_gpu_flags``): "cdi" on a docker >= 25 with

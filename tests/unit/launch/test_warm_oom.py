@@ -118,3 +118,22 @@ def test_a_warm_rank_killed_by_the_oom_killer_is_observed_as_oom_though_the_cont
         finally:
             ops.close()
         assert (o.signal, o.rank, o.oom) == ("SIGKILL", 1, oom), o
+
+
+def test_a_cold_rank_killed_by_its_containers_oom_killer_is_read_from_the_kernel_line():
+    """podman sets OOMKilled only when the container's main process was killed, never for a rank under torchrun:
+    the kernel's summary line (Linux mm/oom_kill.c, dump_oom_summary) names the victim's memory cgroup, whose path
+    holds the container's id; the argv asks for both."""
+    from clusterctl.launch import runtimes
+
+    cid = "891b629e6cbe43da8e811636ab107f506334b62d6a7582bda2f5aeb567f8a615"
+    kernel = (f"[13921.100159] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=libpod-{cid},mems_allowed=0,"
+              f"oom_memcg=/libpod_parent/libpod-{cid},task_memcg=/libpod_parent/libpod-{cid},task=python,pid=13073,"
+              "uid=0\n")
+    for name in ("podman", "docker"):
+        rt = runtimes.get(name)
+        argv = rt.oom_argv(runtimes.Ref("clusterctl-j_n1", "", None, "j"))
+        assert "OOMKilled" in argv[2] and "dmesg" in argv[2] and 'grep -F "$cid"' in argv[2]
+        assert rt.oom_killed("oomkilled=false\n" + kernel, None)
+        assert rt.oom_killed("oomkilled=true\n", None)
+        assert not rt.oom_killed("oomkilled=false\n", None)
