@@ -156,6 +156,12 @@ class _AfterImport:
         loader, then = spec.loader, self.then
 
         class Loader:
+            """The module's own loader (every other method and attribute is its: get_source, is_package, ...),
+            then ``then()``."""
+
+            def __getattr__(self, name):
+                return getattr(loader, name)
+
             def create_module(self, spec):
                 return loader.create_module(spec)
 
