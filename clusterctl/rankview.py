@@ -299,6 +299,7 @@ class Monitor:
         self.in_flight: dict[str, tuple[int, int]] = {}    # pg -> (enqueued, completed) of last tick's collectives
         self.dumped: str | None = None   # the trigger's content last acted on
         self.peer_pids: dict[str, int] = {}
+        self.nvml = True                 # torch.cuda.utilization works (until it fails once)
 
     # -------------------------------------------------------------- /proc
     def _read(self, path: str) -> bytes:
@@ -341,6 +342,27 @@ class Monitor:
             return int(self._read("/proc/self/statm").split()[1]) * _PAGE
         except (OSError, ValueError, IndexError):
             return None
+
+    def gpu(self) -> tuple[float | None, int | None]:
+        """(utilisation %, memory reserved in bytes) of the rank's GPU, once the rank uses CUDA: the caching
+        allocator's count (no sync) and NVML's utilisation through torch (None, and not asked again, where NVML is
+        not installed)."""
+        cuda = sys.modules.get("torch.cuda")
+        try:
+            if cuda is None or not cuda.is_initialized():
+                return None, None
+            n = cuda.device_count()
+            dev = self.local_rank if n > 1 and self.local_rank < n else 0   # (this thread's current device is 0)
+            mem = int(cuda.memory_reserved(dev))
+        except Exception:  # noqa: BLE001
+            return None, None
+        util = None
+        if self.nvml:
+            try:
+                util = float(cuda.utilization(dev))
+            except Exception:  # noqa: BLE001 - no pynvml: never asked again
+                self.nvml = False
+        return util, mem
 
     def peers(self) -> dict[str, str]:
         """The other local ranks' one-letter /proc state (T: stopped), from the node's view files' pids."""
@@ -434,6 +456,9 @@ class Monitor:
              "where": where, "stack": stack,
              "state": self.state(now, progress_at, steps is not None or bool(self.colls)),
              "peers": self.peers(), "mon_cpu_s": round(time.thread_time(), 3)}    # this monitor's own CPU
+        util, mem = self.gpu()
+        if mem is not None:
+            d["gpu_util"], d["gpu_mem"] = util, mem
         if self.arrivals is not None:
             d["arrivals"] = self.arrivals
         return d

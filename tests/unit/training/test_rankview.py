@@ -307,3 +307,25 @@ def test_the_entries_are_read_once_per_collective_waited_in_and_every_10_s(tmp_p
         clock.t += 1
         m.tick()
     assert fr.dumps == 4
+
+
+def test_gpu_fields_once_the_rank_uses_cuda(tmp_path, monkeypatch):
+    """Where a rank uses CUDA: its device's reserved memory (the caching allocator's count) and NVML's utilisation
+    through torch; NVML missing: utilisation None, not asked again; no CUDA: no GPU fields."""
+    import types
+
+    calls = []
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, device_count=lambda: 8,
+                                 memory_reserved=lambda d: 1 << 30, utilization=lambda d: calls.append(d) or 87)
+    monkeypatch.setitem(sys.modules, "torch.cuda", cuda)
+    m = rankview.Monitor(str(tmp_path), rank=13, local_rank=5, progress=rankview.Progress())
+    d = m.tick()
+    assert (d["gpu_util"], d["gpu_mem"]) == (87.0, 1 << 30) and calls == [5]
+
+    def no_nvml(d):
+        raise ModuleNotFoundError("pynvml")
+    cuda.utilization = no_nvml
+    d = m.tick()
+    assert (d["gpu_util"], d["gpu_mem"]) == (None, 1 << 30) and m.nvml is False
+    cuda.is_initialized = lambda: False
+    assert "gpu_mem" not in m.tick()
