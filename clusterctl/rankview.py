@@ -546,6 +546,23 @@ def _loop(mon: Monitor) -> None:
         time.sleep(max(0.05, TICK_S - (time.monotonic() - t)))
 
 
+def forget_others(view_dir: str, first: int, local_world: int) -> None:
+    """Remove the view files of ranks that are not this node's now (torchrun gives a node the ranks ``first`` ..
+    ``first + local_world - 1``): after torchrun restarted its workers with other ranks (a re-rendezvous within the
+    attempt), a file of a rank gone from the node would read as a rank that stopped answering."""
+    try:
+        names = os.listdir(view_dir)
+    except OSError:
+        return
+    for name in names:
+        n = name[5:] if name.startswith("rank-") else ""
+        if n.isdigit() and not first <= int(n) < first + local_world:
+            try:
+                os.unlink(os.path.join(view_dir, name))
+            except OSError:
+                pass
+
+
 def start(view_dir: str) -> Monitor | None:
     """Start this rank's monitor (a daemon thread); None when the view dir cannot be written."""
     try:
@@ -555,6 +572,8 @@ def start(view_dir: str) -> Monitor | None:
         return None
     if not os.path.isdir(view_dir) or not os.access(view_dir, os.W_OK | os.X_OK):
         return None
+    if local_rank == 0:
+        forget_others(view_dir, rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     progress = Progress()
     progress.install()
     mon = Monitor(view_dir, rank=rank, local_rank=local_rank, progress=progress)

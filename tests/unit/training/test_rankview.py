@@ -329,3 +329,13 @@ def test_gpu_fields_once_the_rank_uses_cuda(tmp_path, monkeypatch):
     assert (d["gpu_util"], d["gpu_mem"]) == (None, 1 << 30) and m.nvml is False
     cuda.is_initialized = lambda: False
     assert "gpu_mem" not in m.tick()
+
+
+def test_local_rank_0_forgets_the_files_of_ranks_no_longer_on_its_node(tmp_path):
+    """After torchrun restarted the workers with other ranks (a re-rendezvous within the attempt), the node's old
+    ranks' files would read as ranks that stopped answering: local rank 0 removes those outside its node's range."""
+    for r in (2, 3, 4, 5, 11):
+        (tmp_path / f"rank-{r}").write_text("{}\n")
+    (tmp_path / "dump").write_text("x\n")
+    rankview.forget_others(str(tmp_path), 4, 2)          # this node: ranks 4 and 5 now
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dump", "rank-4", "rank-5"]
