@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,11 +39,21 @@ def running(tmp_path):
     ledger.attempt_started(job_id, 1, "n1", ["n1", "n2"], None, "attempt 1")
     ledger.attempt_running(job_id, 1)
     sup = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "clusterctl.supervise", job_id])
+    beating = threading.Event()
+
+    def beat():       # as the real supervisor does: a CLI call on a loaded box takes seconds
+        while not beating.wait(1.0):
+            ledger.supervisor_beat(job_id, sup.pid)
+
     try:
         assert ledger.supervisor_claimed(job_id, sup.pid)
         ledger.supervisor_beat(job_id, sup.pid)
+        t = threading.Thread(target=beat, daemon=True)
+        t.start()
         yield root, store, job_id
     finally:
+        beating.set()
+        t.join()
         sup.kill()
         sup.wait()
         store.close()
