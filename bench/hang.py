@@ -116,7 +116,8 @@ def _max(xs):
 def section(results: list[dict], args) -> str:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [SUB, "",
-             f"`python bench/hang.py --reps {args.reps}` ({when}; {common.machine('the 3 testbed hosts, their 6 ranks, the supervisor and other sessions')}). "
+             f"`python bench/hang.py`, {max(sum(r['kind'] == k for r in results) for k in KINDS)} runs per kind "
+             f"({when}; {common.machine('the 3 testbed hosts, their 6 ranks, the supervisor and other sessions')}). "
              "3 nodes x 2 ranks (podman, gloo, DDP), job defaults (`stuck_timeout_s: 20`) but `probe_interval_s: 1`; "
              f"one rank gets sick at step {AT} of attempt 1 (rank 1, 3, 5 in turn). Seconds after the last step rank 0 "
              "recorded: **named** = the first `stuck` event (status/top name the rank), **verdict** = the `hang` "
@@ -160,15 +161,22 @@ def main(argv=None) -> int:
     ap = common.parser(__doc__.splitlines()[0], prefix="bhg", subnet=238, reps=5)
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--slow-steps", type=int, default=600, help="steps at half speed (kind slow)")
+    ap.add_argument("--first-rep", type=int, default=1, help="number the runs from this one (with --merge)")
+    ap.add_argument("--merge", action="append", default=[], metavar="LOG",
+                    help="also count the runs an earlier invocation printed to LOG (its JSON lines)")
     args = ap.parse_args(argv)
     exit_on_signals()
     base = common.scratch("clusterctl-bench-hang-")
     tb = Testbed(3, base / "tb", [profile(gpus=0)] * 3, prefix=args.prefix, subnet_octet=args.subnet)
     results = []
+    for log in args.merge:
+        for line in Path(log).read_text().splitlines():
+            if line.startswith("{"):
+                results.append(json.loads(line[: line.rindex("}") + 1]))
     try:
         tb.up()
-        i = 0
-        for rep in range(1, args.reps + 1):
+        i = args.first_rep - 1
+        for rep in range(args.first_rep, args.first_rep + args.reps):
             for kind in args.kinds.split(","):
                 rank = (1, 3, 5)[i % 3]
                 i += 1
