@@ -440,7 +440,8 @@ def test_bare_job_exec_shell_stacks_run_in_the_job_directory(testbed, tmp_path):
     spec = {"name": "tkabare", "nodes": 2, "nproc_per_node": 2, "hosts": ["node3", "node4"], "script": str(HANG),
             "workdir": str(wd), "torchrun": [str(Path(sys.prefix) / "bin" / "torchrun")],   # no venv on the hosts' PATH
             "rendezvous": {"port": 29400, "join_timeout": 60, "last_call_timeout": 2},
-            "restarts": {"max_restarts": 0}, "supervisor": {"probe_interval_s": 1, "hang_timeout_s": 900}}
+            "restarts": {"max_restarts": 0},     # hung for the on-call commands: no stuck verdict after 20 s
+            "supervisor": {"probe_interval_s": 1, "hang_timeout_s": 900, "stuck_timeout_s": 0}}
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(spec, sort_keys=False))
     r = cli(state, "launch", str(job), "-i", str(inv), "--detach", "--skip-preflight", timeout=90)
