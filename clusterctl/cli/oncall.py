@@ -78,7 +78,7 @@ def shell_cmd(ctx, job, node, accept_new) -> int:
 @click.pass_context
 def stacks_cmd(ctx, job, node, output, accept_new) -> int:
     """The Python stack of every rank of JOB's current attempt (py-spy), identical stacks grouped."""
-    from clusterctl.oncall import stacks
+    from clusterctl.launch import stacks
     from clusterctl.usecases import oncall as uoncall
 
     got = uoncall.stacks(ctx.obj.state_dir, job, node, connect_options(ctx, accept_new))

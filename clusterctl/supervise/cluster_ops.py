@@ -647,7 +647,7 @@ class ClusterOps:
     def stacks(self, attempt: int, nodes: Sequence[str]) -> str:
         """Where every rank waits (py-spy, see ``stacks``): one line per group of ranks; the full stacks are kept
         as JSON in the job's directory (``stacks-<attempt>.json``)."""
-        from clusterctl.oncall import stacks
+        from clusterctl.launch import stacks
 
         found, errors = stacks.collect(nodes, lambda n: lambda argv, **kw: self._run(n, argv, **kw),
                                        self.job_id, attempt, host_timeout=60)

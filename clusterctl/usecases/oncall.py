@@ -72,15 +72,15 @@ def shell(state_dir: str | None, job_ref: str, node: str | None, options: Connec
 
 @dataclass(frozen=True)
 class Stacks:
-    found: list                          # oncall.stacks' stacks, one per rank
+    found: list                          # launch.stacks' RankStack, one per rank
     errors: dict[str, str]               # node -> why its ranks' stacks are missing
 
 
 def stacks(state_dir: str | None, job_ref: str, node: str | None, options: ConnectOptions, *,
            connect: Connect = default_connect) -> Stacks:
     """``stacks``: the Python stack of every rank of the job's current attempt (py-spy), ``node``'s only."""
+    from clusterctl.launch import stacks as stacks_mod
     from clusterctl.oncall import jobnodes
-    from clusterctl.oncall import stacks as stacks_mod
 
     jn = jobnodes.load(open_workspace(state_dir).store, job_ref)
     nodes = jn.pick(node)

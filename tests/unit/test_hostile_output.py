@@ -91,7 +91,7 @@ def test_probe_sections_of_a_hostile_output():
 
 
 def test_py_spy_frame_line_of_a_hostile_length():
-    code = ("from clusterctl.oncall.stacks import parse_dump\n"
+    code = ("from clusterctl.launch.stacks import parse_dump\n"
             "text = 'Thread 1 (idle): \"MainThread\"\\n    ' + 'a (' * 80000 + 'x\\n    step (train.py:12)\\n'\n"
             "judge = lambda: [(f.function, f.file, f.line) for f in parse_dump(text)[0].frames]")
     seconds, result = judged_in(code)

@@ -147,6 +147,11 @@ def test_layers_point_one_way():
     assert not {ops, "clusterctl.launch.plan", "clusterctl.transport.pool"} & watch_deps
     assert not {m for m in _reaches(graph, "clusterctl.supervise.controller") if _under(m, ("clusterctl.usecases",))}
     assert not {m for m in _reaches(graph, "clusterctl.usecases") if _under(m, ("clusterctl.cli",))}
+    # the supervisor's side never reaches the on-call wing (issue 36): the stacks it takes on a hang are
+    # launch.stacks' (argv builders + pure parsers), which oncall's `stacks` command uses too
+    nested = _graph(nested=True)
+    assert not {f"{m} -> {t}" for m in nested if _under(m, ("clusterctl.supervise",))
+                for t in _reaches(nested, m) if _under(t, ("clusterctl.oncall",))}
     assert not {m for m in _reaches(graph, "clusterctl.launch.plan") if m.startswith("clusterctl.checks")}
     for pure in ("clusterctl.launch.plan", "clusterctl.config.spec", sup, "clusterctl.model.causes",
                  "clusterctl.checks.model", "clusterctl.checks.registry", "clusterctl.config.hostport",

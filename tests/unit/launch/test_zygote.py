@@ -86,7 +86,7 @@ def test_stacks_finds_a_rank_forked_by_the_zygote_once(tmp_path):
     import shutil
 
     from clusterctl.launch import runtimes
-    from clusterctl.oncall import stacks
+    from clusterctl.launch import stacks
 
     job_id, node = f"zyg-{os.getpid()}-t", "n1"
     root = runtimes.warm_root()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from clusterctl.launch import runtimes
-from clusterctl.oncall import stacks
-from clusterctl.oncall.stacks import Frame, RankStack
+from clusterctl.launch import stacks
+from clusterctl.launch.stacks import Frame, RankStack
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "stacks"
 
