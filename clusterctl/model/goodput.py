@@ -15,7 +15,8 @@ The wall time (first ``start`` to the job's ``end``, or now) is cut into interva
   ``productive_s`` when the step's progress was kept, else ``wasted_progress_from_disruption`` (a step after the
   checkpoint the next attempt resumed from is trained again). Lines received together (a log copy read in chunks:
   ``podman logs -f`` reads once a second) are one record, their highest step: their arrival times tell nothing
-  of the steps between; the last span of an attempt lasts at most a pace a step (its line may come a read late);
+  of the steps between; the last span of an attempt lasts a pace a step unless its line came more than a read
+  (``READ_S``) later;
 - the failed attempt's last step -> its verdict: ``hang_detection`` (verdict ``hang``) or
   ``infrastructure_recovery_from_disruption`` (detection), and the verdict -> the next start: ``backoff`` (the
   supervisor's ``backoff`` waits), ``waiting_for_nodes`` (from a ``waiting`` event to the next start), the rest
@@ -248,6 +249,7 @@ def build(marks: Iterable[Mark], steps: Iterable[StepSeen], *, created_at: float
 
 
 DELIVERY_S = 0.05     # step lines received within this of each other came in one read of the log
+READ_S = 1.0          # a step line reaches the supervisor at most this long after it was printed (podman's read)
 PACE_MIN_S = 10.0     # an attempt's own pace needs deliveries over this long (else the job's is used)
 
 
@@ -283,8 +285,9 @@ def _spans(recs: list[StepSeen], start: Mark, job_pace: float | None) -> tuple[l
     - the head: the steps from the checkpoint it resumed from (``start.step``; 0: from scratch) to the first step
       seen trained before that line came, from one pace per step before it (never before the start): the first
       step seen is not start-up;
-    - the tail: the last step's line may come up to a read of the log later than the step (a chunk): the last
-      span lasts at most one pace per step; the rest is the fault's (its detection), not the steps'."""
+    - the tail: the last step's line may come up to a read of the log (``READ_S``) later than the step (a
+      chunk): the last span lasts one pace per step, or longer where its line came more than a read after that
+      (a last step that was slow: a fault hit it); the rest is the fault's (its detection), not the steps'."""
     first, last = recs[0], recs[-1]
     own = _pace(recs)
     pace = own[0] / own[1] if own and own[0] >= PACE_MIN_S else job_pace if job_pace else \
@@ -292,7 +295,7 @@ def _spans(recs: list[StepSeen], start: Mark, job_pace: float | None) -> tuple[l
     spans = [(p.step, p.time, r.step, r.time) for p, r in zip(recs, recs[1:])]
     if pace is not None and spans:
         p_step, p_time, r_step, r_time = spans[-1]
-        spans[-1] = (p_step, p_time, r_step, min(r_time, p_time + (r_step - p_step) * pace))
+        spans[-1] = (p_step, p_time, r_step, min(r_time, max(p_time + (r_step - p_step) * pace, r_time - READ_S)))
     base = start.step or 0
     if pace is not None and first.step > base:
         began = max(start.time, first.time - (first.step - base) * pace)
