@@ -232,14 +232,20 @@ def sec(v, nd: int = 1) -> str:
     return "-" if v is None else f"{v:.{nd}f}"
 
 
-def section(report: dict, tr: dict, cmp: dict, args, start_load: float) -> str:
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+def section(report: dict, tr: dict, cmp: dict, args, start_load: float, end_load: float | None = None,
+            recomputed: bool = False) -> str:
+    when = datetime.datetime.fromtimestamp(report["ended_at"] or time.time(), datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    when = (f"Run ended {when:%Y-%m-%d %H:%M} UTC; its report recomputed {now:%H:%M} UTC from the files it kept "
+            "(`--save`, then `--from`: model.goodput as of then). Measured"
+            if recomputed else f"Measured {when:%Y-%m-%d %H:%M} UTC")
     wall = report["wall_s"]
     lines = [SECTION, "",
-             f"Measured {when} on {os.cpu_count()} cores ({common.cpu_model() or platform.machine()}), Python "
+             f"{when} on {os.cpu_count()} cores ({common.cpu_model() or platform.machine()}), Python "
              f"{platform.python_version()}, load average {start_load:.1f} at the start and "
-             f"{os.getloadavg()[0]:.1f} at the end (other work shared the cores). One job for {args.minutes:g} "
-             f"minutes on a 3-host testbed (podman, `profile(gpus=0)`): `bench/goodput_train.py`, `nodes: \"2:3\"`, "
+             f"{end_load if end_load is not None else os.getloadavg()[0]:.1f} at the end (other work shared the "
+             f"cores). One job for {args.minutes:g} minutes on a 3-host testbed (podman, `profile(gpus=0)`): "
+             "`bench/goodput_train.py`, `nodes: \"2:3\"`, "
              f"2 ranks per node, `recovery: warm` (the default), `--step-time {args.step_time:g} --checkpoint-every "
              f"{args.checkpoint_every}`, a `step N` line every step, `supervisor.hang_timeout_s: "
              f"{args.hang_timeout:g}`; a fault every {args.fault_every:g} s ({', '.join(args.faults.split(','))}, "
@@ -276,6 +282,23 @@ def section(report: dict, tr: dict, cmp: dict, args, start_load: float) -> str:
     return "\n".join(lines)
 
 
+def recompute(d: Path, args) -> int:
+    """``--from DIR``: the section from a kept run (``--save DIR``), its report rebuilt from the job dir's files."""
+    from clusterctl.model.goodput import build
+    from clusterctl.supervise import jobdir
+
+    kept = json.loads((d / "jobdir-goodput.json").read_text())
+    report = build(jobdir.read_marks(d / "jobdir-events.jsonl"), jobdir.read_steps(d / "jobdir-steps.jsonl"),
+                   created_at=kept.get("created_at"), now=time.time(), job_id=kept.get("job_id"),
+                   name=kept.get("name"), state=kept.get("state"))
+    tr = truth(jsonl(d / "truth-steps.jsonl"), jsonl(d / "truth-resumes.jsonl"))
+    load = json.loads((d / "load.json").read_text()) if (d / "load.json").exists() else {"start": 0.0, "end": 0.0}
+    text = section(report, tr, compare(report, json.loads((d / "faults.json").read_text()), tr), args,
+                   load["start"], load["end"], recomputed=True)
+    common.publish(SECTION, text, write=not args.no_write)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = common.parser(__doc__.splitlines()[0], prefix="bgp", subnet=241)
     ap.add_argument("--minutes", type=float, default=30)
@@ -286,7 +309,12 @@ def main(argv=None) -> int:
     ap.add_argument("--hang-timeout", type=float, default=60, help="the job's supervisor.hang_timeout_s")
     ap.add_argument("--save", default="", metavar="DIR",
                     help="keep the report, the truth files and the job's events in DIR")
+    ap.add_argument("--from", dest="from_dir", default="", metavar="DIR",
+                    help="no run: the report recomputed (model.goodput as it is now) from the files a run kept with "
+                         "--save DIR, against its truth; pass that run's --minutes/--fault-every/... for the text")
     args = ap.parse_args(argv)
+    if args.from_dir:
+        return recompute(Path(args.from_dir), args)
     kinds = [k for k in args.faults.split(",") if k]
     if unknown := set(kinds) - set(FAULTS):
         ap.error(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
@@ -327,6 +355,7 @@ def main(argv=None) -> int:
             out = Path(args.save)
             out.mkdir(parents=True, exist_ok=True)
             (out / "report.json").write_text(json.dumps(report, indent=1))
+            (out / "load.json").write_text(json.dumps({"start": load, "end": os.getloadavg()[0]}))
             (out / "faults.json").write_text(json.dumps(faults, indent=1))
             (out / "events.json").write_text(json.dumps(job.run.events(), indent=1))
             shutil.copy(job.run.record, out / "truth-steps.jsonl")
