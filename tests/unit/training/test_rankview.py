@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -225,13 +226,16 @@ def test_a_blocked_rank_is_still_its_peer_waits_the_dump_reads_and_record_names_
     env = {**ENV, rankview.VIEW_DIR_VAR: str(view), "TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen([str(torchrun), "--nproc-per-node=2", f"--master-port={_free_port()}",
                           "-m", "clusterctl.rankview", str(script), str(release)],
-                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
     try:
         end = time.monotonic() + 120
         v0 = v1 = None
         while time.monotonic() < end:
             v0, v1 = _view(view / "rank-0"), _view(view / "rank-1")
-            if v0 and v1 and v0["state"] == "waiting" and v1["state"] == "still" and v1.get("arrivals"):
+            # rank 1's arrivals are refreshed on its own 10 s clock: wait for the look after its last collective
+            if v0 and v1 and v0["state"] == "waiting" and v1["state"] == "still" and v0.get("arrivals") \
+                    and v1.get("arrivals") and v1["arrivals"][-1][0] == 10:
                 break
             assert p.poll() is None, p.stdout.read()
             time.sleep(0.3)
@@ -257,8 +261,9 @@ def test_a_blocked_rank_is_still_its_peer_waits_the_dump_reads_and_record_names_
         release.touch()
         out, _ = p.communicate(timeout=60)
     finally:
-        if p.poll() is None:
-            p.kill()
+        if p.poll() is None:      # a failed assertion: the ranks too (a SIGKILLed torchrun leaves them blocked)
+            release.touch()
+            os.killpg(p.pid, signal.SIGKILL)
             p.wait()
     assert p.returncode == 1, out
     root = out[out.index("Root Cause"):]
