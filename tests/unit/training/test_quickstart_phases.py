@@ -24,9 +24,11 @@ def test_phases_are_recorded_once_each_in_order(tmp_path):
     assert recs[1]["cpu"] > 0.1 and all(x["rank"] == 0 for x in recs)     # importing torch costs CPU
 
 
-def test_agent_cpu_counts_this_attempts_torchrun_on_this_node_only(tmp_path):
+def test_agent_cpu_counts_this_attempts_torchrun_on_this_node_only(tmp_path, monkeypatch):
     """Local rank 0 records the CPU of its node's torchrun agent of this attempt: a process torch named
-    pt_elastic, in this network namespace, with CLUSTERCTL_ATTEMPT=<attempt> (or none: forked by a zygote)."""
+    pt_elastic, in this network namespace, with CLUSTERCTL_ATTEMPT=<attempt> (or none: forked by a zygote).
+    /proc is listed as holding only the test's own processes: a real torchrun of another test running meanwhile
+    (test_rankview's, on the other xdist worker) is an agent of no attempt, which counts for every attempt."""
     import importlib.util
     import os
 
@@ -42,6 +44,9 @@ def test_agent_cpu_counts_this_attempts_torchrun_on_this_node_only(tmp_path):
     try:
         for p in agents:
             assert p.stdout.readline().strip() == "ok"
+        real_listdir = os.listdir
+        ours = [str(os.getpid()), *(str(p.pid) for p in agents)]
+        monkeypatch.setattr(train.os, "listdir", lambda d: ours if d == "/proc" else real_listdir(d))
         got = train.agent_cpu("5")
         assert got is not None and 0.25 <= got < 2.0         # attempt 5's agent only, not attempt 4's
         assert train.agent_cpu("6") is None
