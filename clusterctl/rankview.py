@@ -67,6 +67,10 @@ def run(argv: list[str]) -> None:
         # `python SCRIPT` has the script's directory (symlinks resolved) first on sys.path, where our own `-m` (or
         # the zygote's) put the working directory; a directory or zip file is put there by runpy itself
         ours = bool(sys.path) and sys.path[0] in ("", os.getcwd())
+        if not os.path.exists(script):       # python's own words and exit code (causes.CANT_OPEN: config_error)
+            sys.stderr.write(f"{sys.executable}: can't open file {os.path.abspath(script)!r}: "
+                             "[Errno 2] No such file or directory\n")
+            raise SystemExit(2)
         if not os.path.isfile(script):       # a directory or zip with __main__.py: runpy does what python does
             sys.path[0:1 if ours else 0] = []
             runpy.run_path(script, run_name="__main__")

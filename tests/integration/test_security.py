@@ -439,7 +439,12 @@ def test_plan_and_start_scripts_pass_values_verbatim(tmp_path_factory, local_bin
         if rt == "podman":
             got = json.loads((tmp / "podman.json").read_text())
             assert got["argv"][0] == "run" and got["argv"][1].startswith("--volume=")
-            assert got["argv"][2:] == list(node.runtime_argv[6:]), "podman got different argv elements"
+            # the start script's own arguments: program, "run", the rank view's dir and its link (node side of
+            # issue 37), then podman's; the view dir arrives mounted at its own path and named in the env
+            view = node.runtime_argv[6]
+            assert view and list(node.runtime_argv[4:6]) == ["podman", "run"]
+            assert got["argv"][2:] == [f"--volume={view}:{view}", f"--env=CLUSTERCTL_VIEW_DIR={view}",
+                                       *node.runtime_argv[8:]], "podman got different argv elements"
             assert not got["env_has_script"], "the env script must not reach the container config"
             apply = runtimes.NO_CORE_DUMPS + runtimes.CONTAINER_APPLY        # core dumps off, then the env
             inner = ["sh", "-c", apply, "clusterctl-env", *node.torchrun_argv]

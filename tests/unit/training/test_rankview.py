@@ -59,6 +59,16 @@ def test_a_script_runs_as_python_runs_it(tmp_path, how):
         assert wrapped[2].splitlines()[-1] == plain[2].splitlines()[-1] == "ValueError: boom"
 
 
+def test_a_misspelt_script_fails_as_python_fails(tmp_path):
+    """python's own line and exit code 2: the supervisor reads it as a config error (causes.CANT_OPEN), not as
+    a user error to retry (CI: the wrapper's runpy raised FileNotFoundError, a traceback)."""
+    from clusterctl.model import causes
+    plain = _py(["d/tran.py", "a"], tmp_path)
+    wrapped = _py(["-m", "clusterctl.rankview", "d/tran.py", "a"], tmp_path)
+    assert wrapped == plain and plain[0] == 2
+    assert causes.CANT_OPEN.search(wrapped[2]), wrapped[2]
+
+
 def test_a_module_runs_as_python_minus_m_runs_it(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
