@@ -11,7 +11,8 @@ from clusterctl.model.verdicts import Observation
 from clusterctl.store.logcopy import LogSink
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise.cluster_ops import ClusterOps
-from clusterctl.supervise.supervisor import GPU_RECHECK_S, NodeOps, Policy, Supervisor
+from clusterctl.supervise.supervisor import GPU_RECHECK_S, Policy, Supervisor
+from tests.fakes.ops import QuietOps
 from tests.fakes.checks import FakeHost, FakeTransport, sections_for, smi_rows
 from tests.unit.supervise.test_cluster_ops import JOB, Mux
 from tests.unit.supervise.test_cluster_ops import Store as FakeStore
@@ -19,7 +20,7 @@ from tests.unit.supervise.test_cluster_ops import Store as FakeStore
 ECC = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
 
 
-class Ops(NodeOps):
+class Ops(QuietOps):
     """Three nodes; attempt 1: c's rank dies of a GPU error; every later attempt succeeds. ``gpu``: c's answers to
     the GPU check, one per call (the last repeats)."""
 
@@ -35,18 +36,6 @@ class Ops(NodeOps):
             return [Observation(n, "exited", exit_code=1, rank=2, error_tail=ECC, gpu_error=ECC) if n == "c"
                     else Observation(n, "running") for n in nodes]
         return [Observation(n, "exited", exit_code=0) for n in nodes]
-
-    def stop(self, attempt, nodes):
-        return {}
-
-    def reachable(self, nodes):
-        return list(nodes)
-
-    def latest_checkpoint(self, nodes):
-        return ("", 0)
-
-    def stop_requested(self):
-        return False
 
     def gpu_check(self, nodes):
         self.checks.append(tuple(nodes))

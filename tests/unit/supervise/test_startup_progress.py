@@ -15,9 +15,10 @@ from clusterctl.store.state import ACTIVE_STATES, JobState, Store
 from clusterctl.supervise import observe
 from clusterctl.supervise.cluster_ops import ClusterOps
 from clusterctl.supervise.jobdir import StepTap
-from clusterctl.supervise.supervisor import NodeOps, Policy, Supervisor
+from clusterctl.supervise.supervisor import Policy, Supervisor
 from clusterctl.transport.base import CommandResult
 from clusterctl.views import status
+from tests.fakes.ops import QuietOps
 from tests.unit.supervise.test_cluster_ops import JOB, Mux
 from tests.unit.supervise.test_cluster_ops import Store as FakeStore
 
@@ -36,7 +37,7 @@ def test_the_startup_phases_and_the_rendezvous_peers_are_pure():
     assert observe.startup(3, None, 6, 6, 1) == ("first_step", "first step: step 1 (6/6 ranks started)")
 
 
-class Ops(NodeOps):
+class Ops(QuietOps):
     """Two nodes; ``said``: what ``startup`` answers, one per probe round; the attempt ends (exit 0) after as many
     rounds."""
 
@@ -55,18 +56,6 @@ class Ops(NodeOps):
     def startup(self, attempt):
         self.asked += 1
         return self.said[self.asked - 1] if self.asked <= len(self.said) else self.said[-1]
-
-    def stop(self, attempt, nodes):
-        return {}
-
-    def reachable(self, nodes):
-        return list(nodes)
-
-    def latest_checkpoint(self, nodes):
-        return ("", 0)
-
-    def stop_requested(self):
-        return False
 
 
 def _supervise(tmp_path, ops, adopt=False):
