@@ -73,7 +73,9 @@ def config(c: Cluster, hosts, gpus: int, slurmd_timeout: int = 6) -> str:
     lines = [
         f"ClusterName={c.name}", f"SlurmctldHost={first.name}({first.address})",
         "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
-        f"AuthInfo=socket={c.munge_socket}",
+        # cred_expire (120 s by default) is also how long Slurm holds a requeued job (Reason=BeginTime) before it
+        # runs it again (slurm.conf(5), AuthInfo): 30 s keeps the requeue test short, still ample for a step launch
+        f"AuthInfo=socket={c.munge_socket},cred_expire=30",
         f"StateSaveLocation={c.dir / 'state'}", f"SlurmdSpoolDir={c.dir / 'spool' / '%n'}",
         f"SlurmctldPidFile={c.ctld_pidfile}", f"SlurmdPidFile={c.run / 'slurmd-%n.pid'}",
         f"SlurmctldLogFile={c.dir / 'slurmctld.log'}", f"SlurmdLogFile={c.dir / 'slurmd-%n.log'}",
