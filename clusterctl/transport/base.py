@@ -2,9 +2,13 @@
 that picks one) lives in ``transport/__init__.py``."""
 from __future__ import annotations
 
+import os
 import select
+import selectors
 import shlex
+import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
@@ -66,6 +70,48 @@ def append_bounded(buf: bytearray, data: bytes, limit: int | None = None) -> Non
     buf += data
     if len(buf) > limit:
         del buf[: len(buf) - limit]
+
+
+def communicate_bounded(p: subprocess.Popen, stdin: bytes, deadline: float) -> tuple[bytes, bytes]:
+    """``p.communicate(stdin)`` until ``deadline`` (``time.monotonic``), keeping the last ``MAX_OUTPUT`` bytes of
+    each of stdout and stderr (``communicate`` keeps everything). ``subprocess.TimeoutExpired`` at the deadline."""
+    bufs = {p.stdout.fileno(): bytearray(), p.stderr.fileno(): bytearray()}
+    out, err = bufs.values()
+    left = memoryview(stdin)
+    with selectors.DefaultSelector() as sel:
+        for fd in bufs:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        if left:
+            os.set_blocking(p.stdin.fileno(), False)
+            sel.register(p.stdin.fileno(), selectors.EVENT_WRITE)
+        else:
+            p.stdin.close()
+        reading = len(bufs)
+        while reading or left:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                raise subprocess.TimeoutExpired(p.args, 0)
+            for key, _ in sel.select(wait):
+                if key.fd in bufs:
+                    data = os.read(key.fd, 65536)
+                    if data:
+                        append_bounded(bufs[key.fd], data)
+                    else:
+                        sel.unregister(key.fd)
+                        reading -= 1
+                    continue
+                try:
+                    left = left[os.write(key.fd, left[:65536]):]
+                except BlockingIOError:
+                    continue
+                except BrokenPipeError:     # the command does not read its input (it may have ended)
+                    left = left[:0]
+                if not left:
+                    sel.unregister(key.fd)
+                    p.stdin.close()
+    p.wait(max(0.0, deadline - time.monotonic()) or 0.01)
+    return bytes(out), bytes(err)
 
 
 def readable(fd: int, timeout: float) -> bool:

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from clusterctl.errors import CommandTimeout
-from clusterctl.transport.base import CommandResult, ConnectOptions, put_via_run, readable
+from clusterctl.transport.base import CommandResult, ConnectOptions, communicate_bounded, put_via_run, readable
 
 if TYPE_CHECKING:
     from clusterctl.config.inventory import Host
@@ -44,14 +44,21 @@ class LocalTransport:
         timeout = timeout or self.options.command_timeout
         start = time.monotonic()
         try:
-            p = subprocess.run(argv, input=stdin or b"", capture_output=True, timeout=timeout, start_new_session=True,
-                               env=_env())
-        except subprocess.TimeoutExpired:
-            raise CommandTimeout(self.host.name, f"command timed out after {timeout:g}s: {argv[0]}") from None
+            p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True, env=_env())
         except OSError as e:
             return CommandResult(argv, 127, "", f"{argv[0]}: {e.strerror}", time.monotonic() - start)
-        return CommandResult(argv, p.returncode, p.stdout.decode(errors="replace"),
-                             p.stderr.decode(errors="replace"), time.monotonic() - start)
+        try:       # the last MAX_OUTPUT bytes of each stream, as over SSH and srun (subprocess.run keeps everything)
+            out, err = communicate_bounded(p, stdin or b"", start + timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            raise CommandTimeout(self.host.name, f"command timed out after {timeout:g}s: {argv[0]}") from None
+        finally:
+            for f in (p.stdin, p.stdout, p.stderr):
+                f.close()
+        return CommandResult(argv, p.returncode, out.decode(errors="replace"), err.decode(errors="replace"),
+                             time.monotonic() - start)
 
     def put(self, data: bytes, path: str, mode: int = 0o600) -> None:
         put_via_run(self, data, path, mode)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import selectors
 import signal
 import subprocess
 import threading
@@ -27,7 +26,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from clusterctl.errors import CommandTimeout, TransportError
-from clusterctl.transport.base import CommandResult, ConnectOptions, append_bounded, put_via_run, readable
+from clusterctl.transport.base import CommandResult, ConnectOptions, communicate_bounded, put_via_run, readable
 
 if TYPE_CHECKING:
     from clusterctl.config.inventory import Host
@@ -111,7 +110,7 @@ class SrunTransport:
         except OSError as e:
             raise TransportError(self.host.name, f"cannot run {SRUN}: {e.strerror}") from None
         try:
-            out, err = _communicate(p, stdin or b"", start + timeout)
+            out, err = communicate_bounded(p, stdin or b"", start + timeout)
         except subprocess.TimeoutExpired:
             _end(p)
             raise CommandTimeout(self.host.name, f"command timed out after {timeout:g}s: {argv[0]}") from None
@@ -185,48 +184,6 @@ class SrunStream:
         if self.proc.poll() is None:
             _end(self.proc)
         self.proc.stdout.close()
-
-
-def _communicate(p: subprocess.Popen, stdin: bytes, deadline: float) -> tuple[bytes, bytes]:
-    """``p.communicate(stdin)`` until ``deadline`` (``time.monotonic``), keeping the last ``MAX_OUTPUT`` bytes of
-    each of stdout and stderr (``communicate`` keeps everything). ``subprocess.TimeoutExpired`` at the deadline."""
-    bufs = {p.stdout.fileno(): bytearray(), p.stderr.fileno(): bytearray()}
-    out, err = bufs.values()
-    left = memoryview(stdin)
-    with selectors.DefaultSelector() as sel:
-        for fd in bufs:
-            os.set_blocking(fd, False)
-            sel.register(fd, selectors.EVENT_READ)
-        if left:
-            os.set_blocking(p.stdin.fileno(), False)
-            sel.register(p.stdin.fileno(), selectors.EVENT_WRITE)
-        else:
-            p.stdin.close()
-        reading = len(bufs)
-        while reading or left:
-            wait = deadline - time.monotonic()
-            if wait <= 0:
-                raise subprocess.TimeoutExpired(p.args, 0)
-            for key, _ in sel.select(wait):
-                if key.fd in bufs:
-                    data = os.read(key.fd, 65536)
-                    if data:
-                        append_bounded(bufs[key.fd], data)
-                    else:
-                        sel.unregister(key.fd)
-                        reading -= 1
-                    continue
-                try:
-                    left = left[os.write(key.fd, left[:65536]):]
-                except BlockingIOError:
-                    continue
-                except BrokenPipeError:     # the command does not read its input (it may have ended)
-                    left = left[:0]
-                if not left:
-                    sel.unregister(key.fd)
-                    p.stdin.close()
-    p.wait(max(0.0, deadline - time.monotonic()) or 0.01)
-    return bytes(out), bytes(err)
 
 
 def _end(p: subprocess.Popen, grace: float = 2.0) -> None:
