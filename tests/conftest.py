@@ -14,6 +14,7 @@ Integration tests never skip: if the testbed cannot be built they fail with the 
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import string
@@ -47,6 +48,25 @@ def pytest_collection_modifyitems(config, items):
         name = item.path.stem
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
     items.sort(key=rank)     # stable: the tests of a module keep their order
+
+
+# Seconds per integration module (setup + call + teardown of its tests), printed at the end of a run: the modules
+# are what the xdist workers share out (`--dist loadfile`), so these are what LONGEST_FIRST and CI's 30 minutes
+# are balanced with.
+MODULE_SECONDS: collections.Counter = collections.Counter()
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    if "integration/" in path:
+        MODULE_SECONDS[path.rsplit("/", 1)[-1]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if MODULE_SECONDS:
+        terminalreporter.write_sep("=", "seconds per integration module")
+        for name, seconds in MODULE_SECONDS.most_common():
+            terminalreporter.write_line(f"{seconds:8.1f}s {name}")
 
 
 def _build(n, base_dir, profiles, prefix, subnet) -> Testbed:
