@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
@@ -31,7 +29,8 @@ from clusterctl.store.ledger import Ledger
 from clusterctl.store.logcopy import LogSink
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise import rankwatch
-from clusterctl.supervise.observe import Confirm, Explain, interpret, rendezvous_peers, startup
+from clusterctl.supervise import probe
+from clusterctl.supervise.observe import rendezvous_peers, startup
 from clusterctl.supervise.watch import Mux, Watch, Watches
 from clusterctl.transport import CommandResult, ConnectOptions, HostResult, Transport, connect, fan_out
 from clusterctl.transport.base import readable
@@ -63,10 +62,7 @@ def _what_failed(r: CommandResult) -> str:
 _PKG = Path(checkpoint_mod.__file__).parent
 CHECKPOINT_INSTALLER = checkpoint_installer((_PKG / "checkpoint.py").read_text(),
                                             {n: (_PKG / n).read_text() for n in NODE_MODULES if n != "checkpoint.py"})
-TAIL_LINES = 200          # lines of a node's own log read to explain its end
 
-
-root_cause, signal_of = causes.root_cause, causes.signal_of
 
 
 class CommandFailed(RuntimeError):
@@ -151,7 +147,7 @@ class ClusterOps:
         """The node's kept connection, made on first use (``transport.pool.Pool``)."""
         return self._pool.get(node)
 
-    def _run(self, node: str, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None):
+    def run(self, node: str, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None):
         return self._pool.run(node, argv, timeout=timeout, stdin=stdin)
 
     def drop(self, node: str) -> None:
@@ -162,11 +158,11 @@ class ClusterOps:
         self._pool.close()
         self.sink.close()
 
-    def _runtime(self, node: str):
+    def runtime(self, node: str):
         return runtimes.get(self.hosts[node].runtime)
 
     @staticmethod
-    def _jobs_root(node: str) -> str:
+    def jobs_root(node: str) -> str:
         return runtimes.jobs_root_for(runtimes.DEFAULT_JOBS_ROOT, node)   # as in the plan (per node)
 
     # ------------------------------------------------------------------------------------------ NodeOps
@@ -187,7 +183,7 @@ class ClusterOps:
             raise ValueError(f"attach({attempt}): start or adopt attempt {attempt} first")
         for n in self._plan.nodes:
             self._follow(attempt, n.host)
-            self._watch(attempt, n.host)
+            self.watch(attempt, n.host)
 
     def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str,
               resume: tuple[str, int]) -> dict[str, NodeError]:
@@ -203,11 +199,11 @@ class ClusterOps:
 
         def start_one(host: Host) -> None:
             node = self._plan_node(host.name)
-            rt = self._runtime(host.name)
+            rt = self.runtime(host.name)
             # the previous attempt's leftovers (a new job id has none, and a node this supervisor's ``stop`` just
             # cleaned neither: a command less per node on the way back)
             if attempt > 1 and host.name not in self._removed:
-                self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
+                self.run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self.jobs_root(host.name)),
                           timeout=timeout)
             self._removed.discard(host.name)
             mode, why = self._warm_or_cold(host.name, node, attempt)
@@ -216,13 +212,13 @@ class ClusterOps:
                 argv = node.warm_argv
                 lib = rt.warm_lib_dir(node.warm_dir, attempt)
                 prelude = f"{runtimes.LIB_DIR_VAR}={lib}\n{CHECKPOINT_INSTALLER}" if lib else CHECKPOINT_INSTALLER
-            r = self._run(host.name, argv, timeout=timeout, stdin=node.env_script(self.secrets, prelude))
+            r = self.run(host.name, argv, timeout=timeout, stdin=node.env_script(self.secrets, prelude))
             if not r.ok and mode == "warm":     # its zygote answered, then the warm start failed: cold, once
                 failed = _what_failed(r).splitlines()[-1]
-                self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
+                self.run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self.jobs_root(host.name)),
                           timeout=timeout)
                 mode, why = "cold", f"its warm start failed ({failed[-200:]}): started cold"
-                r = self._run(host.name, node.runtime_argv, timeout=timeout,
+                r = self.run(host.name, node.runtime_argv, timeout=timeout,
                               stdin=node.env_script(self.secrets, CHECKPOINT_INSTALLER))
             if not r.ok:
                 raise CommandFailed(_what_failed(r)[-500:])
@@ -248,12 +244,12 @@ class ClusterOps:
         One short command per node, once (a node that does not answer is asked again at its next start). Not asked
         of CPU hosts (``clusterctl_gpus: 0``): gloo does not use the verbs devices."""
         todo = [self.hosts[n] for n in nodes if n not in self._infiniband and self.hosts[n].infiniband is None
-                and self.hosts[n].gpus != 0 and self._runtime(n).containerized]
+                and self.hosts[n].gpus != 0 and self.runtime(n).containerized]
         if not todo:
             return
 
         def ask(host: Host) -> bool:
-            return self._run(host.name, ["sh", "-c", HAS_INFINIBAND], timeout=self.probe_timeout_s).exit_code == 0
+            return self.run(host.name, ["sh", "-c", HAS_INFINIBAND], timeout=self.probe_timeout_s).exit_code == 0
 
         for r in fan_out(todo, ask, host_timeout=self.options.connect_timeout + self.probe_timeout_s + 5):
             if r.ok:
@@ -266,7 +262,7 @@ class ClusterOps:
         if not plan_node.warm_argv:
             return "cold", plan_node.cold_why
         try:
-            r = self._run(node, self._runtime(node).zygote_ping_argv(plan_node.warm_dir), timeout=WARM_PING_S)
+            r = self.run(node, self.runtime(node).zygote_ping_argv(plan_node.warm_dir), timeout=WARM_PING_S)
         except TransportError as e:
             return "cold", f"its zygote did not answer within {WARM_PING_S:g}s ({e})"
         if r.ok:
@@ -280,10 +276,10 @@ class ClusterOps:
 
     def _start_zygote(self, node: str, plan_node, timeout: float) -> str:
         """(Re)start the node's zygote container; returns "" or why it failed (the next relaunch is cold then)."""
-        rt = self._runtime(node)
+        rt = self.runtime(node)
         try:
-            self._run(node, rt.zygote_remove_argv(self.job_id, node, plan_node.warm_dir), timeout=timeout)
-            r = self._run(node, plan_node.zygote_argv, timeout=timeout, stdin=zygote_stdin(plan_node))
+            self.run(node, rt.zygote_remove_argv(self.job_id, node, plan_node.warm_dir), timeout=timeout)
+            r = self.run(node, plan_node.zygote_argv, timeout=timeout, stdin=zygote_stdin(plan_node))
         except TransportError as e:
             return f"; its zygote could not start: {e}"
         if not r.ok:
@@ -292,117 +288,25 @@ class ClusterOps:
 
     def observe(self, attempt: int, nodes: Sequence[str], *, watch: bool = True,
                 deadline_s: float | None = None) -> list[Observation]:
-        """One probe round. Each node's watch (a line a second over its persistent connection) answers for
-        the common cases without a remote command: silent for ``heartbeat_timeout_s`` -> unreachable (a probe
-        would only hang until its timeout); fresh and alive -> running. Otherwise (the process ended, no watch
-        line yet) the node is probed: the runtime's listing gives the state and exit code, and for a failure the
-        tail of the node's own log says why. ``watch=False``: probe only (``status``/``resume`` of a job whose
-        supervisor is gone). ``deadline_s``: the whole round's bound (default: three probe timeouts)."""
-        known: dict[str, Observation] = {}
-        for n in nodes if watch else ():
-            self._watch(attempt, n)
-            o = self._watches.heard(n)
-            if o is not None:
-                known[n] = o
+        """One probe round (``probe.observe``); a node found unreachable is asked over a fresh connection next."""
+        found = probe.observe(self, attempt, nodes, watch=watch, deadline_s=deadline_s)
+        for o in found:
+            (self._unhealthy.add if o.state == "unreachable" else self._unhealthy.discard)(o.node)
+        return found
 
-        def probe(host: Host) -> Observation:
-            rt = self._runtime(host.name)
-            r = self._run(host.name, rt.list_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
-                          timeout=self.probe_timeout_s)
-            if not r.ok:
-                raise TransportError(host.name, f"status probe failed: {r.stderr.strip()[-200:]}")
-            instances = rt.parse_list(r.stdout)
-            progress = self._watches.progress(host.name)
-            got = interpret(host.name, instances, attempt, runtime=rt, job_id=self.job_id,
-                            watch=self._watches.get(host.name), now=self.clock(), progress=progress)
-            if isinstance(got, Confirm):
-                return got.gone if self._init_gone(host.name, got.argv) else got.running
-            if isinstance(got, Explain):
-                return self._ended(host.name, attempt, got.instance, progress)
-            return got
-
-        out = dict(known)
-        for r in fan_out([self.hosts[n] for n in nodes if n not in known], probe,
-                         host_timeout=deadline_s or self.probe_timeout_s * 3 + 2):
-            out[r.host.name] = r.value if r.ok else self._probe_failed(r.host.name, r.error)
-        for n in nodes:
-            (self._unhealthy.add if out[n].state == "unreachable" else self._unhealthy.discard)(n)
-        return [out[n] for n in nodes]
-
-    @staticmethod
-    def _probe_failed(node: str, error: BaseException) -> Observation:
-        """A probe that raised: the node did not answer (a transport error or a deadline: ``unreachable``,
-        which counts towards a lost node), or a bug on this side (a parser, a runtime listing we do not
-        understand: ``probe_error``, logged with its traceback in the supervisor's log, never a verdict)."""
-        if isinstance(error, TransportError):
-            return Observation(node, "unreachable", error_tail=str(error))
-        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-        print(f"clusterctl: probe error on {node} (not a node failure):\n{text}", file=sys.stderr, flush=True)
-        return Observation(node, "probe_error", error_tail=f"probe error: {error.__class__.__name__}: {error}")
-
-    def _ended(self, node: str, attempt: int, inst, progress: bool) -> Observation:
-        """A node that exited with a failure (``observe.Explain``; a clean exit is decided without the node):
-        exit code, signal, the failing rank and its last lines (from the node's own log), a configuration error
-        no retry can fix, and whether the OOM killer did it."""
-        code = inst.exit_code
-        sig = signal_of(code)
-        lines = self._node_log(node, self._ref(node, attempt, inst.name))
-        text = "\n".join(lines)
-        cause = causes.root_cause_of(text)
-        rank = cause.rank if cause else None
-        if cause and cause.signal:     # torchrun reports a rank killed by signal N as exit code -N
-            sig = cause.signal
-        cfg = causes.config_error(code, text, script=self.spec.script, module=self.spec.module,
-                                  torchrun=self.spec.torchrun[0])
-        oom = sig == "SIGKILL" and (causes.warm_oom(lines, node, rank)      # a warm rank: its zygote saw it
-                                    or self._oom(node, inst.name, cause.pid if cause else None))
-        tail = causes.error_tail(lines, node, rank)
-        message = causes.error_file_in(text)   # torchrun's own error file (bare), when it wrote one
-        if message:
-            tail = f"{tail}\n[{node}/-] root cause (torchelastic error file): {message.splitlines()[0]}".lstrip()
-        gpu = None if cfg or oom else (causes.gpu_error(lines) or self._xid(node, attempt))
-        return Observation(node, "exited", exit_code=code, signal=sig, progress=progress,
-                           error_tail=tail, rank=rank,
-                           config_error=f"{cfg.message}. Fix: {cfg.fix}" if cfg else None, oom=oom, gpu_error=gpu)
-
-    def _xid(self, node: str, attempt: int) -> str | None:
-        """The kernel's GPU-failure Xid on ``node`` since ``attempt`` started (``causes.recent_xid``), as
-        evidence ("kernel: NVRM: Xid ..."), or None (none, a host without GPUs, or the log cannot be read)."""
-        if self.hosts[node].gpus == 0:
-            return None
-        started = next((a.started_at for a in self.store.attempts(self.job_id) if a.attempt == attempt), None)
-        if started is None:
-            return None
-        try:
-            r = self._run(node, ["sh", "-c", causes.XID_PROBE], timeout=self.probe_timeout_s)
-        except TransportError:
-            return None
-        xid = causes.recent_xid(r.stdout, self.store.now() - started)
-        return f"kernel: Xid {xid.code} on {xid.pci}: {xid.line}" if xid else None
-
-    def _ref(self, node: str, attempt: int, name: str | None = None) -> runtimes.Ref:
+    def ref(self, node: str, attempt: int, name: str | None = None) -> runtimes.Ref:
         if self._plan is not None and self._plan.attempt == attempt and node in self._plan_nodes:
             p = self._plan_node(node)
             return runtimes.Ref(name or p.container_name, p.node_dir, p.log_path, self.job_id)
         ndir = runtimes.node_dir_of(node, self.job_id, attempt)
         return runtimes.Ref(name or runtimes.container_name(self.job_id, node), ndir,
-                            self._runtime(node).log_path(ndir), self.job_id)
-
-    def _node_log(self, node: str, ref: runtimes.Ref, lines: int = TAIL_LINES) -> list[str]:
-        """The last ``lines`` lines of the node's own log (stdout and stderr), as ``[node/rank] text``."""
-        argv = self._runtime(node).logs_argv(ref, tail=lines)
-        try:
-            r = self._run(node, ["sh", "-c", f'"$@" 2>&1 | tail -c {causes.MAX_TEXT}', "clusterctl-tail", *argv],
-                          timeout=self.probe_timeout_s)   # at most MAX_TEXT bytes: lines have no length limit
-        except TransportError:
-            return []
-        return causes.node_lines(r.stdout, node)
+                            self.runtime(node).log_path(ndir), self.job_id)
 
     def read_log(self, node: str, attempt: int, timeout: float, on_data: Callable[[bytes], None]) -> None:
         """The node's own log of ``attempt``, whole (stdout and stderr), passed to ``on_data`` in pieces as it comes
         (a stream: at most 64 KiB at a time in memory; ``run`` held it whole, or over SSH only its last 8 MiB):
         what ``logs`` and ``resume`` complete the controller's copy from. ``CommandTimeout`` after ``timeout``."""
-        argv = self._runtime(node).logs_argv(self._ref(node, attempt))
+        argv = self.runtime(node).logs_argv(self.ref(node, attempt))
         stream = open_stream(self.transport(node), ["sh", "-c", '"$@" 2>&1', "clusterctl-logs", *argv])
         deadline = time.monotonic() + timeout
         try:
@@ -416,17 +320,6 @@ class ClusterOps:
         finally:
             stream.close()
 
-    def _oom(self, node: str, name: str, pid: int | None) -> bool:
-        """Did the OOM killer do it? bare: the kernel log names the rank's pid; containers: the runtime's
-        OOMKilled flag (the rank's pid is the container's own)."""
-        rt = self._runtime(node)
-        try:
-            r = self._run(node, rt.oom_argv(runtimes.Ref(name, "", None, self.job_id)),   # selected by label
-                          timeout=self.probe_timeout_s)
-        except TransportError:
-            return False
-        return rt.oom_killed(r.stdout, pid)
-
     def socket_fallback(self, attempt: int) -> list[tuple[str, str]]:
         """(node, line) for each node of ``attempt`` with InfiniBand on (the plan) whose NCCL said it uses sockets
         (``causes.nccl_network`` over the lines a grep of its log finds; one bounded command per such node)."""
@@ -434,8 +327,8 @@ class ClusterOps:
             return []
 
         def look(host: Host) -> tuple[str, str] | None:
-            argv = self._runtime(host.name).logs_argv(self._ref(host.name, attempt))
-            r = self._run(host.name, ["sh", "-c", '"$@" 2>&1 | grep -m 50 -E "NCCL INFO (Using network|NET/)"',
+            argv = self.runtime(host.name).logs_argv(self.ref(host.name, attempt))
+            r = self.run(host.name, ["sh", "-c", '"$@" 2>&1 | grep -m 50 -E "NCCL INFO (Using network|NET/)"',
                                       "clusterctl-net", *argv], timeout=self.probe_timeout_s)
             got = causes.nccl_network(causes.node_lines(r.stdout, host.name))
             return (host.name, got[1]) if got and got[0].lower() == "socket" else None
@@ -458,7 +351,7 @@ class ClusterOps:
             rdzv = next(n.host for n in plan.nodes if n.is_rdzv_host)
             port = plan.rdzv_endpoint.rsplit(":", 1)[-1]
             try:
-                r = self._run(rdzv, ["ss", "-Htn", "state", "established", f"( sport = :{port} )"],
+                r = self.run(rdzv, ["ss", "-Htn", "state", "established", f"( sport = :{port} )"],
                               timeout=self.probe_timeout_s)
                 joined = rendezvous_peers(r.stdout) if r.ok else None
             except TransportError:
@@ -484,10 +377,10 @@ class ClusterOps:
         return self._watches.checkpoint_hint()
 
     # ------------------------------------------------------------------------------------------ watch
-    def _watch(self, attempt: int, node: str) -> Watch:
+    def watch(self, attempt: int, node: str) -> Watch:
         """The node's watch for ``attempt`` (started on first use; a new attempt replaces the old one)."""
         return self._watches.watch(attempt, node, lambda: (
-            runtimes.watch_argv(self._runtime(node), self._plan_node(node), self.spec.checkpoint.dir,
+            runtimes.watch_argv(self.runtime(node), self._plan_node(node), self.spec.checkpoint.dir,
                                 runtimes.view_dir(self._plan_node(node).node_dir))
             if self._plan else None))
 
@@ -498,18 +391,13 @@ class ClusterOps:
     def dump_ranks(self, attempt: int, nodes: Sequence[str], dest_dir: str) -> dict[str, str]:
         """Every rank's flight-recorder dump and stack copied into ``dest_dir`` (``rankwatch.dump_ranks``, one
         bounded command per node); node -> why not, for the nodes that sent less."""
-        views = {n: runtimes.view_dir(self._ref(n, attempt).node_dir) for n in nodes}
-        return rankwatch.dump_ranks(lambda n, argv, timeout: self._run(n, argv, timeout=timeout), views,
+        views = {n: runtimes.view_dir(self.ref(n, attempt).node_dir) for n in nodes}
+        return rankwatch.dump_ranks(lambda n, argv, timeout: self.run(n, argv, timeout=timeout), views,
                                     self.hosts, dest_dir, connect_timeout_s=self.options.connect_timeout)
 
     def wait_for_change(self, seconds: float) -> bool:
         """Sleep between probe rounds; wake early when a watched process ends (True then)."""
         return self._watches.wait_for_change(seconds)
-
-    def _init_gone(self, node: str, argv: list[str]) -> bool:
-        """``observe.Confirm``: is the init process of a container the runtime lists as running gone? (one
-        command, the runtime's ``init_gone_argv``: exit 3)."""
-        return self._run(node, argv, timeout=self.probe_timeout_s).exit_code == 3
 
     def stop(self, attempt: int | None, nodes: Sequence[str], grace_s: float = 0.0) -> dict[str, NodeError]:
         """Stop this job on ``nodes``: TERM + grace when ``grace_s``, then kill and remove by label/job id."""
@@ -517,17 +405,17 @@ class ClusterOps:
         self._watches.stop(nodes)
 
         def stop_one(host: Host) -> None:
-            rt = self._runtime(host.name)
+            rt = self.runtime(host.name)
             if grace_s and self._plan is not None and host.name in self._plan_nodes:
-                self._run(host.name, rt.stop_argv(self._plan_node(host.name), "TERM"), timeout=15)
+                self.run(host.name, rt.stop_argv(self._plan_node(host.name), "TERM"), timeout=15)
                 deadline = time.monotonic() + grace_s
                 while time.monotonic() < deadline:
-                    r = self._run(host.name, rt.list_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
+                    r = self.run(host.name, rt.list_argv(self.job_id, jobs_root=self.jobs_root(host.name)),
                                   timeout=self.probe_timeout_s)
                     if not any(i.state == "running" for i in rt.parse_list(r.stdout)):
                         break
                     time.sleep(0.5)
-            r = self._run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self._jobs_root(host.name)),
+            r = self.run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self.jobs_root(host.name)),
                           timeout=60)
             if not r.ok:
                 raise CommandFailed(r.stderr.strip()[-300:] or f"exit code {r.exit_code}")
@@ -544,8 +432,8 @@ class ClusterOps:
                                    host_timeout=75))
 
     def _drop_zygote(self, node: str) -> None:
-        argv = self._runtime(node).zygote_remove_argv(self.job_id, node, runtimes.warm_key(self.job_id, node))
-        r = self._run(node, argv, timeout=60)
+        argv = self.runtime(node).zygote_remove_argv(self.job_id, node, runtimes.warm_key(self.job_id, node))
+        r = self.run(node, argv, timeout=60)
         if not r.ok:
             raise CommandFailed(r.stderr.strip()[-300:] or f"zygote: exit code {r.exit_code}")
 
@@ -584,7 +472,7 @@ class ClusterOps:
         def answers(h: Host) -> bool:
             if h.name in self._unhealthy:
                 self.drop(h.name)
-            return self._run(h.name, ["true"], timeout=self.probe_timeout_s).ok
+            return self.run(h.name, ["true"], timeout=self.probe_timeout_s).ok
 
         results = fan_out([self.hosts[n] for n in nodes], answers,
                           host_timeout=self.probe_timeout_s + self.options.connect_timeout + 1)
@@ -615,7 +503,7 @@ class ClusterOps:
                 "--job", self.spec.name]      # another job's checkpoints in a shared dir are never resumed from
 
         def ask(node: str) -> tuple[str, int]:
-            r = self._run(node, argv, timeout=deadline, stdin=source)
+            r = self.run(node, argv, timeout=deadline, stdin=source)
             if not r.ok:
                 raise RuntimeError(r.stderr.strip()[-200:])
             info = json.loads(r.stdout or "{}")
@@ -649,7 +537,7 @@ class ClusterOps:
         as JSON in the job's directory (``stacks-<attempt>.json``)."""
         from clusterctl.launch import stacks
 
-        found, errors = stacks.collect(nodes, lambda n: lambda argv, **kw: self._run(n, argv, **kw),
+        found, errors = stacks.collect(nodes, lambda n: lambda argv, **kw: self.run(n, argv, **kw),
                                        self.job_id, attempt, host_timeout=60)
         try:
             paths.write_private(self.sink.path.parent / f"stacks-{attempt}.json", stacks.dump_json(found, errors))
@@ -660,4 +548,4 @@ class ClusterOps:
     # ------------------------------------------------------------------------------------------ logs
     def _follow(self, attempt: int, node: str) -> None:
         """Copy the node's log of ``attempt`` into the sink (``watch.Watches.follow``)."""
-        self._watches.follow(attempt, node, self._runtime(node).logs_argv(self._ref(node, attempt), follow=True))
+        self._watches.follow(attempt, node, self.runtime(node).logs_argv(self.ref(node, attempt), follow=True))

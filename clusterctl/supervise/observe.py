@@ -1,9 +1,9 @@
 """What one probe round means (pure): a node's watch and its runtime's listing -> an ``Observation``.
 
-``ClusterOps.observe`` (cluster_ops.py) does the I/O: it reads the watch a node's persistent connection feeds, runs
-the runtime's listing, and asks the node the one question these functions may leave open (``Confirm``: is a
-container listed as running really running? ``Explain``: why did it fail?). Everything decided here is decided
-without a remote command, so it is tested with plain values (tests/unit/supervise/test_observe.py).
+``probe.observe`` (probe.py, for ``ClusterOps.observe``) does the I/O: it reads the watch a node's persistent
+connection feeds, runs the runtime's listing, and asks the node the one question these functions may leave open
+(``Confirm``: is a container listed as running really running? ``Explain``: why did it fail?). Everything decided
+here is decided without a remote command, so it is tested with plain values (tests/unit/supervise/test_observe.py).
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class Confirm:
 
 @dataclass(frozen=True)
 class Explain:
-    """Exited with a failure: why (the node's own log, the OOM killer) takes the node (``ClusterOps._ended``)."""
+    """Exited with a failure: why (the node's own log, the OOM killer) takes the node (``probe.ended``)."""
 
     instance: Instance
 

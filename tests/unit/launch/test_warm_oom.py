@@ -19,6 +19,7 @@ from clusterctl.launch.runtimes import Instance
 from clusterctl.model import causes
 from clusterctl.store.logcopy import LogSink
 from clusterctl.supervise.cluster_ops import ClusterOps
+from clusterctl.supervise.probe import ended
 from clusterctl.transport.base import CommandResult
 from tests.unit.supervise.test_cluster_ops import JOB, Mux, Store
 
@@ -114,7 +115,7 @@ def test_a_warm_rank_killed_by_the_oom_killer_is_observed_as_oom_though_the_cont
         ops = ClusterOps(spec=loads_job(JOB, "job.yaml"), hosts=hosts, job_id="j-1", store=Store(),
                          sink=LogSink(tmp_path / "o.log"), connect=lambda h, o, t=text: Node(t), mux=Mux)
         try:
-            o = ops._ended("n1", 2, Instance("c", "exited", 1), False)
+            o = ended(ops, "n1", 2, Instance("c", "exited", 1), False)
         finally:
             ops.close()
         assert (o.signal, o.rank, o.oom) == ("SIGKILL", 1, oom), o

@@ -9,6 +9,7 @@ from clusterctl.config.spec import loads_job
 from clusterctl.model import causes
 from clusterctl.store.logcopy import LogSink
 from clusterctl.supervise.cluster_ops import HAS_INFINIBAND, ClusterOps
+from clusterctl.supervise.probe import xid
 from clusterctl.transport.base import CommandResult
 from tests.unit.supervise.test_cluster_ops import JOB, Mux, Store
 
@@ -69,13 +70,13 @@ def test_a_failed_node_whose_kernel_logged_a_gpu_xid_since_the_attempt_started_h
     nodes = {"g": Node(kernel=kernel), "cpu": Node(kernel=kernel)}
     ops = _ops(tmp_path, hosts, nodes, store)
     try:
-        got = ops._xid("g", 1)
+        got = xid(ops, "g", 1)
         assert got.startswith("kernel: Xid 94 on PCI:0000:af:00:") and "Contained" in got
-        assert ops._xid("cpu", 1) is None and nodes["cpu"].runs == []           # a CPU host: not asked
+        assert xid(ops, "cpu", 1) is None and nodes["cpu"].runs == []           # a CPU host: not asked
         nodes["g"].kernel = kernel.replace("[61212.550087]", "[50000.000000]")  # logged before the attempt
-        assert ops._xid("g", 1) is None
+        assert xid(ops, "g", 1) is None
         nodes["g"].kernel = kernel.replace("): 94,", "): 13,")                 # Xid 13: the job's own fault
-        assert ops._xid("g", 1) is None
+        assert xid(ops, "g", 1) is None
     finally:
         ops.close()
 

@@ -1,6 +1,6 @@
 """Pure parts of ClusterOps (supervise/cluster_ops.py): torchrun's failure summary, the [node/rank] log copy."""
 from clusterctl.store.logcopy import LogSink
-from clusterctl.supervise.cluster_ops import root_cause, signal_of
+from clusterctl.model.causes import root_cause, signal_of
 
 SUMMARY = """\
 [node2/-] ============================================================

@@ -437,7 +437,7 @@ def test_a_probe_that_raises_is_a_probe_error_never_a_lost_node(capsys):
     """A bug in a probe (here a parser's KeyError) is not a node that does not answer: it is logged with its
     traceback and never counted towards `node_lost`; a transport error still is."""
     from clusterctl.errors import ConnectError
-    from clusterctl.supervise.cluster_ops import ClusterOps
+    from clusterctl.supervise.probe import probe_failed
 
     def parse(text):
         return {}["state"]
@@ -446,11 +446,11 @@ def test_a_probe_that_raises_is_a_probe_error_never_a_lost_node(capsys):
         parse("x")
     except KeyError as e:
         bug = e
-    o = ClusterOps._probe_failed("b", bug)
+    o = probe_failed("b", bug)
     assert o.state == "probe_error" and "KeyError" in o.error_tail
     err = capsys.readouterr().err
     assert "Traceback" in err and "in parse" in err
-    assert ClusterOps._probe_failed("b", ConnectError("b", "connection lost")).state == U
+    assert probe_failed("b", ConnectError("b", "connection lost")).state == U
     h = Health(0, 0)
     for t in range(1, 20):
         d = classify([Observation("a", R, progress=True), o], h, rdzv_host="a", probe_failures=2,
