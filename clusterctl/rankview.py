@@ -290,6 +290,7 @@ class Monitor:
         self.tmp = os.path.join(view_dir, f".rank-{rank}.tmp")
         self.main_ident = main_ident if main_ident is not None else threading.main_thread().ident
         self.pid = os.getpid()
+        self.start_ticks = _start_ticks()
         self.n = 0
         self.started = clock()
         self.own_io = 0             # bytes this monitor read and wrote (counted in /proc/self/io too)
@@ -454,6 +455,7 @@ class Monitor:
         self._learn_peers()
         progress_at = self.progress.at if steps is not None else self.colls_at
         d = {"v": FORMAT, "n": self.n, "rank": self.rank, "local_rank": self.local_rank, "pid": self.pid,
+             "start": self.start_ticks, "hz": _CLK,
              "step": steps, "step_age_s": round(now - self.progress.at, 1),
              "colls": self.colls, "coll_age_s": round(now - self.colls_at, 1),
              "in": self.waiting, "cpu_s": round(cpu, 2), "io": io, "rss": self.rss(),
@@ -516,6 +518,17 @@ class Monitor:
         d = self.view()
         self.write(d)
         return d
+
+
+def _start_ticks() -> int | None:
+    """This process's start time (field 22 of /proc/self/stat: clock ticks since boot, the same number in every
+    PID namespace): with ``pid``, what lets the node's watch read this rank's CPU time and state from outside
+    (``runtimes.WATCH``) and know it is this process."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def dump(directory: str, rank: int) -> None:

@@ -75,6 +75,8 @@ class RankView:
     peers: tuple[tuple[int, str], ...] = ()        # (pid, /proc state letter) of the node's other ranks
     gpu_util: float | None = None      # % (where nvidia-smi exists)
     gpu_mem: int | None = None         # bytes
+    os_state: str | None = None        # its /proc state letter as its node's watch read it from outside (R, S, T...)
+    os_cpu_s: float | None = None      # its CPU seconds, read so (they advance while its own thread cannot write)
     answered_age_s: float = 0.0
 
     @classmethod
@@ -100,6 +102,7 @@ class RankView:
             except ValueError:
                 continue
         hint = d.get("state")
+        os_state, os_cpu_s = _os(d.get("os"), _num(d.get("hz")) or 100.0)
         return cls(rank=rank, node=node, n=_int(d.get("n")) or 0, local_rank=_int(d.get("local_rank")),
                    pid=_int(d.get("pid")), step=_int(d.get("step")), step_age_s=_num(d.get("step_age_s")),
                    colls=_int(d.get("colls")), coll_age_s=_num(d.get("coll_age_s")),
@@ -107,7 +110,8 @@ class RankView:
                    rss=_int(d.get("rss")), where=str(d.get("where") or ""), stack=str(d.get("stack") or ""),
                    hint=hint if hint in ("starting", "training", "waiting", "busy", "still") else "starting",
                    arrivals=tuple(arrivals), peers=tuple(peers), gpu_util=_num(d.get("gpu_util")),
-                   gpu_mem=_int(d.get("gpu_mem")), answered_age_s=float(answered_age_s))
+                   gpu_mem=_int(d.get("gpu_mem")), os_state=os_state, os_cpu_s=os_cpu_s,
+                   answered_age_s=float(answered_age_s))
 
     @property
     def progress_age_s(self) -> float | None:
@@ -187,7 +191,8 @@ def judge(views: Views, *, gone_nodes: Iterable[str] = (), world: int | None = N
     common = _common_collective(long_wait)
     out = []
     for v in flat:
-        letter = proc.get((v.node, v.pid)) if v.pid is not None else None
+        # its /proc state as its node's watch read it (any rank; else as its node's other ranks see it)
+        letter = v.os_state or (proc.get((v.node, v.pid)) if v.pid is not None else None)
         peer_wait = len(long_wait) > (id(v) in long_ids)          # a peer (not itself) waits in a collective
         base = dict(node=v.node, rank=v.rank, where=v.where, step=v.step, progress_age_s=v.progress_age_s,
                     waiting_s=v.in_coll.for_s if v.in_coll else None, in_coll=v.in_coll, rss=v.rss,
@@ -196,8 +201,10 @@ def judge(views: Views, *, gone_nodes: Iterable[str] = (), world: int | None = N
             out.append(RankState(state="gone", why="its process is gone", **base))
             continue
         stopped = letter in STOPPED
-        if not v.answering and letter == "R":    # running, its monitor starved (a long call holding the GIL)
-            out.append(RankState(state="busy", why="running, not answering (holding the GIL?)", **base))
+        if not v.answering and (letter == "R" or (v.node, v.rank) in computing):
+            # running or its CPU time advancing, its monitor starved: a long call holding the GIL computes
+            out.append(RankState(state="busy", why="computing, not answering (a long call holding the GIL?)",
+                                 **base))
             continue
         silent = stopped or not v.answering
         data_wait = any(p in v.where for p in DATA_WAIT)
@@ -366,6 +373,7 @@ class Rates:
     cpu_pct: dict[tuple[str, int], float] = field(default_factory=dict)
     _step_at: dict[tuple[str, int], tuple[float, int]] = field(default_factory=dict)
     _cpu_at: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
+    _os_at: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
 
     def update(self, views: Views, now: float) -> None:
         seen = set()
@@ -381,16 +389,28 @@ class Rates:
                         if now > last[0]:
                             self.step_time[key] = (now - last[0]) / (v.step - last[1])
                         self._step_at[key] = (now, v.step)
+                last_os = self._os_at.get(key)
+                if v.os_cpu_s is not None:
+                    self._os_at[key] = (now, v.os_cpu_s)
                 if v.cpu_s is not None and v.answering:
                     last_cpu = self._cpu_at.get(key)
                     if last_cpu is not None and now > last_cpu[0]:
                         self.cpu_pct[key] = max(0.0, (v.cpu_s - last_cpu[1]) / (now - last_cpu[0]) * 100)
                     self._cpu_at[key] = (now, v.cpu_s)
-                elif not v.answering:
-                    self.cpu_pct[key] = 0.0
-        for d in (self.step_time, self.cpu_pct, self._step_at, self._cpu_at):
+                elif not v.answering:      # its own file stands still: its CPU as the node reads it from outside
+                    ok = v.os_cpu_s is not None and last_os is not None and now > last_os[0]
+                    self.cpu_pct[key] = max(0.0, (v.os_cpu_s - last_os[1]) / (now - last_os[0]) * 100) if ok else 0.0
+        for d in (self.step_time, self.cpu_pct, self._step_at, self._cpu_at, self._os_at):
             for key in set(d) - seen:
                 d.pop(key)
+
+
+def _os(x: Any, hz: float) -> tuple[str | None, float | None]:
+    """The watch's ``"os": "STATE CPU_TICKS"`` (``runtimes.RANK_OS``) as (state letter, CPU seconds)."""
+    parts = x.split() if isinstance(x, str) else []
+    if len(parts) != 2 or len(parts[0]) != 1 or not parts[1].isdigit() or hz <= 0:
+        return None, None
+    return parts[0], int(parts[1]) / hz
 
 
 def _int(x: Any) -> int | None:

@@ -198,7 +198,9 @@ class Watches:
                 view = RankView.from_json(json.loads(line), node=w.node)
             except ValueError:
                 continue
-            raw[rank], ranks[rank], answered[rank] = line, view, now
+            old = w.ranks.get(rank)    # the same file with the node's fresh look at the process ("os"): no answer
+            same = old is not None and (old.n, old.pid) == (view.n, view.pid) and rank in w.answered
+            raw[rank], ranks[rank], answered[rank] = line, view, w.answered[rank] if same else now
         w.raw, w.answered, w.ranks = raw, answered, ranks
 
     def rank_views(self, node: str) -> dict[int, RankView]:

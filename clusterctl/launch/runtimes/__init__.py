@@ -399,6 +399,20 @@ NEWEST_STEP = ('newest() { n=; [ -n "$1" ] || return; for m in "$1"/step-*/MANIF
                '[ -e "$m" ] || continue; x=${m%/*}; x=${x##*/step-}; case $x in ""|*[!0-9]*) continue;; esac; '
                'x=${x#"${x%%[!0]*}"}; x=${x:-0}; if [ -z "$n" ] || [ "$x" -gt "$n" ]; then n=$x; fi; done; }')
 
+# Shell function: adds to the rank view $r (one JSON object, clusterctl/rankview.py) what the node sees of that rank
+# from outside: ``"os":"STATE CPU_TICKS"`` (fields 3, 14 + 15 of its /proc/PID/stat), so that a rank whose monitor
+# thread cannot write (its main thread holds the GIL in one long C call; SIGSTOPped) is still seen computing (R, CPU
+# advancing: busy) or stopped (T). The view's "pid" is the rank's in its own PID namespace: its stat is read through
+# the /proc of the attempt's main process ($p: a container's /proc; bare: the host's) or of the node's zygote ($z:
+# /proc/ZPID/root, where ZPID is in the warm dir's ``zpid``: a warm container attempt's ranks run in the zygote's
+# container), and used only when its start time (field 22, the same in every PID namespace) is the view's "start":
+# never another process that has the number. Builtins only; a view it cannot place is left as it is.
+RANK_OS = (r'rank_os() { case $r in *"}") ;; *) return 0;; esac; x=${r#*\"pid\":}; x=${x%%[!0-9]*}; '
+           r'y=${r#*\"start\":}; y=${y%%[!0-9]*}; [ -n "$x" ] && [ -n "$y" ] || return 0; '
+           r'for q in "/proc/$p/root" $z; do v=; { read -r v <"$q/proc/$x/stat"; } 2>/dev/null; v=${v##*) }; '
+           r'set -- $v; [ "${20:-}" = "$y" ] || continue; '
+           r'r="${r%?},\"os\":\"$1 $((${12:-0} + ${13:-0}))\"}"; return 0; done; }')
+
 # $1 checkpoint root ("" for none)  $2 the rank view's dir ("" for none; a leading ~/ is the node's $HOME)  $3... a
 # pid_argv: looks every 0.5 s whether that process lives and for the newest checkpoint step under the root; prints
 # "1 [STEP]" (alive) or "0 [STEP]" (gone, or never was) at once when that changed, else at every second look: a line
@@ -411,14 +425,16 @@ NEWEST_STEP = ('newest() { n=; [ -n "$1" ] || return; for m in "$1"/step-*/MANIF
 # the watch reads as the node's user): ``1 12<TAB>{...rank 0...}<TAB>{...rank 1...}``. Only
 # "ALIVE [STEP]" decides whether a line is due (the ranks rewrite their files every second). printf, not echo: the
 # JSON's backslashes are printed as they are.
-WATCH = (PID_ALIVE + '; ' + PID_STARTED + '; ' + NEWEST_STEP + '; c=$1 w=$2; shift 2; '
+WATCH = (PID_ALIVE + '; ' + PID_STARTED + '; ' + NEWEST_STEP + '; ' + RANK_OS + '; c=$1 w=$2; shift 2; '
          'case $w in "~/"*) w=$HOME/${w#"~/"};; esac; p=$("$@" 2>/dev/null); started "$p"; '
          't=$v; l=; i=0; while :; do '
          'newest "$c"; if alive "$p" && started "$p" && [ "$v" = "$t" ]; then s="1 $n"; else s="0 $n"; fi; '
          'i=$((i + 1)); '
          'if [ "$s" != "$l" ] || [ "$i" -ge 2 ]; then o=$s; '
-         'if [ -n "$w" ]; then for f in "$w"/rank-*; do r=; [ -L "$f" ] || { read -r r <"$f"; } 2>/dev/null; '
-         '[ -n "$r" ] && o="$o	$r"; done; fi; '
+         'if [ -n "$w" ]; then z=; { read -r z <"$w/../../zpid"; } 2>/dev/null; '
+         'case $z in ""|*[!0-9]*) z=;; *) z=/proc/$z/root;; esac; '
+         'for f in "$w"/rank-*; do r=; [ -L "$f" ] || { read -r r <"$f"; } 2>/dev/null; '
+         '[ -n "$r" ] && { rank_os; o="$o	$r"; }; done; fi; '
          'printf "%s\n" "$o"; l=$s; i=0; fi; sleep 0.5; done')
 
 

@@ -48,11 +48,13 @@ ZYGOTE_REMOVE = (WARM_ROOT_SH + '\ni=0; while :; do ids=$("$0" ps -aq --filter="
                  'if [ -n "$3" ]; then rm -rf -- "$r/$3"; else rm -rf -- "$r/$4"-*; fi')
 # $1 the warm key, then the runtime's run argv (its WARM_PLACEHOLDERs: the warm dir): a fresh warm dir in this user's
 # checked warm root (``WARM_ROOT_SH``), env.json (stdin's first line) and zygote.py (the rest) in its read-only part,
-# then start the zygote.
+# then start the zygote, and write its container's host pid into ``zpid`` (outside the part the container writes):
+# the node's watch reads the warm ranks' /proc state through it (``runtimes.RANK_OS``).
 ZYGOTE_START = (WARM_ROOT_SH + '\nwarm_root create || exit 125\nw=$r/$1; shift\n'
                 'rm -rf -- "$w" && mkdir -m 700 -- "$w" "$w/py" "$w/s" && (umask 077 && IFS= read -r e && '
                 'printf "%s\\n" "$e" >"$w/py/env.json" && cat >"$w/py/zygote.py") || exit 125\n'
-                + SUBSTITUTE + '\nexec "$@"')
+                + SUBSTITUTE + '\nc=$("$@") || exit $?\nprintf "%s\\n" "$c"\n'
+                '"$1" inspect --format="{{.State.Pid}}" "$c" >"$w/zpid" 2>/dev/null || rm -f -- "$w/zpid"\nexit 0')
 
 INIT_GONE = (PID_ALIVE + '; ' + SELECT_CONTAINER.replace("exit 1", "exit 0") + '; '
              'p=$("$0" inspect --format "{{.State.Pid}}" "$cid" 2>/dev/null) || exit 0; '

@@ -15,7 +15,7 @@ from clusterctl.launch.runtimes import RunRequest
 
 FAKE = '''#!/bin/sh
 printf '%s\\n' "$*" >>"$LOG"
-case $1 in ps) echo abc123;; esac
+case $1 in ps) echo abc123;; run) echo c0ffee;; inspect) echo 4242;; esac
 exit 0
 '''
 
@@ -52,13 +52,17 @@ def test_zygote_start_writes_zygote_py_into_a_fresh_private_dir_then_runs_the_co
     assert open(f"{wdir}/py/env.json").read() == '{"PYTHONHASHSEED": "7"}\n'        # the job's, for the zygote
     assert oct(os.stat(f"{wdir}/py/env.json").st_mode & 0o777) == "0o600"
     assert all(oct(os.stat(d).st_mode & 0o777) == "0o700" for d in (root, wdir, f"{wdir}/py", f"{wdir}/s"))
-    line = (tmp_path / "log").read_text()
+    line, inspect = (tmp_path / "log").read_text().splitlines()
+    # the container's id printed, its host pid kept beside the warm dir's parts (the watch reads the warm ranks'
+    # /proc state through it: runtimes.RANK_OS)
+    assert r.stdout == b"c0ffee\n" and inspect == "inspect --format={{.State.Pid}} c0ffee"
+    assert open(f"{wdir}/zpid").read() == "4242\n"
     assert line.startswith(f"run -d --name=clusterctl-zygote-{job_id}_{node} --label=clusterctl.warm={job_id} "
                            f"--label=clusterctl.node={node} --network=host")
     # the socket dir read-write, zygote.py's dir read-only: nothing a container writes is run on the host; the
     # socket dir at its host path too (every placeholder replaced): the warm ranks' view dirs are in there;
     # core dumps off as in a cold rank's container (its ranks inherit the zygote's soft limit), then zygote.py
-    assert line.rstrip().endswith(f"--volume={wdir}/s:{inside}/s --volume={wdir}/py:{inside}/py:ro "
+    assert line.endswith(f"--volume={wdir}/s:{inside}/s --volume={wdir}/py:{inside}/py:ro "
                                   f"--volume={wdir}/s:{wdir}/s img:1 "
                                   f"sh -c ulimit -S -c 0 2>/dev/null; exec \"$@\" clusterctl-zygote "
                                   f"python3 {inside}/py/zygote.py serve {inside}/s/z.sock")
@@ -69,7 +73,7 @@ def test_zygote_start_writes_zygote_py_into_a_fresh_private_dir_then_runs_the_co
                        timeout=30)
     assert r.returncode == 0, r.stderr
     log = (tmp_path / "log").read_text().splitlines()
-    assert log[1:] == [f"ps -aq --filter=label=clusterctl.warm={job_id} --filter=label=clusterctl.node={node}",
+    assert log[2:] == [f"ps -aq --filter=label=clusterctl.warm={job_id} --filter=label=clusterctl.node={node}",
                        "rm -f --time=0 abc123"]
     assert not os.path.exists(wdir)
 

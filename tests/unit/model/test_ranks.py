@@ -234,3 +234,41 @@ def test_rates_step_time_and_cpu_percent():
     assert r.step_time[("n1", 0)] == pytest.approx(0.5) and r.cpu_pct[("n1", 0)] == pytest.approx(100.0)
     r.update({}, 103.0)
     assert r.step_time == {} and r.cpu_pct == {}
+
+
+def test_a_lone_rank_holding_the_gil_is_busy_by_what_its_node_reads_of_it_from_outside():
+    """One rank per node: no local peer sees its /proc state. Its monitor cannot write (the main thread holds the
+    GIL in one long C call), but the watch reads its state and CPU from outside ("os"): running, or its CPU time
+    advancing between looks -> busy, never stuck (it was stuck -> a hang after 20 s before)."""
+    peers = [waiting(r, 30.0, peers={}) for r in (1, 2)]
+    r = Rates()
+    for t, ticks in ((0, 100), (1, 190), (2, 285)):
+        hog = view(0, answered_age_s=30.0 + t, step_age_s=1.0, coll_age_s=1.0, peers={}, os=f"S {ticks}", hz=100)
+        r.update(views(hog, *peers), 100.0 + t)
+    assert r.cpu_pct[("n1", 0)] == pytest.approx(95.0)
+    computing = {k for k, pct in r.cpu_pct.items() if pct >= 50}
+    states = by_rank(judge(views(hog, *peers), computing=computing))
+    assert states[0].state == "busy" and stuck_culprit(list(states.values()), stuck_timeout_s=20) is None
+    running = view(0, answered_age_s=30.0, step_age_s=1.0, coll_age_s=1.0, peers={}, os="R 100", hz=100)
+    assert by_rank(judge(views(running, *peers)))[0].state == "busy"
+
+
+def test_a_lone_rank_silent_with_no_cpu_or_stopped_is_stuck_by_what_its_node_reads_of_it():
+    peers = [waiting(r, 30.0, peers={}) for r in (1, 2)]
+    r = Rates()
+    for t in range(3):       # its CPU does not move: blocked holding the GIL (or a C call that waits)
+        blocked = view(0, answered_age_s=30.0 + t, step_age_s=1.0, coll_age_s=1.0, peers={}, os="S 100", hz=100)
+        r.update(views(blocked, *peers), 100.0 + t)
+    computing = {k for k, pct in r.cpu_pct.items() if pct >= 50}
+    s = by_rank(judge(views(blocked, *peers), computing=computing))[0]
+    assert s.state == "stuck" and "not answering" in s.why
+    stopped = view(0, answered_age_s=30.0, step_age_s=1.0, coll_age_s=1.0, peers={}, os="T 100", hz=100)
+    s = by_rank(judge(views(stopped, *peers)))[0]
+    assert s.state == "stuck" and s.why == "stopped (SIGSTOP)"
+
+
+def test_the_nodes_look_at_a_process_reads_state_and_cpu_seconds_and_tolerates_junk():
+    assert (view(0, os="R 250", hz=100).os_state, view(0, os="R 250", hz=100).os_cpu_s) == ("R", 2.5)
+    assert view(0, os="R 250").os_cpu_s == 2.5           # no hz: Linux's USER_HZ, 100
+    for junk in ("R", "RR 1", "R x", 5, None, "R 1 2"):
+        assert (view(0, os=junk).os_state, view(0, os=junk).os_cpu_s) == (None, None)

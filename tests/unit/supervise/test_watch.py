@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -710,3 +711,54 @@ def test_the_watch_parses_each_ranks_view_and_when_its_file_last_changed():
     assert sorted(ws.rank_views("n1")) == [1]
     mux.feed("watch-n1", b"0 5\n")                          # an old-format line: valid, and no rank file now
     assert not w.alive and ws.rank_views("n1") == {}
+
+
+def test_watch_adds_each_ranks_proc_state_and_cpu_read_from_outside_when_its_start_time_matches(tmp_path):
+    """The real WATCH script: a rank file naming a live process (pid and start time, as rankview.py writes them)
+    gets ``"os": "STATE TICKS"`` read from that process's /proc/PID/stat (what lets a rank whose own thread cannot
+    write be seen computing: issue 37's "busy, never stuck"); a pid whose start time differs (another process
+    that has the number) or a line that is not an object is left as it is. The pid is read through the main
+    process's /proc (``/proc/$p/root/proc``: a container's own), here the host's."""
+    view = tmp_path / "view"
+    view.mkdir()
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    target = subprocess.Popen(["sleep", "30"])
+    try:
+        start = int(open(f"/proc/{hog.pid}/stat").read().rsplit(")", 1)[1].split()[19])
+        (view / "rank-0").write_bytes(_rank_line(0, 1, pid=hog.pid, start=start) + b"\n")
+        (view / "rank-1").write_bytes(_rank_line(1, 1, pid=hog.pid, start=start + 1) + b"\n")
+        (view / "rank-2").write_bytes(b'{"rank": 2, "pid": 1, "start": 1] not json\n')
+        time.sleep(0.5)
+        watch = subprocess.Popen(runtimes.watch_argv(_PidOf(target.pid), None, None, str(view)),
+                                 stdout=subprocess.PIPE)
+        try:
+            first = watch.stdout.readline().rstrip(b"\n").split(b"\t")
+            second = watch.stdout.readline().rstrip(b"\n").split(b"\t")
+        finally:
+            watch.kill()
+            watch.wait()
+        (r0, r1), r2 = (json.loads(x) for x in first[1:3]), first[3]
+        state, ticks = r0["os"].split()
+        assert state == "R" and int(ticks) > 0 and r0["n"] == 1
+        assert "os" not in r1 and r2 == b'{"rank": 2, "pid": 1, "start": 1] not json'
+        assert int(json.loads(second[1])["os"].split()[1]) > int(ticks)     # its CPU advances, its file does not
+    finally:
+        for p in (hog, target):
+            p.kill()
+            p.wait()
+
+
+def test_a_rank_file_that_did_not_change_has_not_answered_though_the_nodes_look_at_its_process_did():
+    """The watch adds each rank's /proc state and CPU (``"os"``) to its file's line: the line changes every second
+    while the rank's own counter ``n`` stands still. It has not answered since ``n`` last changed."""
+    ws, mux, clock, _ = _watches()
+    ws.watch(1, "n1", lambda: ["watch"])
+    mux.feed("watch-n1", b"1\t" + _rank_line(0, 5, os="R 100", hz=100) + b"\n")
+    for t in range(1, 6):
+        clock.advance(1.0)
+        mux.feed("watch-n1", b"1\t" + _rank_line(0, 5, os=f"R {100 + 100 * t}", hz=100) + b"\n")
+    v = ws.rank_views("n1")[0]
+    assert v.answered_age_s == 5.0 and not v.answering and (v.os_state, v.os_cpu_s) == ("R", 6.0)
+    clock.advance(1.0)
+    mux.feed("watch-n1", b"1\t" + _rank_line(0, 6, os="R 700", hz=100) + b"\n")
+    assert ws.rank_views("n1")[0].answered_age_s == 0.0

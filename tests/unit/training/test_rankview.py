@@ -95,6 +95,8 @@ def test_no_view_dir_no_monitor_thread(tmp_path):
     assert "clusterctl-rankview" in r.stdout
     view = json.loads((tmp_path / "rank-7").read_text())
     assert view["rank"] == 7 and view["v"] == 1 and view["n"] >= 1 and view["pid"] > 0
+    # its start time (/proc/PID/stat field 22) and clock rate: the node's watch reads its CPU from outside by them
+    assert isinstance(view["start"], int) and view["start"] > 0 and view["hz"] == os.sysconf("SC_CLK_TCK")
     assert oct((tmp_path / "rank-7").stat().st_mode & 0o777) == "0o600"
 
 
