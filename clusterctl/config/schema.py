@@ -88,8 +88,8 @@ DESCRIPTIONS: dict[str, str] = {
     "container.ulimits": "--ulimit NAME=VALUE each; value an integer (-1 = unlimited) or SOFT:HARD; {}: none.",
     "container.pids_limit": "--pids-limit of every container clusterctl starts; -1: unlimited; 0 is refused.",
     "container.extra_args": "Extra run arguments, each one argv element, placed just before the image.",
-    "hosts": "Inventory hosts or groups to run on, in order; null: all hosts of the inventory; hosts beyond nodes' "
-             "MAX are spares.",
+    "hosts": "Inventory hosts or groups to run on, in order; those beyond nodes' MAX are spares. null: the "
+             "inventory's first MAX hosts, no spares (-i slurm: every allocated node, those beyond MAX spares).",
     "recovery": "How survivors of a fault are relaunched: warm (a zygote per node keeps torch imported) or cold.",
     "notify": "Notification targets: {webhook: URL}, {webhook_env: VAR} or {command: [ARGV...]}, each with on: "
               "[events].",

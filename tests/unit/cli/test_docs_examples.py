@@ -86,3 +86,260 @@ def test_documented_job_ids_have_the_clis_shape(doc):
     ids = re.findall(r"\b[a-z0-9-]+-20\d{6}-\d{6}-[0-9a-f]+\b", text)
     short = sorted({i for i in ids if len(i.rsplit("-", 1)[1]) != 12})
     assert not short, f"{doc}: job ids with a suffix other than 12 hex digits: {short[:5]}"
+
+
+# ---------------------------------------------------------------------------------------- job keys and the template
+def _table(doc: str, first_column: str) -> dict[str, str]:
+    """`| `key` | default | ... |` rows of a docs table whose first column is a backticked name."""
+    rows = re.findall(rf"^\| `({first_column})` \| (.*?) \|", (REPO / "docs" / doc).read_text(), re.M)
+    return dict(rows)
+
+
+def _spec_fields(model=None, prefix=""):
+    """Every key of the job spec, dotted, with its default (``...`` for a required one)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from clusterctl.config.spec import JobSpec, NotifyTarget
+
+    model = model or JobSpec
+    for name, f in model.model_fields.items():
+        key = prefix + name
+        sub = [a for a in (f.annotation, *typing.get_args(f.annotation))
+               if isinstance(a, type) and issubclass(a, BaseModel)]
+        if key == "notify":
+            sub = [NotifyTarget]
+        yield key, (... if f.is_required() else f.get_default(call_default_factory=True))
+        if sub:
+            yield from _spec_fields(sub[0], key + ".")
+
+
+def _doc_default(text: str):
+    import yaml
+
+    text = text.strip()
+    if text in ("required",):
+        return ...
+    if text in ("—", ""):
+        return None
+    return yaml.safe_load(text.strip("`"))
+
+
+def test_job_md_lists_every_key_of_the_spec_with_its_default():
+    documented = _table("job.md", r"[a-z_]+(?:\.[a-z_]+)?")
+    fields = dict(_spec_fields())
+    for key, default in fields.items():
+        assert key in documented, f"docs/job.md has no row for the job key {key}"
+        if isinstance(default, (dict, list, str, int, float, bool, type(None))) and key not in ("rendezvous",
+                                                                                                "checkpoint"):
+            doc = _doc_default(documented[key])
+            norm = (lambda v: {k: str(x) for k, x in v.items()} if isinstance(v, dict) else
+                    [str(x) for x in v] if isinstance(v, list) and key == "torchrun" else v)
+            got = [str(doc)] if key == "torchrun" else norm(doc)
+            assert got == norm(default), f"docs/job.md: {key} defaults to {documented[key]}, the spec to {default!r}"
+    unknown = [k for k in documented if "." in k or k in dict(_spec_fields())]
+    assert set(unknown) <= set(fields) | {k for k in documented if k.startswith(("ansible_", "clusterctl_"))}
+
+
+def test_the_template_shows_every_key_at_its_default():
+    """templates/job.yaml says 'Every key is shown with its default': it was missing `recovery`."""
+    import yaml
+
+    from clusterctl.config.spec import JobSpec, load_job
+
+    path = REPO / "templates" / "job.yaml"
+    shown = yaml.safe_load(path.read_text())
+    spec = JobSpec(name=shown["name"], script=shown["script"]).model_dump(mode="json")
+    spec.pop("module")                          # the template names it in script's comment: one of the two
+
+    def keys(d, where=""):
+        for k, v in d.items():
+            yield f"{where}{k}"
+            if isinstance(v, dict) and k not in ("env", "ulimits"):
+                yield from keys(v, f"{where}{k}.")
+
+    assert sorted(set(keys(spec)) ^ set(keys(shown))) == [], "template keys differ from the spec's"
+    assert load_job(str(path)).model_dump(mode="json") == {**spec, "module": None}
+
+
+def test_hosts_null_is_described_as_the_launch_plans_it(tmp_path):
+    """`hosts: null` takes the inventory's first MAX hosts and no spares (a Slurm allocation: every node); the
+    template, docs/job.md and the schema's description said 'all hosts ... beyond MAX are spares'."""
+    from clusterctl.config.schema import DESCRIPTIONS
+    from clusterctl.usecases.context import load_context
+
+    (tmp_path / "inv.yaml").write_text("all:\n  vars: {clusterctl_runtime: bare}\n  hosts: {n1: {}, n2: {}, n3: {}}\n")
+    (tmp_path / "job.yaml").write_text("name: j\nnodes: 2\nscript: t.py\n")
+    ctx = load_context(str(tmp_path / "job.yaml"), str(tmp_path / "inv.yaml"))
+    assert [h.name for h in ctx.hosts] == ["n1", "n2"]       # no spare: n3 is not the job's
+    template = next(ln for ln in (REPO / "templates" / "job.yaml").read_text().split("\nhosts:")[1:2])
+    for where, text in [("templates/job.yaml", template), ("docs/job.md", _table("job.md", "hosts")["hosts"] and
+                         re.search(r"^\| `hosts` \|.*$", (REPO / "docs" / "job.md").read_text(), re.M).group(0)),
+                        ("schema description", DESCRIPTIONS["hosts"])]:
+        flat = " ".join(text.replace("`", "").split())
+        assert re.search(r"null: the inventory's first MAX hosts,? (and )?no spares", flat), (where, flat)
+        assert "slurm" in flat, (where, flat)
+
+
+# ---------------------------------------------------------------------------------------- status, budgets, classes
+def _block_after(doc: str, marker: str) -> list[str]:
+    lines = (REPO / "docs" / doc).read_text().splitlines()
+    i = next(i for i, ln in enumerate(lines) if marker in ln)
+    j = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+    return [ln.strip() for ln in lines[i:j]]
+
+
+def test_the_unsupervised_status_example_of_oncall_md_is_what_status_prints():
+    """oncall.md's first-five-minutes example, rendered from the same values by `status`'s own view: every line
+    (its `restarts` line lacked the window status prints)."""
+    from clusterctl.views import status
+
+    now = 1_000_000.0
+    job_id = "killtest-20261201-062958-d398a1c07e5f"
+    why = "node localhost rank 1 was killed by SIGKILL"
+    v = {"job_id": job_id, "name": "killtest", "state": "FAILED", "attempt": 1, "started_at": now - 23,
+         "reason": f"{why} (while unsupervised); `clusterctl resume killtest` relaunches from the start (no "
+                   "checkpoint yet)",
+         "reconciled": {"attempt": 1, "verdict": "killed", "message": why, "state": "FAILED"},
+         "rendezvous_host": "localhost", "warnings": [], "startup": None, "checkpoint": None, "stuck": [],
+         "stragglers": [], "relaunches": [], "supervised": False,
+         "supervisor": {"pid": 6275, "alive": False, "last_seen": now - 6, "host": "vm", "elsewhere": False},
+         "nodes": [{"node": "localhost", "state": "killed", "exit_code": 1, "signal": "SIGKILL"}],
+         "restarts": {"failures_used": 0, "max_failures": 7, "node_failures_used": 0, "max_node_failures": 10,
+                      "window": "24h", "window_s": 86400.0},
+         "failures": [{"attempt": 1, "class": "killed", "node": "localhost", "rank": 1, "exit_code": 1,
+                       "signal": "SIGKILL", "oom": False, "message": f"while unsupervised: {why}",
+                       "error_tail": "", "stacks": None}]}
+    shown = _block_after("oncall.md", f"UNSUPERVISED: clusterctl's supervisor of job {job_id}")
+    assert shown == status.text(v, now)
+
+
+def test_documented_budget_exhaustion_says_the_window_as_the_supervisor_does():
+    """'restart budget exhausted (N restarts.max_failures within 24h)' (oncall.md's --watch and webhook examples
+    lacked the window)."""
+    from clusterctl.model import budget
+
+    said = 0
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = " ".join(path.read_text().split())
+        for m in re.finditer(r"restart budget exhausted \((\d+) (restarts\.max_(?:node_)?failures)([^)]*)\)", text):
+            window = m.group(3).strip()
+            allowed = {budget.describe(None), *(budget.describe(s) for s in (30, 5400, 86400, 7 * 86400))}
+            assert window in allowed, f"{path.name}: {m.group(0)!r}: the supervisor says one of {sorted(allowed)}"
+            said += 1
+    assert said >= 2
+
+
+def _classes(text: str) -> list[str]:
+    return re.findall(r"`([a-z_]+)`", text)
+
+
+def test_documented_failure_classes_of_cordons_and_nodes_are_the_codes():
+    """The automatic cordon counts INFRA (node_lost, rendezvous_lost, hang, gpu_error, straggler); `nodes` counts
+    every failure class. oncall.md and job.md named only some."""
+    from clusterctl.model.verdicts import INFRA
+    from clusterctl.views.status import FAILURE_KLASSES
+
+    infra = [v.value for v in INFRA]
+    oncall = " ".join((REPO / "docs" / "oncall.md").read_text().split())
+    auto = re.search(r"\*\*Automatic cordon\.\*\* After `supervisor\.cordon_after` \([^)]*\) (.*?) failures of one "
+                     r"host", oncall).group(1)
+    assert _classes(auto) == infra, auto
+    row = " ".join(_table("job.md", r"supervisor\.cordon_after")["supervisor.cordon_after"].split())
+    job_md = re.search(r"`supervisor\.cordon_after` \| `3` \| The supervisor cordons a host after this many (\S+) "
+                       r"failures", " ".join((REPO / "docs" / "job.md").read_text().split())).group(1)
+    assert row and _classes(job_md) == infra, job_md
+    nodes = re.search(r"its failures by class \(([^)]*)\) in the last 7 days", oncall).group(1)
+    assert sorted(_classes(nodes)) == sorted(FAILURE_KLASSES), nodes
+
+
+# ---------------------------------------------------------------------------------------- inventory, doctor, globals
+def test_job_md_lists_every_inventory_var():
+    from clusterctl.config.inventory import KNOWN_VARS
+
+    documented = _table("job.md", r"(?:ansible|clusterctl)_[a-z_]+")
+    assert set(documented) == set(KNOWN_VARS), sorted(set(documented) ^ set(KNOWN_VARS))
+
+
+def test_oncall_md_doctor_row_names_every_check_doctor_runs(tmp_path):
+    r = cli(tmp_path, "doctor", "-o", "json")
+    ids = [c["check"] for c in json.loads(r.stdout)]
+    said = {"ssh_agent": "ssh-agent", "ssh_config": "`~/.ssh/config`", "key_permissions": "0600",
+            "state_dir": "state dir", "torchrun": "`torchrun`"}
+    assert sorted(ids) == sorted(said), ids
+    row = re.search(r"^\| `clusterctl doctor .*$", (REPO / "docs" / "oncall.md").read_text(), re.M).group(0)
+    assert [c for c in ids if said[c] not in row] == [], row
+
+
+def test_the_documented_state_dir_rules_are_the_clis():
+    """Which commands start a missing --state-dir, and which read no job state (oncall.md's global flags)."""
+    from clusterctl.cli.base import CREATES_STATE_DIR, NO_STATE_READ
+
+    text = " ".join((REPO / "docs" / "oncall.md").read_text().split())
+    rule = re.search(r"a `--state-dir` that does not exist is a usage error, exit 2, except for (.*?), which start "
+                     r"one, and (.*?), which read no job state", text)
+    assert rule, "oncall.md: the missing --state-dir rule"
+    assert sorted(_classes(rule.group(1))) == sorted(CREATES_STATE_DIR)
+    assert sorted(_classes(rule.group(2))) == sorted(NO_STATE_READ)
+    helped = CliRunner().invoke(app, ["--help"]).output
+    assert "$CLUSTERCTL_STATE_DIR, else platformdirs" in " ".join(helped.split())
+    for doc in (REPO / "README.md", REPO / "docs" / "oncall.md"):
+        assert "`$CLUSTERCTL_STATE_DIR`, else platformdirs' user state dir" in " ".join(doc.read_text().split()), doc
+
+
+# ---------------------------------------------------------------------------------------- resume
+def test_the_documented_resume_lines_have_the_shape_resume_prints(tmp_path):
+    """oncall.md's resume example is the summary line, the attempt's header and its start event as `resume`
+    prints them; the README's re-attach line has the use case's shape."""
+    from clusterctl.store.state import JobState
+    from clusterctl.usecases import lifecycle
+    from tests.unit.test_jobs import INVENTORY, JOB, Spawn, World
+    from clusterctl.store.state import Store
+    from clusterctl.usecases import base
+
+    (tmp_path / "inventory.yaml").write_text(INVENTORY)
+    (tmp_path / "job.yaml").write_text(JOB)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    ws, world, spawn = base.Workspace(tmp_path, Store(tmp_path / "state.db")), World(), Spawn()
+    out = lifecycle.launch(ws, lifecycle.LaunchRequest(str(tmp_path / "job.yaml"), str(tmp_path / "inventory.yaml")),
+                           connect=world.connect, spawn=spawn)
+    ws.store.start_attempt(out.job_id, 1, "n1", "r", ["n1", "n2"])
+    ws.store.set_state(out.job_id, JobState.STOPPED, "stopped by user")
+    r = lifecycle.resume(ws, lifecycle.ResumeRequest("j"), connect=world.connect, spawn=spawn, wait=lambda s: None)
+    printed = f"job {r.job_id}: {r.message}"
+
+    def shape(line: str) -> str:
+        return re.sub(r"\b[a-z]+-20\d{6}-\d{6}-[0-9a-f]{12}\b", "ID", re.sub(r"pid \d+", "pid P", line))
+
+    shown = _block_after("oncall.md", "relaunching attempt 2 from the start")
+    assert shape(shown[0]) == shape(printed), (shown[0], printed)
+    assert shown[1] == "[localhost/-] === attempt 2 ==="       # the attempt's header, as `logs` shows it
+    assert re.fullmatch(r"clusterctl: attempt 2: starting on localhost \(rendezvous localhost\); no checkpoint yet",
+                        shown[2]), shown[2]
+    readme = (REPO / "README.md").read_text()
+    comment = re.search(r"^clusterctl resume vit-pretrain +# (.*)$", readme, re.M).group(1)
+    assert re.fullmatch(r"job vit-pretrain-\.\.\.: attempt \d+ still runs on [\w, .]+: re-attached", comment), comment
+
+
+# ---------------------------------------------------------------------------------------- the quickstart
+def test_the_quickstart_readme_lists_every_flag_of_train_py_with_its_default():
+    """examples/quickstart/README.md's flag table is train.py's argparse (it lacked --lr, which docs/job.md's
+    `launch job.yaml -- --lr 0.1` uses)."""
+    import ast
+
+    readme = (REPO / "examples" / "quickstart" / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(--[a-z-]+)(?: [A-Z_]+)?` \|([^|]*)\|", readme, re.M))
+    flags = {}          # train.py's add_argument calls, read without importing torch
+    for node in ast.walk(ast.parse((REPO / "examples" / "quickstart" / "train.py").read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            kw = {k.arg: k.value for k in node.keywords}
+            flags[node.args[0].value] = ast.literal_eval(kw["default"]) if "default" in kw else None
+    assert sorted(rows) == sorted(flags)
+    for flag, default in flags.items():
+        shown = rows[flag].strip()
+        if default not in (None, False, 0) or shown:
+            assert float(shown) == float(default), (flag, shown, default)
+    block = re.search(r"```sh\n(clusterctl launch examples/quickstart/job.yaml --dry-run.*?)```", readme, re.S).group(1)
+    status = re.search(r"^clusterctl status\b(.*?)#", block, re.M).group(1).strip()
+    assert status == "quickstart", "`clusterctl status` alone lists jobs (no checkpoint); `status quickstart` has it"
