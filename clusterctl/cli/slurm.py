@@ -11,7 +11,7 @@ from clusterctl.cli.lifecycle import _attach
 
 @app.command("sbatch", context_settings={"ignore_unknown_options": True})
 @click.argument("job")
-@click.option("--overlay", default=None, help="Vars overlay YAML for -i slurm (see README, Slurm).")
+@click.option("--overlay", default=None, help="Vars overlay YAML for -i slurm (docs/slurm.md).")
 @click.option("--submit", is_flag=True, help="Submit the script with sbatch (prints the Slurm job id).")
 @click.option("--dry-run", is_flag=True, help="Print the batch script and the sbatch command; write nothing.")
 @click.option("--signal-s", default=120, show_default=True, type=click.IntRange(1, 86400),

@@ -44,8 +44,9 @@ def test_every_documented_command_line_is_one_the_cli_takes():
             del words[i: i + 2]
         cmd = next((w for w in words if not w.startswith("-")), None)
         if cmd not in helps:
-            helps[cmd] = CliRunner().invoke(app, [cmd, "--help"] if cmd else ["--help"]).output
-        assert "Usage:" in helps[cmd], f"{where}: `clusterctl {text}`: no command {cmd!r}"
+            got = CliRunner().invoke(app, [cmd, "--help"] if cmd else ["--help"])
+            helps[cmd] = got.output if got.exit_code == 0 else ""     # an unknown command's usage error: exit 2
+        assert helps[cmd].startswith("Usage:"), f"{where}: `clusterctl {text}`: no command {cmd!r}"
         for w in words:
             flag = w.split("=", 1)[0]
             if re.fullmatch(r"--?[A-Za-z][\w-]*", flag) and flag not in GLOBAL:
@@ -343,3 +344,46 @@ def test_the_quickstart_readme_lists_every_flag_of_train_py_with_its_default():
     block = re.search(r"```sh\n(clusterctl launch examples/quickstart/job.yaml --dry-run.*?)```", readme, re.S).group(1)
     status = re.search(r"^clusterctl status\b(.*?)#", block, re.M).group(1).strip()
     assert status == "quickstart", "`clusterctl status` alone lists jobs (no checkpoint); `status quickstart` has it"
+
+
+# ---------------------------------------------------------------------------------------- the commands tables
+def _command_rows(doc: Path) -> dict[str, str]:
+    """Each command's text in a `| `clusterctl CMD ...` | ... |` row (uncordon: after the `/` in cordon's)."""
+    text = doc.read_text()
+    rows: dict[str, str] = {}
+    for cmd, rest in re.findall(r"^\| `clusterctl ([a-z-]+)((?:\\\||[^|])*)\|", text, re.M):
+        rows[cmd] = rows.get(cmd, "") + rest
+    for cmd, rest in re.findall(r" / `(uncordon)((?:\\\||[^|])*)\|", text):
+        rows[cmd] = rows.get(cmd, "") + rest
+    return rows
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/oncall.md"])
+def test_the_commands_tables_name_every_command_and_every_flag(doc):
+    """The README's commands table and oncall.md's 'Every command' name each visible command and each of its
+    options (`cordon --slurm-drain`, `sbatch --signal-s/--script/--output` and oncall.md's sbatch row were missing)."""
+    import click
+
+    rows = _command_rows(REPO / doc)
+    for name, cmd in app.commands.items():
+        if cmd.hidden:
+            continue
+        assert name in rows, f"{doc}: no row for `clusterctl {name}`"
+        for p in cmd.params:
+            opts = getattr(p, "opts", []) + getattr(p, "secondary_opts", [])
+            if not isinstance(p, click.Option) or p.hidden or {"--help", *GLOBAL} & set(opts):
+                continue
+            assert any(re.search(re.escape(o) + r"(?![\w-])", rows[name]) for o in opts), \
+                f"{doc}: the `clusterctl {name}` row does not name {'/'.join(opts)}"
+
+
+def test_the_sbatch_directives_slurm_md_lists_are_the_scripts(tmp_path):
+    r = cli(tmp_path, "--state-dir", str(tmp_path), "sbatch", str(REPO / "examples" / "quickstart" / "job.yaml"),
+            "--dry-run")
+    assert r.returncode == 0, r.stderr
+    written = [re.match(r"#SBATCH (--[a-z-]+)", ln).group(1) for ln in r.stdout.splitlines()
+               if ln.startswith("#SBATCH")]
+    text = " ".join((REPO / "docs" / "slurm.md").read_text().split())
+    said = re.search(r"- `#SBATCH (.*?)\. - \*\*GPUs", text).group(1)
+    listed = re.findall(r"(--[a-z-]+)=?", "--" + said if not said.startswith("--") else said)
+    assert sorted(set(listed)) == sorted(written), (listed, written)
