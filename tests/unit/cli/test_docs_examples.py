@@ -387,3 +387,49 @@ def test_the_sbatch_directives_slurm_md_lists_are_the_scripts(tmp_path):
     said = re.search(r"- `#SBATCH (.*?)\. - \*\*GPUs", text).group(1)
     listed = re.findall(r"(--[a-z-]+)=?", "--" + said if not said.startswith("--") else said)
     assert sorted(set(listed)) == sorted(written), (listed, written)
+
+
+# ---------------------------------------------------------------------------------------- JSON fields, event kinds
+def _row(cmd: str) -> str:
+    return re.search(rf"^\| `clusterctl {cmd} .*$", (REPO / "docs" / "oncall.md").read_text(), re.M).group(0)
+
+
+def _json_fields(cmd: str) -> list[str]:
+    """The fields oncall.md's 'Every command' row of `clusterctl CMD` gives its JSON (the first `{...}`)."""
+    row = _row(cmd)
+    return re.findall(r"\w+", re.search(r"JSON `\[?\{([^}]*)\}", row).group(1))
+
+
+def test_the_documented_json_fields_are_what_the_commands_print(tmp_path):
+    from clusterctl.store import paths
+    from clusterctl.store.state import Store
+    from clusterctl.views import status, top
+
+    job = str(REPO / "examples" / "quickstart" / "job.yaml")
+    got = {"doctor": json.loads(cli(tmp_path, "doctor", "-o", "json").stdout)[0],
+           "validate": json.loads(cli(tmp_path, "validate", job, "-o", "json").stdout),
+           "inventory": json.loads(cli(tmp_path, "inventory", "-o", "json").stdout)}
+    with Store(paths.db_path(paths.ensure_state_dir(tmp_path / "st"))) as s:
+        j = s.create_job("q", json.dumps({"spec": {"name": "q", "script": "t.py"}, "hosts": []}), None, None)
+        s.add_event(j, "start", "attempt 1: starting on localhost", attempt=1)
+        got["events"] = status.events_view(s, s.get_job(j))[0]
+    for cmd, shown in got.items():
+        assert _json_fields(cmd) == list(shown), (cmd, _json_fields(cmd), list(shown))
+    host = re.search(r"each host `\{([^}]*)\}", _row("inventory")).group(1)
+    assert re.findall(r"\w+", host) == list(got["inventory"]["hosts"][0])
+    assert _json_fields("top") == ["ranks"]
+    oncall = (REPO / "docs" / "oncall.md").read_text()
+    rank = re.search(r'`\{"ranks": \[\{(.*?), \.\.\.\}\]\}`', " ".join(oncall.split())).group(1)
+    assert set(re.findall(r'"(\w+)"', rank)) == set(top.KEYS)
+
+
+def test_documented_event_kinds_are_event_kinds():
+    from clusterctl.model.events import EventKind
+
+    kinds = {k.value for k in EventKind}
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = " ".join(path.read_text().split())
+        for kind in re.findall(r"`([a-z_]+)` events?\b", text):
+            assert kind in kinds, f"{path.name}: `{kind}` event is no EventKind"
+        for kind in re.findall(r"^\d\d:\d\d:\d\d\s+attempt [\d-]+\s+([a-z_]+)\s", path.read_text(), re.M):
+            assert kind in kinds, f"{path.name}: an events line of kind {kind!r}"
