@@ -139,7 +139,7 @@ class Child:
 class Torchrun(Child):
     """One start: torchrun of the quickstart, here."""
 
-    def __init__(self, work: Path, i: int):
+    def __init__(self, work: Path, i: int, port: int):
         self.phases, self.log = work / f"phases-{i}.jsonl", work / f"out-{i}.log"
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}"}
         with open(self.log, "wb") as log:
@@ -161,14 +161,14 @@ class Torchrun(Child):
 class Local(Child):
     """One start: ``clusterctl launch`` of the quickstart with the embedded default (this machine, bare)."""
 
-    def __init__(self, work: Path, i: int):
+    def __init__(self, work: Path, i: int, port: int):
         self.phases, self.log = work / f"phases-{i}.jsonl", work / f"out-{i}.log"
         self.state, self.name = work / f"state-{i}", f"starts{i}"
         job = work / f"job-{i}.yaml"
         job.write_text(
             f"name: {self.name}\nnodes: 1\nnproc_per_node: 2\nscript: {QUICKSTART / 'train.py'}\n"
             f"args: ['--steps', '2', '--checkpoint-every', '0', '--phases', '{self.phases}']\n"
-            f"env: {{OMP_NUM_THREADS: '1'}}\nrendezvous: {{port: {29600 + i % 50}, join_timeout: 60, "
+            f"env: {{OMP_NUM_THREADS: '1'}}\nrendezvous: {{port: {port}, join_timeout: 60, "
             f"last_call_timeout: 1}}\nrestarts: {{max_restarts: 0, max_failures: 0}}\n"
             f"supervisor: {{probe_interval_s: 1}}\n")
         env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "CLUSTERCTL_STATE_DIR": str(self.state)}
@@ -201,9 +201,12 @@ class Local(Child):
 
 
 class Podman:
-    """One start: ``clusterctl launch`` on the testbed (2 hosts, podman, 2 ranks each, cold)."""
+    """One start: ``clusterctl launch`` on the testbed (2 hosts, podman, 2 ranks each, cold); starts in flight at
+    once are jobs of their own on the same 2 hosts, each with its own rendezvous port."""
 
-    def __init__(self, work: Path, i: int, tb):
+    def __init__(self, work: Path, i: int, port: int, tb):
+        import yaml
+
         from tests.integration import recovery_harness as rh
 
         self.tb, self.name = tb, f"starts{i}"
@@ -212,28 +215,33 @@ class Podman:
         self.run = rh.new_run(tb, work / self.name, self.name, runtime="podman", steps=2, every=1000, step_time=0,
                               nodes="2", nproc=2, extra_args=["--phases", str(self.phases)], recovery="cold",
                               restarts={"max_failures": 0})
+        spec = yaml.safe_load(self.run.job.read_text())
+        spec["rendezvous"]["port"] = port
+        self.run.job.write_text(yaml.safe_dump(spec, sort_keys=False))
         self.log = work / self.name / "cli.log"
         self.run.launch()
 
     def ended(self) -> bool:
+        """Terminal and its supervisor gone (none may outlive the testbed)."""
+        from tests.integration.recovery_harness import _alive
+
         job = self.run.job_row()
-        return job is not None and job.terminal
+        return job is not None and job.terminal and not _alive(job.supervisor_pid)
 
     def processes(self) -> list[int]:
-        return [pid for h in self.tb.hosts for pid, cmd in self.tb.processes(h) if "train.py" in cmd]
+        job = self.run.job_row()
+        mine = with_env(f"CLUSTERCTL_JOB_ID={job.job_id}") if job is not None else []
+        return mine or [pid for h in self.tb.hosts for pid, cmd in self.tb.processes(h) if "train.py" in cmd]
 
     def stacks(self) -> str:
         r = self.run.cli("stacks", self.name, check=False, timeout=180)
         return f"$ clusterctl stacks {self.name}  (exit {r.returncode})\n{r.stdout}{r.stderr}"
 
-    def finish(self, timeout: float) -> int | None:
-        try:
-            return 0 if self.run.wait_end(timeout)["state"].lower() == "succeeded" else 1
-        except AssertionError:
-            return None
-
     def kill(self) -> None:
         self.run.cli("stop", self.name, "--grace", "0", check=False, timeout=180)
+        end = time.monotonic() + 120
+        while not self.ended() and time.monotonic() < end:
+            time.sleep(0.5)
 
     def save_log(self, to: Path) -> None:
         to.write_text("\n".join(self.run.log) + "\n" + self.run.events_text())
@@ -250,32 +258,86 @@ def run(args) -> dict:
         tb = Testbed(2, work / "tb", [profile(gpus=0)] * 2, prefix=args.prefix, subnet_octet=args.subnet)
         tb.up()
     try:
-        return starts(args, work, keep, tb)
+        def start(i: int, port: int):
+            if tb is not None:
+                return Podman(work, i, port, tb)
+            return {"torchrun": Torchrun, "local": Local}[args.via](work, i, port)
+        return starts(args, start, keep)
     finally:
         if tb is not None:
             tb.down()
 
 
-def starts(args, work: Path, keep: Path, tb) -> dict:
-    times, stuck, failed = [], [], []
+class Ports:
+    """Rendezvous ports for the starts in flight: never one a start in flight holds, and the one given back longest
+    ago first (a killed start's port may linger a while)."""
+
+    def __init__(self, base: int, n: int):
+        self.free = list(range(base, base + n))
+
+    def take(self) -> int:
+        return self.free.pop(0)
+
+    def give(self, port: int) -> None:
+        self.free.append(port)
+
+
+class Flight:
+    """One start in flight: its number, the start, when it began, its port; ``reached``: its time to the first step
+    on every rank once it has it (it is then left to end, within FINISH s)."""
+
+    def __init__(self, i: int, s, t0: float, port: int):
+        self.i, self.s, self.t0, self.port = i, s, t0, port
+        self.reached: float | None = None
+        self.deadline = 0.0
+
+
+FINISH = 120.0      # seconds a start that reached its first step has to end by itself (2 steps) before it is killed
+
+
+def starts(args, start, keep: Path, poll: float = 0.5) -> dict:
+    """Run ``args.starts`` starts, ``args.parallel`` of them in flight at once (``start(i, port)`` begins one),
+    until done or ``args.max_minutes`` passed (no new one then; those in flight are seen to their end)."""
+    r = {"via": args.via, "parallel": args.parallel, "starts": 0, "reached": 0, "stuck": [], "failed": [],
+         "unfinished": [], "times": [], "bound": args.bound, "loads": []}
     t_end = time.monotonic() + args.max_minutes * 60 if args.max_minutes else None
-    done = 0
-    for i in range(args.starts):
-        if t_end is not None and time.monotonic() > t_end:
-            break
-        t0 = time.time()
-        s = Podman(work, i, tb) if tb is not None else {"torchrun": Torchrun, "local": Local}[args.via](work, i)
-        try:
-            outcome = watch(s, i, t0, args.bound, RANKS[args.via], keep, times, stuck, failed)
-        except BaseException:
-            s.kill()                  # SIGTERM/^C: nothing of the start in flight is left behind
-            raise
-        done += 1
-        if isinstance(s, Local):
-            shutil.rmtree(s.state, ignore_errors=True)
-        print(f"start {i}: {outcome} ({done} done: {len(stuck)} stuck, {len(failed)} failed)", flush=True)
-    return {"via": args.via, "starts": done, "reached": len(times), "stuck": stuck, "failed": failed,
-            "times": times, "bound": args.bound}
+    ports, flying, i, next_load = Ports(args.port_base, 50), [], 0, 0.0
+    try:
+        while True:
+            while (len(flying) < args.parallel and i < args.starts
+                   and (t_end is None or time.monotonic() < t_end)):
+                port, t0 = ports.take(), time.time()
+                try:
+                    flying.append(Flight(i, start(i, port), t0, port))
+                except Exception as e:      # its launch failed: a failed start, not one that hangs
+                    r["failed"].append(i)
+                    (keep / f"failed-{i}.log").write_text(f"the start did not begin: {e!r}\n")
+                    ports.give(port)
+                    r["starts"] += 1
+                i += 1
+            if not flying:
+                break
+            for f in list(flying):
+                outcome = step(f, args.bound, RANKS[args.via], keep, r)
+                if outcome is None:
+                    continue
+                flying.remove(f)
+                ports.give(f.port)
+                r["starts"] += 1
+                if hasattr(f.s, "state"):
+                    shutil.rmtree(f.s.state, ignore_errors=True)
+                print(f"start {f.i}: {outcome} ({r['starts']} done: {len(r['stuck'])} stuck, "
+                      f"{len(r['failed'])} failed, {len(flying)} in flight)", flush=True)
+            if time.monotonic() >= next_load:
+                r["loads"].append(os.getloadavg()[0])
+                next_load = time.monotonic() + 10
+            time.sleep(poll)
+    except BaseException:
+        for f in flying:              # SIGTERM/^C: nothing of the starts in flight is left behind
+            f.s.kill()
+        raise
+    r["reached"] = len(r["times"])
+    return r
 
 
 def save_log(s, to: Path) -> None:
@@ -285,23 +347,23 @@ def save_log(s, to: Path) -> None:
         shutil.copy(s.log, to)
 
 
-def watch(s, i: int, t0: float, bound: float, ranks: int, keep: Path, times: list, stuck: list,
-          failed: list) -> str:
-    """Wait until start ``i`` reached the first step on all ``ranks``, ended, or passed ``bound`` (stuck: its
-    stacks are kept, it is killed); the outcome in a word."""
-    while True:
+def step(f: Flight, bound: float, ranks: int, keep: Path, r: dict) -> str | None:
+    """One look at start ``f``: None while it goes on; else its outcome in a word, counted in ``r``. Reached: the
+    first step on all ``ranks`` (then it is given FINISH s to end); failed: it ended before (its log kept); stuck:
+    ``bound`` s passed first (its stacks kept, it is killed)."""
+    s, i = f.s, f.i
+    if f.reached is None:
         got = first_steps(s.phases)
         if len(got) == ranks:
-            times.append(max(got.values()) - t0)
-            if s.finish(120) is None:
-                s.kill()
-            return f"{times[-1]:.1f}s"
-        if s.ended() and len(first_steps(s.phases)) < ranks:
-            failed.append(i)
+            f.reached = max(got.values()) - f.t0
+            f.deadline = time.time() + FINISH
+            r["times"].append(f.reached)
+        elif s.ended() and len(first_steps(s.phases)) < ranks:
+            r["failed"].append(i)
             save_log(s, keep / f"failed-{i}.log")
             return "failed"
-        if time.time() - t0 > bound:
-            stuck.append(i)
+        elif time.time() - f.t0 > bound:
+            r["stuck"].append(i)
             text = f"start {i}: no first step on rank(s) {sorted(set(range(ranks)) - set(got))} after {bound:g}s\n"
             try:
                 text += f"phases:\n{s.phases.read_text()}\n"
@@ -315,34 +377,64 @@ def watch(s, i: int, t0: float, bound: float, ranks: int, keep: Path, times: lis
             print(f"start {i}: STUCK (stacks in {keep}/stuck-{i}.txt)", flush=True)
             s.kill()
             return "stuck"
-        time.sleep(0.2)
+        else:
+            return None
+    if s.ended():
+        return f"{f.reached:.1f}s"
+    if time.time() > f.deadline:
+        r["unfinished"].append(i)
+        save_log(s, keep / f"unfinished-{i}.log")
+        s.kill()
+        return f"{f.reached:.1f}s, did not end within {FINISH:g}s: killed"
+    return None
+
+
+def quantiles(xs: list[float]) -> tuple[float, float, float]:
+    """Median, p95 (nearest rank) and max; NaN for none."""
+    if not xs:
+        return (float("nan"),) * 3
+    t = sorted(xs)
+    return statistics.median(t), t[min(len(t) - 1, int(0.95 * len(t)))], t[-1]
 
 
 def section(r: dict, machine: str) -> str:
-    t = sorted(r["times"])
-    q = (lambda f: t[min(len(t) - 1, int(f * len(t)))]) if t else (lambda f: float("nan"))
+    med, p95, top = quantiles(r["times"])
+    lmed, _, lmax = quantiles(r["loads"])
     return (f"{HEADING}\n\n"
             f"Starts that never train (issue 34 item 12): the quickstart started again and again, "
-            f"`python bench/starts.py --via {r['via']} --starts N`.\n"
+            f"`python bench/starts.py --via {r['via']} --parallel {r['parallel']} --starts N`.\n"
             f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine}.\n\n"
-            f"| via | starts | reached the first step within {r['bound']:g} s | stuck | failed (ended) | "
-            f"time to first step: median / p95 / max |\n|---|---|---|---|---|---|\n"
-            f"| {r['via']} | {r['starts']} | {r['reached']} | {len(r['stuck'])} | {len(r['failed'])} | "
-            f"{statistics.median(t) if t else float('nan'):.1f} / {q(0.95):.1f} / {max(t) if t else float('nan'):.1f} s |\n")
+            f"| via | in flight | starts | reached the first step within {r['bound']:g} s | stuck | failed (ended) | "
+            f"time to first step: median / p95 / max | load average: median / max |\n"
+            f"|---|---|---|---|---|---|---|---|\n"
+            f"| {r['via']} | {r['parallel']} | {r['starts']} | {r['reached']} | {len(r['stuck'])} | "
+            f"{len(r['failed'])} | {med:.1f} / {p95:.1f} / {top:.1f} s | {lmed:.1f} / {lmax:.1f} |\n")
 
 
 def main() -> int:
     ap = common.parser(__doc__.splitlines()[0], prefix="bsr", subnet=239)
     ap.add_argument("--starts", type=int, default=300)
     ap.add_argument("--via", choices=["torchrun", "local", "podman"], default="torchrun")
+    ap.add_argument("--parallel", type=int, default=1, help="starts in flight at once (default 1)")
+    ap.add_argument("--port-base", type=int, default=None,
+                    help="first of 50 rendezvous ports (default 29600 local, 29400 podman)")
     ap.add_argument("--bound", type=float, default=300.0,
                     help="seconds to every rank's first step (default 300: the supervisor's hang verdict)")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop starting new ones after this long (0: never)")
     ap.add_argument("--keep", default="/tmp/clusterctl-starts", help="where stuck starts' stacks and logs go")
     args = ap.parse_args()
+    if args.port_base is None:
+        args.port_base = 29400 if args.via == "podman" else 29600
+    if not 1 <= args.parallel <= 50:
+        ap.error("--parallel: 1 to 50")
     common.exit_on_signals()
     r = run(args)
-    print(json.dumps({k: v for k, v in r.items() if k != "times"}), flush=True)
+    med, p95, top = quantiles(r["times"])
+    lmed, _, lmax = quantiles(r["loads"])
+    print(json.dumps({**{k: v for k, v in r.items() if k not in ("times", "loads")},
+                      "first_step_s": {"median": med, "p95": p95, "max": top},
+                      "load": {"median": lmed, "max": lmax, "min": min(r["loads"], default=float("nan"))}}),
+          flush=True)
     common.publish(HEADING, section(r, common.machine("other helpers' tests and builds", load=True)),
                    write=not args.no_write)
     return 1 if r["stuck"] else 0
