@@ -31,3 +31,64 @@ def test_a_start_that_is_a_child_process_finishes_by_one_piece_of_code():
     assert start.finish(10) == -9 and start.ended()
     start.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     assert start.finish(10) == 3
+
+
+class _Fake:
+    """A start whose fate is set: ``reach`` (every rank steps, then it ends), ``linger`` (steps, never ends),
+    ``fail`` (ends without a step), ``stuck`` (nothing, until it is killed)."""
+
+    def __init__(self, tmp: Path, i: int, port: int, fate: str, flying: list):
+        self.i, self.port, self.fate, self.killed = i, port, fate, False
+        self.phases, self.log = tmp / f"phases-{i}.jsonl", tmp / f"out-{i}.log"
+        self.log.write_text(f"start {i}\n")
+        if fate in ("reach", "linger"):
+            self.phases.write_text("".join(f'{{"phase": "first_step", "rank": {r}, "time": 0}}\n' for r in (0, 1)))
+        self.flying = flying
+        assert port not in [f.port for f in flying], "a port handed out twice"
+        flying.append(self)
+
+    def ended(self) -> bool:
+        done = self.killed or self.fate in ("reach", "fail")
+        if done and self in self.flying:
+            self.flying.remove(self)
+        return done
+
+    def processes(self) -> list[int]:
+        return []
+
+    def kill(self) -> None:
+        self.killed = True
+        self.ended()
+
+
+def test_starts_in_flight_are_at_most_parallel_and_each_outcome_is_counted_apart(tmp_path, monkeypatch):
+    import argparse
+
+    starts = _starts()
+    monkeypatch.setattr(starts, "FINISH", 0.3)
+    fates = ["reach", "fail", "stuck", "reach", "linger", "reach", "reach"]
+    flying, made, most = [], [], []
+
+    def start(i, port):
+        most.append(len(flying))              # those in flight when this one begins
+        made.append(_Fake(tmp_path, i, port, fates[i], flying))
+        return made[-1]
+
+    args = argparse.Namespace(via="torchrun", parallel=2, starts=len(fates), bound=0.5, max_minutes=0,
+                              port_base=40000)
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    r = starts.starts(args, start, keep, poll=0.01)
+    assert max(most) == 1 and len(made) == len(fates)        # never a third one beside two in flight
+    assert r["starts"] == 7 and r["reached"] == 4 + 1 and len(r["times"]) == 5
+    assert r["failed"] == [1] and (keep / "failed-1.log").read_text() == "start 1\n"
+    assert r["stuck"] == [2] and made[2].killed and "no first step on rank(s) [0, 1]" in (keep / "stuck-2.txt").read_text()
+    assert r["unfinished"] == [4] and made[4].killed         # reached, did not end: killed, counted apart
+    assert not any(m.killed for m in made if m.fate in ("reach", "fail")) and not flying
+
+
+def test_ports_never_hand_out_one_in_flight_and_the_longest_free_comes_first():
+    ports = _starts().Ports(100, 3)
+    a, b = ports.take(), ports.take()
+    ports.give(a)
+    assert (a, b) == (100, 101) and [ports.take(), ports.take()] == [102, 100] and not ports.free
