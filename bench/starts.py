@@ -3,8 +3,8 @@ workers each) again and again, and count the starts whose every rank made its fi
 that did not is *stuck*: the stacks of all its processes (the torchrun agent, the ranks, their DataLoader workers;
 py-spy, Python and native frames) are kept under --keep, and it is killed.
 
-    python bench/starts.py [--starts 300] [--via torchrun|local|podman] [--bound 300] [--max-minutes M]
-                           [--keep DIR] [--no-write] [--prefix bsr --subnet 239]
+    python bench/starts.py [--starts 300] [--via torchrun|local|podman] [--parallel K] [--bound 300]
+                           [--max-minutes M] [--keep DIR] [--no-write] [--prefix bsr --subnet 239]
 
 - ``--via torchrun``: ``torchrun --standalone --nproc-per-node 2 train.py`` started here, the cheapest start;
   ``--via local``: ``clusterctl launch`` of the quickstart with the embedded default inventory (this machine, bare
@@ -14,6 +14,11 @@ py-spy, Python and native frames) are kept under --keep, and it is killed.
 - Each start trains 2 steps and reports its phases (train.py ``--phases``): reached = every rank's ``first_step``
   within ``--bound`` seconds of the start. A start that ended before (a failure, not a hang) is counted apart,
   with its output kept.
+- ``--parallel K`` keeps K starts in flight at once (default 1): each is still a launch of a job of its own (its
+  own state dir, job name and rendezvous port, from a pool that never hands out one in flight; podman: K jobs on the
+  same 2 hosts), so the bench does 300 starts in an hour on a small machine. A start that reached its first step
+  on every rank is left FINISH (120) s to end; one that did not is killed and counted apart (``unfinished``). The
+  load average is sampled every 10 s (median and max in the result).
 - ``--no-write`` prints the section without touching docs/benchmarks.md (``## starts``).
 """
 from __future__ import annotations
