@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[3] / "bench"
@@ -34,7 +35,7 @@ def test_a_start_that_is_a_child_process_finishes_by_one_piece_of_code():
 
 
 class _Fake:
-    """A start whose fate is set: ``reach`` (every rank steps, then it ends), ``linger`` (steps, never ends),
+    """A start whose fate is set: ``reach`` (every rank steps, then it ends), ``linger`` (steps late, never ends),
     ``fail`` (ends without a step), ``stuck`` (nothing, until it is killed)."""
 
     def __init__(self, tmp: Path, i: int, port: int, fate: str, flying: list):
@@ -42,7 +43,8 @@ class _Fake:
         self.phases, self.log = tmp / f"phases-{i}.jsonl", tmp / f"out-{i}.log"
         self.log.write_text(f"start {i}\n")
         if fate in ("reach", "linger"):
-            self.phases.write_text("".join(f'{{"phase": "first_step", "rank": {r}, "time": 0}}\n' for r in (0, 1)))
+            at = time.time() + (1000 if fate == "linger" else 0)        # linger: reached, after the bound
+            self.phases.write_text("".join(f'{{"phase": "first_step", "rank": {r}, "time": {at}}}\n' for r in (0, 1)))
         self.flying = flying
         assert port not in [f.port for f in flying], "a port handed out twice"
         flying.append(self)
@@ -81,6 +83,7 @@ def test_starts_in_flight_are_at_most_parallel_and_each_outcome_is_counted_apart
     r = starts.starts(args, start, keep, poll=0.01)
     assert max(most) == 1 and len(made) == len(fates)        # never a third one beside two in flight
     assert r["starts"] == 7 and r["reached"] == 4 + 1 and len(r["times"]) == 5
+    assert r["within"] == 4       # the one that reached 1000 s after it began is not within the bound
     assert r["failed"] == [1] and (keep / "failed-1.log").read_text() == "start 1\n"
     assert r["stuck"] == [2] and made[2].killed and "no first step on rank(s) [0, 1]" in (keep / "stuck-2.txt").read_text()
     assert r["unfinished"] == [4] and made[4].killed         # reached, did not end: killed, counted apart
