@@ -79,6 +79,11 @@ def test_the_80_column_examples_of_oncall_md_have_the_clis_headers(tmp_path):
     got = cli(tmp_path, "nodes", columns=80).stdout.splitlines()
     assert shown[0] == got[0], (shown[0], got[0])
 
+    def hhmm(lines):
+        return [re.sub(r"(cordoned +)\d+", r"\g<1>N", re.sub(r"since \d\d:\d\d", "since HH:MM", ln)) for ln in lines]
+
+    assert hhmm(shown[:3]) == hhmm(got), (shown[:3], got)      # the row, and the cordon's reason under it
+
 
 @pytest.mark.parametrize("doc", ["README.md", *(f"docs/{p.name}" for p in sorted((REPO / "docs").glob("*.md")))])
 def test_documented_job_ids_have_the_clis_shape(doc):
@@ -433,3 +438,26 @@ def test_documented_event_kinds_are_event_kinds():
             assert kind in kinds, f"{path.name}: `{kind}` event is no EventKind"
         for kind in re.findall(r"^\d\d:\d\d:\d\d\s+attempt [\d-]+\s+([a-z_]+)\s", path.read_text(), re.M):
             assert kind in kinds, f"{path.name}: an events line of kind {kind!r}"
+
+
+def test_the_80_column_top_example_of_oncall_md_is_what_top_prints():
+    """oncall.md's `top --once` example, rendered by `top`'s own view from the values it shows: every line."""
+    from clusterctl.views import top
+
+    shown = _example("oncall.md", "$ clusterctl top bhangsleep1 --once")
+    shown = shown[: shown.index("```")]
+    ranks = []
+    for line in shown[2:]:
+        m = re.fullmatch(r"(\S+) +(\d+) +(\d+) +([\d.]+)s (\w+) +(\d+) +([\d.]+)M +- +- +(?:([\d.]+)s (.*)|-)", line)
+        if not m:
+            break
+        ranks.append({"node": m[1], "rank": int(m[2]), "step": int(m[3]), "step_time_s": float(m[4]),
+                      "state": m[5], "cpu_pct": float(m[6]), "rss_bytes": float(m[7]) * 2 ** 20,
+                      "gpu_util_pct": None, "gpu_mem_bytes": None, "waiting_s": m[8] and float(m[8]),
+                      "collective": m[9], "where": "sick.py:66 main"})
+    stuck = next(ln for ln in shown if ln.startswith("STUCK: "))
+    for r in ranks:
+        r["stuck"] = stuck.removeprefix("STUCK: ") if r["state"] == "stuck" else None
+    job_id = re.match(r"job (\S+)", shown[0]).group(1)
+    assert len(ranks) == 6
+    assert shown == top.text({"attempt": 1, "time": 99.0, "ranks": ranks}, job_id, now=100.0, width=80)
