@@ -182,10 +182,40 @@ class _AfterImport:
 
 
 # ------------------------------------------------------------------------------------------------ flight recorder
+class NcclRecorder:
+    """NCCL's flight recorder under the generic one's names. torch keeps two (torch/csrc/distributed/c10d/init.cpp):
+    ``_dump_fr_trace[_json]`` dumps the CPU one (gloo's collectives), ``_dump_nccl_trace[_json]`` NCCL's (CUDA
+    collectives; bound only in a build with NCCL: absent from CPU wheels), with the same arguments and the same
+    record shape (``pg_status`` per group, entries with ``collective_seq_id``, ``profiling_name`` "nccl:all_reduce",
+    ``time_created_ns``, ``state`` scheduled|started|completed)."""
+
+    def __init__(self, c10d):
+        self.c10d = c10d
+
+    def _dump_fr_trace_json(self, **kw) -> bytes:
+        return self.c10d._dump_nccl_trace_json(**kw)
+
+    def _dump_fr_trace(self, **kw) -> bytes:
+        return self.c10d._dump_nccl_trace(**kw)
+
+
+_nccl_seen = False
+
+
 def _fr():
-    """torch's flight-recorder dumps in this process, or None (no torch imported, an old torch)."""
+    """torch's flight-recorder dumps in this process, or None (no torch imported, an old torch): NCCL's once it
+    recorded a collective (a GPU job: its default group is NCCL's; from then on only NCCL's groups are seen),
+    else the generic one (gloo)."""
+    global _nccl_seen
     c10d = sys.modules.get("torch._C._distributed_c10d")
-    return c10d if c10d is not None and hasattr(c10d, "_dump_fr_trace_json") else None
+    if c10d is None:
+        return None
+    if hasattr(c10d, "_dump_nccl_trace_json"):
+        if not _nccl_seen:
+            _nccl_seen = any(enq > 0 for enq, _ in fr_status(NcclRecorder(c10d)).values())
+        if _nccl_seen:
+            return NcclRecorder(c10d)
+    return c10d if hasattr(c10d, "_dump_fr_trace_json") else None
 
 
 def fr_status(c10d) -> dict[str, tuple[int, int]]:

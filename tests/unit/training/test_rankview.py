@@ -356,3 +356,83 @@ def test_local_rank_0_forgets_the_files_of_ranks_no_longer_on_its_node(tmp_path)
     (tmp_path / "dump").write_text("x\n")
     rankview.forget_others(str(tmp_path), 4, 2)          # this node: ranks 4 and 5 now
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dump", "rank-4", "rank-5"]
+
+
+# NCCL's flight recorder, as a CUDA build of torch binds it (torch/csrc/distributed/c10d/init.cpp: `_dump_nccl_trace`
+# and `_dump_nccl_trace_json` exist only under USE_C10D_NCCL, so never in this CPU wheel) and as its dump is shaped
+# (torch/csrc/distributed/c10d/FlightRecorder.hpp and FlightRecorderDetail.hpp: "version", "nccl_version",
+# "pg_config" by group name with name/desc/ranks, "pg_status" by group id with last_enqueued/started/completed
+# collective, entries with record_id, pg_id, process_group [name, desc], collective_seq_id, p2p_seq_id, op_id,
+# profiling_name "nccl:<op>", time_created_ns, input/output sizes and dtypes, state scheduled|started|completed,
+# duration_ms, timeout_ms, is_p2p, retired, frames). A CUDA all_reduce returns at once: a rank that waits in one
+# is one whose enqueued collective has not completed (its GPU waits for the peers).
+def _nccl_dump(enq: int, done: int, created_ns: int) -> dict:
+    entries = [{"record_id": i - 1, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": i,
+                "p2p_seq_id": 0, "op_id": i, "profiling_name": "nccl:all_reduce", "time_created_ns": created_ns + i,
+                "input_sizes": [[1024]], "input_dtypes": ["Float"], "output_sizes": [[1024]],
+                "output_dtypes": ["Float"], "state": "completed" if i <= done else "started",
+                "time_discovered_started_ns": created_ns + i, "time_discovered_completed_ns": None,
+                "retired": i <= done, "timeout_ms": 600000, "is_p2p": False, "duration_ms": None, "frames": []}
+               for i in range(1, enq + 1)]
+    return {"version": "2.10", "nccl_version": "2.27.5",
+            "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"}},
+            "pg_status": {"0": {"last_enqueued_collective": enq, "last_started_collective": enq,
+                                "last_completed_collective": done}},
+            "entries": entries}
+
+
+class _NcclC10d:
+    """``torch._C._distributed_c10d`` of a CUDA build: NCCL's recorder (scripted) beside an empty CPU one."""
+
+    def __init__(self):
+        self.enq, self.done, self.created_ns, self.calls = 0, 0, time.time_ns() - 30 * 10**9, []
+
+    def _dump_fr_trace_json(self, includeCollectives=True, onlyActive=False):
+        return json.dumps({"version": "2.10", "pg_status": {}, "entries": []}).encode()
+
+    def _dump_nccl_trace_json(self, includeCollectives=True, onlyActive=False):
+        self.calls.append(("json", includeCollectives))
+        d = _nccl_dump(self.enq, self.done, self.created_ns)
+        if includeCollectives is False:
+            d.pop("entries")
+        return json.dumps(d, sort_keys=True).encode()     # nlohmann::json's objects are std::maps: keys sorted
+
+    def _dump_nccl_trace(self, includeCollectives=True, includeStackTraces=True, onlyActive=False):
+        import pickle
+
+        self.calls.append(("pickle", includeStackTraces))
+        return pickle.dumps(_nccl_dump(self.enq, self.done, self.created_ns))
+
+
+def test_a_gpu_rank_is_read_from_nccls_flight_recorder_once_it_records_a_group(tmp_path, monkeypatch):
+    fake = _NcclC10d()
+    monkeypatch.setitem(sys.modules, "torch._C._distributed_c10d", fake)
+    monkeypatch.setattr(rankview, "_nccl_seen", False)
+    assert rankview._fr() is fake                  # NCCL's records nothing yet (no NCCL group): the CPU one
+    fake.enq = fake.done = 3
+    assert isinstance(rankview._fr(), rankview.NcclRecorder)
+    clock = _Clock()
+    m = rankview.Monitor(str(tmp_path), rank=2, local_rank=0, progress=rankview.Progress(clock), clock=clock)
+    assert m.tick()["colls"] == 3
+    fake.enq = 4                                   # all_reduce #4 launched, its GPU waits for a peer
+    for _ in range(3):
+        clock.t += 1
+        d = m.tick()
+    assert d["in"]["op"] == "all_reduce" and d["in"]["seq"] == 4 and d["in"]["for_s"] >= 29
+    assert d["state"] == "waiting" and d["colls"] == 3
+    assert d["arrivals"][-1] == [4, fake.created_ns + 4]      # completed or not, each arrival (CPU enqueue time)
+
+
+def test_a_gpu_ranks_dump_is_ncclss_flight_record_which_torchs_analyzer_reads(tmp_path, monkeypatch):
+    import pickle
+
+    fake = _NcclC10d()
+    fake.enq, fake.done = 5, 4
+    monkeypatch.setitem(sys.modules, "torch._C._distributed_c10d", fake)
+    monkeypatch.setattr(rankview, "_nccl_seen", False)
+    rankview.dump(str(tmp_path / "d"), 2)
+    d = pickle.loads((tmp_path / "d" / "fr-2").read_bytes())
+    assert ("pickle", False) in fake.calls          # without C++ stack traces (seconds to symbolize)
+    assert d["nccl_version"] == "2.27.5" and [e["profiling_name"] for e in d["entries"]] == ["nccl:all_reduce"] * 5
+    assert d["pg_config"]["0"]["ranks"] == "[0, 1, 2, 3]"     # NCCL's own config kept: the analyzer's key
+    assert (tmp_path / "d" / "stack-2.txt").read_text().startswith("rank 2 pid ")
