@@ -329,14 +329,28 @@ class Straggler:
 @dataclass
 class Stragglers:
     """Which ranks are stragglers: named once ``slowdown >= NAME_AT`` for ``SUSTAIN_S``, cleared once it stays
-    below ``CLEAR_AT`` for ``SUSTAIN_S``. ``update`` returns (named now, recovered now)."""
+    below ``CLEAR_AT`` for ``SUSTAIN_S``. ``update`` returns (named now, recovered now).
+
+    Only time in which collectives complete counts (``moving``): while none does (every rank waits for one that
+    computes silently, writes a checkpoint, or hangs) the window of arrivals stands still with that one late
+    arrival in it, which is a pause, not a rank that makes every step wait (the soak named every rank of a job
+    with a 200 s silent phase a straggler before)."""
 
     sustain_s: float = SUSTAIN_S
     current: dict[tuple[str, int], Straggler] = field(default_factory=dict)
     _slow_since: dict[tuple[str, int], float] = field(default_factory=dict)
     _fast_since: dict[tuple[str, int], float] = field(default_factory=dict)
+    _last: float | None = None
 
-    def update(self, slow: Mapping[tuple[str, int], float], now: float) -> tuple[list[Straggler], list[Straggler]]:
+    def update(self, slow: Mapping[tuple[str, int], float], now: float, *,
+               moving: bool = True) -> tuple[list[Straggler], list[Straggler]]:
+        if not moving and self._last is not None:      # the pause since the last look does not count
+            for since in (self._slow_since, self._fast_since):
+                for key in since:
+                    since[key] += now - self._last
+        self._last = now
+        if not moving:
+            return [], []
         named, recovered = [], []
         for key, s in slow.items():
             if s >= NAME_AT:
@@ -352,7 +366,7 @@ class Stragglers:
                 if key in self.current and s < CLEAR_AT:
                     since = self._fast_since.setdefault(key, now)
                     if now - since >= self.sustain_s:
-                        recovered.append(self.current.pop(key))
+                        recovered.append(replace(self.current.pop(key), slowdown=s))   # as it is now
                         self._fast_since.pop(key)
                 else:
                     self._fast_since.pop(key, None)

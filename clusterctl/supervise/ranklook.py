@@ -35,6 +35,7 @@ class RankWatch:
     arrivals: ArrivalLog = field(default_factory=ArrivalLog)
     _stuck: dict[tuple[str, int], RankState] = field(default_factory=dict)
     _slow_at: float = -float("inf")
+    _colls: int = -1
 
     def look(self, views: Views, *, now: float, gone_nodes=(), all_running: bool = True) -> Look:
         """``now``: the supervisor's clock; ``all_running``: every node's process runs and answers (else no
@@ -42,10 +43,13 @@ class RankWatch:
         self.rates.update(views, now)
         computing = {k for k, pct in self.rates.cpu_pct.items() if pct >= ranks.COMPUTING_PCT}
         states = ranks.judge(views, gone_nodes=gone_nodes, computing=computing)
-        slow = {}
+        named, recovered = [], []
         if now - self._slow_at >= SLOWDOWN_EVERY_S:       # each rank refreshes its arrivals every 10 s
             self._slow_at, slow = now, ranks.slowdowns(views, self.arrivals)
-        named, recovered = self.stragglers.update(slow, now)
+            # collectives completed since the last look (any rank's count moved): a pause is no straggler
+            done = sum(v.colls or 0 for node_views in views.values() for v in node_views.values())
+            moving, self._colls = done != self._colls, done
+            named, recovered = self.stragglers.update(slow, now, moving=moving)
         stuck_now = {(s.node, s.rank): s for s in states if s.state == "stuck"}
         new = [s for k, s in stuck_now.items() if k not in self._stuck]
         gone = {(s.node, s.rank) for s in states if s.state == "gone"}

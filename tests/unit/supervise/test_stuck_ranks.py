@@ -158,13 +158,18 @@ def test_stuck_timeout_0_is_off(store, tmp_path):
     assert state == JobState.SUCCEEDED and len(ops.started) == 1
 
 
-def straggling(slow_rank=3, late=0.1, n=32):
+def straggling(slow_rank=3, late=0.1, n=32, colls=80):
     out = {}
     for i, node in enumerate("abc"):
         for r in (2 * i, 2 * i + 1):
             arr = [[s, 10**12 + int((s * 0.2 + (late if r == slow_rank else 0)) * 1e9)] for s in range(n)]
-            out.setdefault(node, {})[r] = rank(node, r, arrivals=arr)
+            out.setdefault(node, {})[r] = rank(node, r, arrivals=arr, colls=colls)
     return out
+
+
+def rounds(k, **kw):
+    """``k`` rounds of ``straggling`` views whose collectives go on completing (a round's ``colls`` more)."""
+    return [straggling(colls=80 + 50 * i, **kw) for i in range(k)]
 
 
 class Clock:
@@ -179,7 +184,7 @@ class Clock:
 
 def test_a_straggler_is_an_event_and_in_status_and_cleared_when_it_recovers(store, tmp_path):
     clock = Clock()
-    views = [straggling()] * 8 + [straggling(late=0.0)] * 8
+    views = rounds(8) + [straggling(late=0.0, colls=500 + 50 * i) for i in range(8)]
 
     class Timed(RankOps):
         def observe(self, attempt, nodes):
@@ -206,6 +211,27 @@ def test_a_straggler_is_an_event_and_in_status_and_cleared_when_it_recovers(stor
     assert seen[0] == [] and seen[7] == [{"node": "b", "rank": 3, "slowdown": 2.0}] and seen[-1] == []
 
 
+def test_a_long_pause_with_one_late_arrival_in_the_window_is_no_straggler(store, tmp_path):
+    """Every rank waits for one that computes silently (or writes a checkpoint) for minutes: no collective completes,
+    the arrivals' window stands still with its late arrival in it. That is a pause, not a rank every step waits for
+    (the soak named every rank a straggler so before); once collectives complete again the window moves on."""
+    clock = Clock()
+
+    class Timed(RankOps):
+        def observe(self, attempt, nodes):
+            clock.t += 10
+            return super().observe(attempt, nodes)
+
+    pause = [straggling(late=1.0)] * 20           # 200 s, its collectives' count standing still
+    ops = Timed([obs(a=R, b=R, c=R)] * 20 + [obs(a=(E, 0), b=(E, 0), c=(E, 0))], pause)
+    job_id = store.create_job("demo", "{}", None, None)
+    pol = Policy(min_nodes=3, max_nodes=3, backoff_s=0, hang_timeout_s=10**4)
+    state = Supervisor(job_id, store, ops, pol, ["a", "b", "c"], clock=clock, sleep=lambda s: None,
+                       job_dir=tmp_path).run()
+    assert state == JobState.SUCCEEDED
+    assert [e for e in store.events(job_id) if e.kind == EventKind.STRAGGLER] == []
+
+
 def test_stragglers_relaunch_replaces_its_node_by_a_spare(store, tmp_path):
     clock = Clock()
 
@@ -214,7 +240,7 @@ def test_stragglers_relaunch_replaces_its_node_by_a_spare(store, tmp_path):
             clock.t += 10
             return super().observe(attempt, nodes)
 
-    ops = Timed([obs(a=R, b=R, c=R)] * 8 + [obs(a=(E, 0), c=(E, 0), d=(E, 0))], [straggling()] * 8)
+    ops = Timed([obs(a=R, b=R, c=R)] * 8 + [obs(a=(E, 0), c=(E, 0), d=(E, 0))], rounds(8))
     job_id = store.create_job("demo", "{}", None, None)
     pol = Policy(min_nodes=3, max_nodes=3, backoff_s=0, hang_timeout_s=10**4, stragglers="relaunch")
     state = Supervisor(job_id, store, ops, pol, ["a", "b", "c", "d"], clock=clock, sleep=lambda s: None,
@@ -233,7 +259,7 @@ def test_stragglers_relaunch_without_a_spare_only_warns(store, tmp_path):
             clock.t += 10
             return super().observe(attempt, nodes)
 
-    ops = Timed([obs(a=R, b=R, c=R)] * 8 + [obs(a=(E, 0), b=(E, 0), c=(E, 0))], [straggling()] * 8)
+    ops = Timed([obs(a=R, b=R, c=R)] * 8 + [obs(a=(E, 0), b=(E, 0), c=(E, 0))], rounds(8))
     job_id = store.create_job("demo", "{}", None, None)
     pol = Policy(min_nodes=3, max_nodes=3, backoff_s=0, hang_timeout_s=10**4, stragglers="relaunch")
     state = Supervisor(job_id, store, ops, pol, ["a", "b", "c"], clock=clock, sleep=lambda s: None,
