@@ -461,3 +461,47 @@ def test_the_80_column_top_example_of_oncall_md_is_what_top_prints():
     job_id = re.match(r"job (\S+)", shown[0]).group(1)
     assert len(ranks) == 6
     assert shown == top.text({"attempt": 1, "time": 99.0, "ranks": ranks}, job_id, now=100.0, width=80)
+
+
+def test_preflight_md_tables_list_the_checks_in_the_order_preflight_runs_them(tmp_path):
+    """preflight.md: 'Check ids appear in the order of the tables above' (host checks, then cluster checks)."""
+    r = cli(tmp_path, "preflight", str(REPO / "examples" / "quickstart" / "job.yaml"), "-o", "json")
+    got = json.loads(r.stdout)
+    text = (REPO / "docs" / "preflight.md").read_text()
+    host_table = text.split("## Per-host checks", 1)[1].split("\n## ", 1)[0]
+    cluster_table = text.split("## Cluster checks", 1)[1].split("\n## ", 1)[0]
+    ids = lambda table: re.findall(r"^\| `([a-z_]+)` \|", table, re.M)     # noqa: E731
+    assert ids(host_table) == [c["id"] for c in got["hosts"][0]["checks"]]
+    assert ids(cluster_table) == [c["id"] for c in got["cluster"]]
+
+
+def test_the_documented_notification_payload_and_command_environment_are_the_codes():
+    from clusterctl.supervise.notify import COMMAND_ENV_KEEP, PAYLOAD_KEYS
+
+    text = " ".join((REPO / "docs" / "oncall.md").read_text().split())
+    example = json.loads(re.search(r'```json (\{"job": .*?\}) ```', text).group(1))
+    assert tuple(example) == PAYLOAD_KEYS
+    env = re.search(r"A \*\*command\*\* gets the same fields in its environment: (.*?) \(empty when null\), and of "
+                    r"the supervisor's own environment only (.*?) \(never", text)
+    assert re.findall(r"`(\w+)`", env.group(1)) == [f"CLUSTERCTL_{k.upper()}" for k in PAYLOAD_KEYS]
+    assert sorted(re.findall(r"`(\w+)`", env.group(2))) == sorted(COMMAND_ENV_KEEP)
+    for doc in ("job.md",):     # the notify.command row names the same kept variables
+        row = re.search(r"^\| `notify\.command` \|.*$", (REPO / "docs" / doc).read_text(), re.M).group(0)
+        kept = re.search(r"Nothing else of the supervisor's environment reaches it but (.*?) \(", row).group(1)
+        assert sorted(re.findall(r"`(\w+)`", kept)) == sorted(COMMAND_ENV_KEEP)
+
+
+def test_launch_detach_json_has_the_documented_fields(tmp_path, monkeypatch):
+    """oncall.md: `launch --detach --output json` prints `{job_id, name, supervisor_pid}` (it was undocumented)."""
+    from types import SimpleNamespace
+
+    from clusterctl.usecases import lifecycle
+
+    monkeypatch.setattr(lifecycle, "launch", lambda ws, request, on_progress=None: SimpleNamespace(
+        job_id="q-20261204-120000-0123456789ab", name="q", supervisor_pid=4242, warnings=[], nodes=["localhost"],
+        spares=[], excluded=[]))
+    r = CliRunner().invoke(app, ["--state-dir", str(tmp_path), "launch", str(REPO / "examples" / "quickstart" /
+                                                                           "job.yaml"), "--detach", "-o", "json"])
+    assert r.exit_code == 0, r.output
+    shown = re.search(r"with `--detach`, `\{([^}]*)\}`", _row("launch")).group(1)
+    assert re.findall(r"\w+", shown) == list(json.loads(r.stdout))
