@@ -505,3 +505,37 @@ def test_launch_detach_json_has_the_documented_fields(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     shown = re.search(r"with `--detach`, `\{([^}]*)\}`", _row("launch")).group(1)
     assert re.findall(r"\w+", shown) == list(json.loads(r.stdout))
+
+
+def test_slurm_md_shows_the_srun_command_line_a_node_command_gets():
+    from clusterctl.transport.srun import srun_argv
+
+    text = (REPO / "docs" / "slurm.md").read_text()
+    shown = re.search(r"```\n(srun --overlap .*?)\n```", text, re.S).group(1).replace("\\\n", " ").split()
+    got = srun_argv("HOST", ["ARGV"], jobid="$SLURM_JOB_ID")
+    assert shown == ["srun", *got[1:]], (shown, got)
+
+
+def test_the_documented_hang_failures_say_what_the_supervisor_says():
+    """oncall.md's `status demo-hang` failure line is the hang verdict's message as `status` shows it (it lacked the
+    key named, `(supervisor.hang_timeout_s)`); the README's stuck-rank hang names `supervisor.stuck_timeout_s`."""
+    from clusterctl.model.verdicts import Observation
+    from clusterctl.supervise.supervisor import Health, classify
+    from clusterctl.views import status
+
+    health = Health(started=0.0, last_progress=60.0, first_progress=True)
+    d = classify([Observation("localhost", "running")], health, rdzv_host="localhost", probe_failures=2,
+                 hang_timeout_s=40, now=101.0)
+    assert d.verdict.value == "hang"
+    shown = _block_after("oncall.md", "$ clusterctl status demo-hang")[2:]
+    stacks = [ln.removeprefix("waiting: ") for ln in shown[1:]]
+    v = {"job_id": "demo-hang-20261201-070000-0123456789ab", "name": "demo-hang", "state": "FAILED", "reason": "",
+         "attempt": 1, "started_at": None, "rendezvous_host": "localhost", "nodes": [], "checkpoint": None,
+         "supervised": True, "supervisor": {"pid": 1, "alive": True, "last_seen": None},
+         "restarts": {"failures_used": 0, "max_failures": 3, "node_failures_used": 1, "max_node_failures": 10},
+         "failures": [{"attempt": 1, "class": "hang", "node": None, "rank": None, "exit_code": None, "signal": None,
+                       "message": d.message, "error_tail": "", "stacks": stacks}]}
+    got = status.text(v)
+    assert [ln.strip() for ln in got[got.index(next(g for g in got if g.startswith("failure"))):]] == shown
+    readme = re.search(r"^clusterctl status vit-pretrain +# (\[hang\] .*)$", (REPO / "README.md").read_text(), re.M)
+    assert readme and readme.group(1).endswith("(supervisor.stuck_timeout_s 20s)"), readme
