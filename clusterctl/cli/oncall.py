@@ -25,7 +25,8 @@ from clusterctl.cli.base import (
 @app.command("exec")
 @inventory_option
 @click.option("--limit", default=None, callback=nonempty, shell_complete=complete_hosts,
-              help="Hosts, groups, comma lists, globs (as preflight --limit).")
+              help="Hosts, groups, comma lists, ranges (gpu[01:04]), globs (node*); Ansible's ':&part' and "
+                   "':!part' (as preflight --limit).")
 @click.option("--job", default=None, callback=nonempty, help="Run on the nodes of this job's current attempt.")
 @click.option("--node", default=None, callback=nonempty, shell_complete=complete_nodes,
               help="With --job: only this node.")

@@ -23,7 +23,8 @@ from clusterctl.cli.base import (
 @inventory_option
 @click.argument("job", required=False, type=click.Path())
 @click.option("--limit", default=None, callback=nonempty, shell_complete=complete_hosts,
-              help="Hosts, groups, comma lists, the inventory's ranges (gpu[01:04]) and globs (node*).")
+              help="Hosts, groups, comma lists, the inventory's ranges (gpu[01:04]) and globs (node*); Ansible's "
+                   "':&part' (also in part) and ':!part' (not in part).")
 @output_option
 @click.option("--strict", is_flag=True, help="Warnings fail too.")
 @click.option("--pull", is_flag=True, help="Pull the image where it is missing instead of failing.")

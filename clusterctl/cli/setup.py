@@ -72,7 +72,8 @@ def init_cmd(file) -> int:
 @output_option
 @click.pass_context
 def doctor_cmd(ctx, output) -> int:
-    """This machine as clusterctl needs it: ssh-agent, ~/.ssh/config, key permissions, the state dir."""
+    """This machine as clusterctl needs it: ssh-agent, ~/.ssh/config, key permissions, the state dir, the torchrun
+    a job on this machine uses."""
     import os
     from pathlib import Path
 

@@ -278,6 +278,18 @@ def test_oncall_md_doctor_row_names_every_check_doctor_runs(tmp_path):
     assert sorted(ids) == sorted(said), ids
     row = re.search(r"^\| `clusterctl doctor .*$", (REPO / "docs" / "oncall.md").read_text(), re.M).group(0)
     assert [c for c in ids if said[c] not in row] == [], row
+    helped = " ".join(CliRunner().invoke(app, ["doctor", "--help"]).output.split())    # its own --help too
+    said = {**said, "key_permissions": "key permissions"}
+    assert [c for c in ids if said[c].strip("`") not in helped] == [], helped
+
+
+@pytest.mark.parametrize("cmd", ["exec", "preflight"])
+def test_limit_help_names_the_ansible_patterns_limit_takes(cmd):
+    """oncall.md: `--limit 'train:&rack_b:!gpu03'` (exec and preflight, the same syntax); their --help said
+    neither `&` nor `!`."""
+    assert "--limit 'train:&rack_b:!gpu03'" in (REPO / "docs" / "oncall.md").read_text()
+    helped = " ".join(CliRunner().invoke(app, [cmd, "--help"]).output.split())
+    assert "':&part'" in helped and "':!part'" in helped and "gpu[01:04]" in helped, helped
 
 
 def test_the_documented_state_dir_rules_are_the_clis():
