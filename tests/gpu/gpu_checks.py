@@ -25,7 +25,9 @@ Stages (each prints PASS/FAIL lines; the summary and every figure go to OUT/resu
 ``job``        a clusterctl job with NCCL (the quickstart, every GPU, recovery: warm, flight recorder on): its last
                rank SIGKILLs itself (--kill-rank-at), the supervisor relaunches warm, the job resumes from its
                checkpoint and finishes; an on-demand flight-recorder dump is taken from the warm rank through
-               torch's debug-info pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE).
+               torch's debug-info pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE); the ranks' views (issue 37) show
+               collectives read from NCCL's flight recorder and their GPU memory. (No NCCL hang here: NCCL refuses
+               two ranks of one communicator on one GPU, and the device machine has one.)
 
 Exit 0 only when every stage run passed. Record the figures in docs/benchmarks.md ``## gpu``.
 """
@@ -138,6 +140,27 @@ open(out, "w").write(json.dumps(res))
 if hold:
     time.sleep(600)
 '''
+
+
+def nccl_view(views: list[dict]) -> tuple[bool, str]:
+    """Issue 37's NCCL path: do the rank views (``rank-<RANK>`` files, clusterctl/rankview.py) of a GPU job show
+    collectives completed, read from NCCL's flight recorder (``_dump_nccl_trace_json``: the CPU one that gloo
+    writes has none of a NCCL job's), and the rank's GPU memory? (ok, what they said)"""
+    seen = [f"rank {v.get('rank')}: colls {v.get('colls')}, gpu_mem {v.get('gpu_mem')}" for v in views]
+    ok = bool(views) and all((v.get("colls") or 0) > 0 and (v.get("gpu_mem") or 0) > 0 for v in views)
+    return ok, "; ".join(seen) or "no rank view"
+
+
+def read_views(home: Path, node: str = "gpu-local") -> list[dict]:
+    """The newest attempt's rank views of the device job on this host (bare: under the node's jobs root)."""
+    dirs = sorted(home.glob(f".clusterctl/nodes/{node}/jobs/*/*/view"), key=lambda d: d.stat().st_mtime)
+    out = []
+    for f in sorted(dirs[-1].glob("rank-*")) if dirs else []:
+        try:
+            out.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -371,6 +394,7 @@ def stage_job(r: Run, inv: Path, job: Path, steps: int) -> None:
         return
     end = time.monotonic() + max(10.0, r.left() - 20)
     dumped = state = None
+    nccl_ok, nccl_said = False, "never looked"
     while time.monotonic() < end:
         s = r.clusterctl("status", "gpu-devrun", "--output", "json", timeout=60)
         try:
@@ -378,6 +402,8 @@ def stage_job(r: Run, inv: Path, job: Path, steps: int) -> None:
         except ValueError:
             doc = {}
         state = doc.get("state")
+        if state == "RUNNING" and not nccl_ok:
+            nccl_ok, nccl_said = nccl_view(read_views(Path.home()))
         if doc.get("attempt", 0) >= 2 and dumped is None:
             pipe = fr / "pipe_0.pipe"
             if pipe.exists():       # torch opens it when the process group starts: ask rank 0 for a dump
@@ -406,6 +432,7 @@ def stage_job(r: Run, inv: Path, job: Path, steps: int) -> None:
     traces = sorted(fr.glob("trace_rank_*"))
     r.step("job: on-demand flight-recorder dump from the warm rank", dumped is not None and bool(traces),
            ", ".join(t.name for t in traces))
+    r.step("job: the rank view reads NCCL's flight recorder (collectives, GPU memory)", nccl_ok, nccl_said)
     phases = r.work / "phases.jsonl"
     if phases.exists():
         r.figures["job_phases"] = [json.loads(ln) for ln in phases.read_text().splitlines() if ln.strip()]

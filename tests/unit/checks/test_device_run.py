@@ -83,3 +83,16 @@ def test_the_shell_entry_point_parses_its_arguments():
     r = subprocess.run(["sh", str(ROOT / "tests/gpu/run_gpu_checks.sh"), "--stages", "bogus"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "unknown stage" in r.stderr
+
+
+def test_the_nccl_view_check_wants_collectives_and_gpu_memory_in_every_ranks_view(tmp_path):
+    """The job stage's issue-37 check on the rank views it finds under the node's jobs root (bare, local)."""
+    view = tmp_path / ".clusterctl/nodes/gpu-local/jobs/gpu-devrun-1/1/view"
+    view.mkdir(parents=True)
+    (view / "rank-0").write_text(json.dumps({"rank": 0, "colls": 12, "gpu_mem": 2 << 20}) + "\n")
+    (view / "rank-1").write_text(json.dumps({"rank": 1, "colls": 0, "gpu_mem": 2 << 20}) + "\n")
+    views = dev.read_views(tmp_path)
+    assert [v["rank"] for v in views] == [0, 1]
+    assert dev.nccl_view(views)[0] is False            # rank 1: no collective seen (the CPU recorder's view)
+    assert dev.nccl_view(views[:1]) == (True, f"rank 0: colls 12, gpu_mem {2 << 20}")
+    assert dev.nccl_view([]) == (False, "no rank view") and dev.read_views(tmp_path / "none") == []
