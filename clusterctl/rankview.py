@@ -326,7 +326,9 @@ class Monitor:
         self.own_io = 0             # bytes this monitor read and wrote (counted in /proc/self/io too)
         self.colls: int | None = None
         self.colls_at = self.started
-        self.samples: list[tuple[float, float, int | None, str]] = []   # (t, cpu, io, stack) over RECENT_S
+        # (t, cpu, io, stack, main thread running) over RECENT_S
+        self.samples: list[tuple[float, float, int | None, str, bool]] = []
+        self.main_tid = threading.main_thread().native_id
         self.arrivals: list[list[int]] | None = None
         self.arrivals_at: float | None = None
         self.waiting: dict | None = None
@@ -398,6 +400,15 @@ class Monitor:
             except Exception:  # noqa: BLE001 - no pynvml: never asked again
                 self.nvml = False
         return util, mem
+
+    def main_running(self) -> bool:
+        """Is the main thread running or runnable (``R`` in /proc)? A rank that computes is, however little CPU a
+        loaded node gives it (the soak: 0.05 CPU-s in 3 s on a node at load 40 read as still, and a hang)."""
+        try:
+            data = self._read(f"/proc/self/task/{self.main_tid}/stat")
+            return data.rsplit(b")", 1)[1].split()[0] == b"R"
+        except (OSError, IndexError, TypeError):
+            return False
 
     def peers(self) -> dict[str, str]:
         """The other local ranks' one-letter /proc state (T: stopped), from the node's view files' pids."""
@@ -481,7 +492,8 @@ class Monitor:
             self.waiting = None
         where, stack = self.where()
         cpu, io = self.cpu_s(), self.io()
-        self.samples = [s for s in self.samples if now - s[0] <= RECENT_S + 0.5] + [(now, cpu, io, stack)]
+        self.samples = [s for s in self.samples if now - s[0] <= RECENT_S + 0.5] + [
+            (now, cpu, io, stack, self.main_running())]
         self._learn_peers()
         progress_at = self.progress.at if steps is not None else self.colls_at
         d = {"v": FORMAT, "n": self.n, "rank": self.rank, "local_rank": self.local_rank, "pid": self.pid,
@@ -500,8 +512,9 @@ class Monitor:
         return d
 
     def state(self, now: float, progress_at: float, progressed: bool) -> str:
-        """training: progress within RECENT_S; waiting: in a collective >= WAIT_S; busy: CPU or I/O within RECENT_S;
-        still: none of those and the same stack for RECENT_S; starting: no progress yet (else busy)."""
+        """training: progress within RECENT_S; waiting: in a collective >= WAIT_S; busy: CPU or I/O within RECENT_S,
+        or its main thread seen running (R) then; still: none of those and the same stack for RECENT_S; starting:
+        no progress yet (else busy)."""
         if progressed and now - progress_at < RECENT_S:
             return "training"
         if self.waiting is not None and (self.waiting.get("for_s") or 0) >= WAIT_S:
@@ -509,14 +522,15 @@ class Monitor:
         old = [s for s in self.samples if now - s[0] >= RECENT_S - 0.25]
         if old:
             ref, last = old[-1], self.samples[-1]
-            if last[1] - ref[1] >= CPU_EPSILON_S or (last[2] is not None and ref[2] is not None and last[2] != ref[2]):
-                return "busy"
             window = [s for s in self.samples if s[0] >= ref[0]]
+            if last[1] - ref[1] >= CPU_EPSILON_S or (last[2] is not None and ref[2] is not None and last[2] != ref[2]) \
+                    or any(s[4] for s in window):
+                return "busy"
             if all(s[3] == last[3] for s in window):
                 return "still"
         elif self.samples and len(self.samples) > 1:
             first, last = self.samples[0], self.samples[-1]
-            if last[1] - first[1] >= CPU_EPSILON_S:
+            if last[1] - first[1] >= CPU_EPSILON_S or any(s[4] for s in self.samples):
                 return "busy"
         return "starting" if not progressed else "busy"
 

@@ -127,8 +127,9 @@ class _Clock:
         return self.t
 
 
-def _monitor(tmp_path, clock, cpu, io, stack):
+def _monitor(tmp_path, clock, cpu, io, stack, running=None):
     m = rankview.Monitor(str(tmp_path), rank=0, local_rank=0, progress=rankview.Progress(clock), clock=clock)
+    m.main_running = lambda: bool(running and running[0])
     m.cpu_s = lambda: cpu[0]
     m.io = lambda: io[0]
     m.where = lambda: ("x.py:1 f", stack[0])
@@ -163,6 +164,37 @@ def test_state_hints_from_progress_cpu_io_and_stack(tmp_path):
     assert m.tick()["state"] == "busy"
     view = json.loads((tmp_path / "rank-0").read_text())
     assert view["n"] == m.n and view["where"] == "x.py:1 f" and view["stack"] == "bbbb0000"
+
+
+def test_a_rank_whose_main_thread_runs_is_busy_however_little_cpu_its_node_gives_it(tmp_path):
+    """On a loaded node a computing rank gets a few hundredths of a CPU-second in 3 s: below what counts as CPU
+    advancing. Its main thread is running (R) all the while: busy, never still (the soak's false hangs)."""
+    clock, cpu, io, stack, running = _Clock(), [1.0], [10], ["aaaa0000"], [True]
+    m = _monitor(tmp_path, clock, cpu, io, stack, running)
+    m.progress.on_step()
+    for _ in range(6):
+        clock.t += 1
+        cpu[0] += 0.01
+        d = m.tick()
+    assert d["state"] == "busy"
+    running[0] = False                 # it stopped running: still 3 s later
+    for _ in range(4):
+        clock.t += 1
+        d = m.tick()
+    assert d["state"] == "still"
+
+
+def test_the_monitor_sees_its_main_thread_running_or_asleep(tmp_path):
+    import threading
+
+    m = rankview.Monitor(str(tmp_path), rank=0, local_rank=0, progress=rankview.Progress())
+    assert m.main_running() is True                # this thread runs the test: it asks about itself
+    seen = []
+    t = threading.Thread(target=lambda: (time.sleep(0.3), seen.append(m.main_running())))
+    t.start()
+    time.sleep(1.0)                                # the main thread asleep while the other one asks
+    t.join()
+    assert seen == [False]
 
 
 def test_the_monitors_own_reads_and_writes_are_not_the_ranks_io(tmp_path):
