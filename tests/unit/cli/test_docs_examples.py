@@ -553,3 +553,21 @@ def test_the_documented_hang_failures_say_what_the_supervisor_says():
     assert [ln.strip() for ln in got[got.index(next(g for g in got if g.startswith("failure"))):]] == shown
     readme = re.search(r"^clusterctl status vit-pretrain +# (\[hang\] .*)$", (REPO / "README.md").read_text(), re.M)
     assert readme and readme.group(1).endswith("(supervisor.stuck_timeout_s 20s)"), readme
+
+
+def test_every_failure_class_is_documented_where_the_classes_are_listed():
+    """oncall.md's 'Read the failure class' table and design.md's list name every class `status` shows (both
+    lacked `straggler`, the verdict of `supervisor.stragglers: relaunch`)."""
+    from clusterctl.views.status import FAILURE_KLASSES
+
+    oncall = (REPO / "docs" / "oncall.md").read_text()
+    table = oncall.split("| class | means | do |", 1)[1].split("\n\n", 1)[0]
+    assert sorted(re.findall(r"^\s*\| `([a-z_]+)` \|", table, re.M)) == sorted(FAILURE_KLASSES)
+    design = " ".join((REPO / "docs" / "design.md").read_text().split())
+    listed = re.search(r"Failure classes \(`status`, `events`, \[docs/oncall\.md\]\(oncall\.md\)\): (.*?) The "
+                       r"supervisor writes a heartbeat", design).group(1)
+    assert [k for k in FAILURE_KLASSES if f"`{k}`" not in listed] == [], listed
+    from clusterctl.store.state import JobState
+
+    states = re.search(r"States: ([A-Z, ]+)\.", design).group(1)
+    assert states.split(", ") == [s.value for s in JobState]
