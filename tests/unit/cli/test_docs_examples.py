@@ -571,3 +571,12 @@ def test_every_failure_class_is_documented_where_the_classes_are_listed():
 
     states = re.search(r"States: ([A-Z, ]+)\.", design).group(1)
     assert states.split(", ") == [s.value for s in JobState]
+
+
+def test_job_md_names_every_variable_the_plan_gives_a_node(tmp_path):
+    """docs/job.md 'What every node gets' names each variable of a node's environment in the plan (a guard)."""
+    r = cli(tmp_path, "launch", str(REPO / "examples" / "quickstart" / "job.yaml"), "--dry-run", "-o", "json")
+    env = json.loads(r.stdout)["nodes"][0]["env"]
+    section = (REPO / "docs" / "job.md").read_text().split("## What every node gets", 1)[1].split("\n## ", 1)[0]
+    own = {"OMP_NUM_THREADS"}                           # the quickstart job file's own env
+    assert [k for k in env if k not in own and f"`{k}" not in section] == []
