@@ -77,7 +77,8 @@ def render_table(report: PreflightReport, console: Console) -> None:
     s = report.summary
     verdict = Text("preflight passed" if report.ok else "preflight failed",
                    style="bold green" if report.ok else "bold red")
-    console.print(verdict + Text(f": {s['pass']} passed, {s['warn']} warnings, {s['fail']} failed, "
+    warnings = "1 warning" if s["warn"] == 1 else f"{s['warn']} warnings"
+    console.print(verdict + Text(f": {s['pass']} passed, {warnings}, {s['fail']} failed, "
                                  f"{s['skip']} skipped in {report.duration_s:.1f}s"))
 
 

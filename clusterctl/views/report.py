@@ -14,6 +14,8 @@ LABELS = {
 def seconds(x: float | None) -> str:
     if x is None:
         return "?"
+    if x < 1:              # a 20 ms step is 0.02s, not 0.0s
+        return f"{x:.2g}s"
     if x < 60:
         return f"{x:.1f}s"
     m, s = divmod(int(round(x)), 60)

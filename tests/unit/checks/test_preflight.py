@@ -1,6 +1,7 @@
 """run_preflight over fake transports: per-host checks, cluster checks, round trips, JSON shape, exit codes."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -411,6 +412,10 @@ def test_render_table_shows_cells_problems_and_summary():
     assert "node2 image: pytorch-cuda:v2.7-ssh is not present on the host" in text
     assert "→ `podman pull pytorch-cuda:v2.7-ssh` on the host" in text
     assert "preflight failed" in text and "1 failed" in text
+    for warns, said in ((1, "1 warning, "), (2, "2 warnings, ")):      # it said "1 warnings"
+        console = Console(record=True, width=250, color_system=None)
+        render_table(dataclasses.replace(report, summary={**report.summary, "warn": warns}), console)
+        assert f"passed, {said}" in console.export_text()
 
 
 def test_options_only_behaves_like_only():

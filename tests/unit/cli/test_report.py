@@ -129,3 +129,9 @@ def test_a_forgotten_job_is_reported_from_its_kept_dir_and_an_unknown_one_is_exi
         assert rc == 0 and json.loads(after) == json.loads(before)
     rc, _, err = cli(capsys, "--state-dir", str(root), "report", "nosuchjob")
     assert rc == 2 and "nosuchjob" in err
+
+
+def test_sub_second_times_keep_their_digits():
+    """A 20 ms step's median read `step time 0.0s median` (one decimal place for everything under a minute)."""
+    from clusterctl.views.report import seconds
+    assert [seconds(x) for x in (0.02, 0.123, 5.55, 61)] == ["0.02s", "0.12s", "5.5s", "1m01s"]
