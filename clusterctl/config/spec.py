@@ -41,6 +41,9 @@ ULIMIT_VALUE_RE = re.compile(r"^-?[0-9]+(:-?[0-9]+)?$")
 IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
 
 # Set by clusterctl for every node (see plan.py); a job may not set them itself.
+# the recovery strategies, the first the default: one registry line each, the job's `recovery:` choices; each is the
+# module clusterctl/supervise/recovery/<name>.py (supervise.recovery.get finds it by its name)
+RECOVERIES = ("warm", "cold")
 RESERVED_ENV_PREFIX = "CLUSTERCTL_"
 # Set by torchrun for every worker; setting them in the job breaks the rendezvous.
 TORCHRUN_ENV = frozenset({
@@ -394,7 +397,7 @@ class JobSpec(_Model):
     container: Container = Field(default_factory=Container)
     hosts: list[HostName] | None = None
     notify: list[NotifyTarget] = Field(default_factory=list)
-    recovery: Literal["warm", "cold"] = "warm"   # warm: survivors keep a warm zygote (docs/design.md, warm recovery)
+    recovery: Literal[RECOVERIES] = RECOVERIES[0]   # warm: survivors keep a warm zygote (docs/design.md, warm recovery)
 
     _source: str = PrivateAttr(default="")
 

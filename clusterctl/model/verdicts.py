@@ -5,8 +5,9 @@ Values only: the loop that produces them is ``supervise.supervisor``; ``views`` 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any, Mapping
 
 
 class Verdict(str, Enum):
@@ -88,3 +89,26 @@ class NodeError:
 
     def __str__(self) -> str:
         return self.message
+
+
+@dataclass(frozen=True)
+class NodeStarted:
+    """A node whose start succeeded: its node row (address, container) and how it started, ``mode`` warm or cold
+    and ``why`` (a relaunch's ``relaunch`` event: its class and text)."""
+
+    address: str
+    container: str
+    mode: str = "cold"
+    why: str = ""
+
+    def row(self) -> dict[str, Any]:
+        return dict(address=self.address, container=self.container, state="running")
+
+
+@dataclass(frozen=True)
+class Started:
+    """What a start did, as values (the ledger writes them; the start writes nothing): every node started
+    (``nodes``), or the ``errors`` of those that failed (what started on the others was rolled back)."""
+
+    nodes: Mapping[str, NodeStarted] = field(default_factory=dict)
+    errors: Mapping[str, NodeError] = field(default_factory=dict)

@@ -111,10 +111,15 @@ class Ledger:
             return a
 
     def attempt_running(self, job_id: str, attempt: int, relaunches: Sequence[Relaunch] = (), *,
-                        expect: Iterable[JobState] | None = None) -> None:
-        """Every node started: RUNNING, and for a relaunch one ``relaunch`` event per node (warm or cold, why)."""
-        self.state_changed(job_id, JobState.RUNNING, None, expect=expect, notes=[
-            note(EventKind.RELAUNCH, r.message(), attempt=attempt, node=r.node, klass=r.mode) for r in relaunches])
+                        expect: Iterable[JobState] | None = None,
+                        nodes: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """Every node started: RUNNING, the started nodes' rows (address, container) and for a relaunch one
+        ``relaunch`` event per node (warm or cold, why): one transaction."""
+        with self.store.transaction():
+            self.state_changed(job_id, JobState.RUNNING, None, expect=expect, notes=[
+                note(EventKind.RELAUNCH, r.message(), attempt=attempt, node=r.node, klass=r.mode) for r in relaunches])
+            for node, fields in (nodes or {}).items():
+                self.store.set_node(job_id, attempt, node, **fields)
 
     def attempt_ended(self, job_id: str, attempt: int, result: str, *, to: JobState | None = None,
                       reason: str | None = None, expect: Iterable[JobState] | None = None,

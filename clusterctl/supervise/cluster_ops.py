@@ -19,54 +19,25 @@ from clusterctl import checkpoint as checkpoint_mod
 from clusterctl.config.inventory import Host
 from clusterctl.config.spec import JobSpec
 from clusterctl.errors import CommandTimeout, DeadlineExceeded, TransportError
-from clusterctl.launch import runtimes, zygote
-from clusterctl.launch.plan import NODE_MODULES, LaunchPlan, build_plan, checkpoint_installer
+from clusterctl.launch import runtimes
+from clusterctl.launch.plan import LaunchPlan, build_plan
 from clusterctl.model import causes
 from clusterctl.model.ranks import RankView
-from clusterctl.model.verdicts import ErrorKind, NodeError, Observation
+from clusterctl.model.verdicts import ErrorKind, NodeError, NodeStarted, Observation, Started
 from clusterctl.store import paths
-from clusterctl.store.ledger import Ledger
 from clusterctl.store.logcopy import LogSink
 from clusterctl.store.state import JobState, Store
-from clusterctl.supervise import rankwatch
-from clusterctl.supervise import probe
+from clusterctl.supervise import probe, rankwatch, recovery
+from clusterctl.supervise.recovery import CommandFailed
 from clusterctl.supervise.observe import rendezvous_peers, startup
 from clusterctl.supervise.watch import Mux, Watch, Watches
-from clusterctl.transport import CommandResult, ConnectOptions, HostResult, Transport, connect, fan_out
+from clusterctl.transport import ConnectOptions, HostResult, Transport, connect, fan_out
 from clusterctl.transport.base import readable
 from clusterctl.transport.pool import Pool
 from clusterctl.transport.streams import StreamMux, open_stream
 
-ZYGOTE_SOURCE = Path(zygote.__file__).read_bytes()   # written into each node's warm dir
-
-
-def zygote_stdin(plan_node) -> bytes:
-    """What a zygote's start reads: the job's environment for the zygote as one JSON line (its plain variables: no
-    secret, no ``CLUSTERCTL_*``, which name an attempt and by which a relaunch's cleanup finds the job's processes),
-    then zygote.py (``zygote.with_job_env``: a warm rank sees what a cold one sees at its interpreter's start)."""
-    env = {k: v for k, v in plan_node.env.items()
-           if k not in plan_node.secret_names and not k.startswith("CLUSTERCTL_")}
-    return json.dumps(env).encode() + b"\n" + ZYGOTE_SOURCE
-WARM_DISABLED = "warm disabled: "      # runtimes.WARM_ROOT_SH's words when the node's warm root is not ours
-WARM_PING_S = 5.0       # a survivor's zygote must answer within this, else its relaunch is cold
 # exit 0 when the node has InfiniBand verbs devices (clusterctl_infiniband: auto); a glob, no process per file
 HAS_INFINIBAND = 'for f in /dev/infiniband/uverbs*; do [ -e "$f" ] && exit 0; done; exit 1'
-
-
-def _what_failed(r: CommandResult) -> str:
-    """A failed command's own words: its stderr, else its stdout, else its exit code."""
-    return r.stderr.strip() or r.stdout.strip() or f"exit code {r.exit_code}"
-
-
-# `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
-_PKG = Path(checkpoint_mod.__file__).parent
-CHECKPOINT_INSTALLER = checkpoint_installer((_PKG / "checkpoint.py").read_text(),
-                                            {n: (_PKG / n).read_text() for n in NODE_MODULES if n != "checkpoint.py"})
-
-
-
-class CommandFailed(RuntimeError):
-    """A node ran a start/stop command and it failed; the message is the command's own error (its tail)."""
 
 
 def node_error(node: str, error: BaseException) -> NodeError:
@@ -119,7 +90,6 @@ class ClusterOps:
                                 mux=self.mux)
         self._set_plan(None)
         self._unhealthy: set[str] = set()     # nodes whose last probe failed (asked for nothing else meanwhile)
-        self.recovery: dict[str, tuple[str, str]] = {}   # node -> ("warm" | "cold", why) of the last start
         self._removed: set[str] = set()       # nodes whose job containers ``stop`` removed, nothing started since
         self._infiniband: dict[str, bool] = {}  # node -> /dev/infiniband/uverbs* there (asked once per node)
 
@@ -185,8 +155,9 @@ class ClusterOps:
             self._follow(attempt, n.host)
             self.watch(attempt, n.host)
 
-    def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str,
-              resume: tuple[str, int]) -> dict[str, NodeError]:
+    def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> Started:
+        """Start the attempt: each node's leftovers removed, then the job's recovery strategy starts it. Writes
+        nothing: the nodes started (their rows, warm or cold and why) or their errors come back as values."""
         self._ask_infiniband(nodes)
         self._set_plan(self.make_plan(attempt, nodes, rdzv_host, resume))
 
@@ -195,39 +166,22 @@ class ClusterOps:
         timeout = self.spec.supervisor.start_timeout_s
         commands = 6 if attempt > 1 else 2   # leftovers, zygote ping, start (again cold); a zygote (re)start
 
-        self.recovery = {}
+        strategy = recovery.get(self.spec.recovery)
+        started: dict[str, NodeStarted] = {}
 
         def start_one(host: Host) -> None:
-            node = self._plan_node(host.name)
             rt = self.runtime(host.name)
             # the previous attempt's leftovers (a new job id has none, and a node this supervisor's ``stop`` just
             # cleaned neither: a command less per node on the way back)
             if attempt > 1 and host.name not in self._removed:
                 self.run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self.jobs_root(host.name)),
-                          timeout=timeout)
+                         timeout=timeout)
             self._removed.discard(host.name)
-            mode, why = self._warm_or_cold(host.name, node, attempt)
-            argv, prelude = node.runtime_argv, CHECKPOINT_INSTALLER
-            if mode == "warm":   # the job's modules where the zygote's children see them too
-                argv = node.warm_argv
-                lib = rt.warm_lib_dir(node.warm_dir, attempt)
-                prelude = f"{runtimes.LIB_DIR_VAR}={lib}\n{CHECKPOINT_INSTALLER}" if lib else CHECKPOINT_INSTALLER
-            r = self.run(host.name, argv, timeout=timeout, stdin=node.env_script(self.secrets, prelude))
-            if not r.ok and mode == "warm":     # its zygote answered, then the warm start failed: cold, once
-                failed = _what_failed(r).splitlines()[-1]
-                self.run(host.name, rt.remove_job_argv(self.job_id, jobs_root=self.jobs_root(host.name)),
-                          timeout=timeout)
-                mode, why = "cold", f"its warm start failed ({failed[-200:]}): started cold"
-                r = self.run(host.name, node.runtime_argv, timeout=timeout,
-                              stdin=node.env_script(self.secrets, CHECKPOINT_INSTALLER))
-            if not r.ok:
-                raise CommandFailed(_what_failed(r)[-500:])
-            Ledger(self.store).nodes_changed(self.job_id, attempt, {host.name: dict(
-                address=host.address, container=node.container_name, state="running")})
-            # warm for the next relaunch (after this start: it goes first); not where the warm root is not ours
-            if mode == "cold" and node.zygote_argv and not why.startswith(WARM_DISABLED):
-                why += self._start_zygote(host.name, node, timeout)
-            self.recovery[host.name] = (mode, why)
+            node = self._plan_node(host.name)
+            mode, why = strategy.start(recovery.NodeStart(
+                host.name, attempt, self.job_id, node, rt, self.jobs_root(host.name), timeout, self.secrets,
+                lambda argv, **kw: self.run(host.name, argv, **kw)))
+            started[host.name] = NodeStarted(host.address, node.container_name, mode, why)
 
         self._watches.keep(nodes)   # nodes left out of this attempt
         results = fan_out([self.hosts[n] for n in nodes], start_one,
@@ -235,9 +189,9 @@ class ClusterOps:
         errors = node_errors(results)
         if errors:
             self.stop(attempt, nodes)   # roll back what this attempt started (by job id), half-created ones too
-            return errors
+            return Started(errors=errors)
         self.attach(attempt)
-        return {}
+        return Started(nodes={n: started[n] for n in nodes})
 
     def _ask_infiniband(self, nodes: Sequence[str]) -> None:
         """``clusterctl_infiniband: auto``: does each container node not asked yet have /dev/infiniband/uverbs*?
@@ -254,37 +208,6 @@ class ClusterOps:
         for r in fan_out(todo, ask, host_timeout=self.options.connect_timeout + self.probe_timeout_s + 5):
             if r.ok:
                 self._infiniband[r.host.name] = r.value
-
-    def _warm_or_cold(self, node: str, plan_node, attempt: int) -> tuple[str, str]:
-        """("warm", why) when ``node``'s zygote answers (its relaunch is forked from it), else ("cold", why)."""
-        if attempt <= 1:
-            return "cold", "the job's first attempt"
-        if not plan_node.warm_argv:
-            return "cold", plan_node.cold_why
-        try:
-            r = self.run(node, self.runtime(node).zygote_ping_argv(plan_node.warm_dir), timeout=WARM_PING_S)
-        except TransportError as e:
-            return "cold", f"its zygote did not answer within {WARM_PING_S:g}s ({e})"
-        if r.ok:
-            return "warm", "its zygote answered: torchrun and the ranks are forked from it"
-        text = _what_failed(r).splitlines()[-1][-200:]
-        if r.exit_code == 3 and WARM_DISABLED in text:   # the node's warm root is not this user's private dir
-            return "cold", text[text.index(WARM_DISABLED):]    # (runtimes.WARM_ROOT_SH says why)
-        if r.exit_code == 4 or "No such file" in text:
-            return "cold", "no zygote on the node (a new node, or its zygote had not started yet)"
-        return "cold", f"its zygote did not answer ({text})"
-
-    def _start_zygote(self, node: str, plan_node, timeout: float) -> str:
-        """(Re)start the node's zygote container; returns "" or why it failed (the next relaunch is cold then)."""
-        rt = self.runtime(node)
-        try:
-            self.run(node, rt.zygote_remove_argv(self.job_id, node, plan_node.warm_dir), timeout=timeout)
-            r = self.run(node, plan_node.zygote_argv, timeout=timeout, stdin=zygote_stdin(plan_node))
-        except TransportError as e:
-            return f"; its zygote could not start: {e}"
-        if not r.ok:
-            return f"; its zygote could not start: {(r.stderr.strip() or f'exit code {r.exit_code}')[-200:]}"
-        return ""
 
     def observe(self, attempt: int, nodes: Sequence[str], *, watch: bool = True,
                 deadline_s: float | None = None) -> list[Observation]:
@@ -420,22 +343,24 @@ class ClusterOps:
             if not r.ok:
                 raise CommandFailed(r.stderr.strip()[-300:] or f"exit code {r.exit_code}")
             self._removed.add(host.name)
-            if attempt is None:         # every attempt of the job: its zygote goes too
-                self._drop_zygote(host.name)
+            if attempt is None:         # every attempt of the job: what its recovery keeps goes too (zygote)
+                self._teardown(host.name)
 
         results = fan_out([self.hosts[n] for n in nodes], stop_one, host_timeout=grace_s + 75)
         return node_errors(results)
 
-    def drop_zygotes(self, nodes: Sequence[str]) -> dict[str, NodeError]:
-        """Remove the job's zygote containers and warm dirs on ``nodes`` (the job ended)."""
-        return node_errors(fan_out([self.hosts[n] for n in nodes], lambda h: self._drop_zygote(h.name),
+    def teardown(self, nodes: Sequence[str]) -> dict[str, NodeError]:
+        """The job ended: remove what its recovery strategy keeps on ``nodes`` (warm: zygotes and warm dirs)."""
+        return node_errors(fan_out([self.hosts[n] for n in nodes], lambda h: self._teardown(h.name),
                                    host_timeout=75))
 
-    def _drop_zygote(self, node: str) -> None:
-        argv = self.runtime(node).zygote_remove_argv(self.job_id, node, runtimes.warm_key(self.job_id, node))
-        r = self.run(node, argv, timeout=60)
-        if not r.ok:
-            raise CommandFailed(r.stderr.strip()[-300:] or f"zygote: exit code {r.exit_code}")
+    def _teardown(self, node: str) -> None:
+        recovery.get(self.spec.recovery).teardown(node, self.job_id, self.runtime(node),
+                                                  lambda argv, **kw: self.run(node, argv, **kw))
+
+    def known(self, nodes: Sequence[str]) -> list[str]:
+        """``nodes`` that are hosts of the job's record (one `resume --exclude` took out has no address)."""
+        return [n for n in nodes if n in self.hosts]
 
     def under_slurm(self) -> bool:
         return any(h.connection == "srun" for h in self.hosts.values()) or bool(os.environ.get("SLURM_JOB_ID"))

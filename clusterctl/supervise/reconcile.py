@@ -20,7 +20,7 @@ from clusterctl.store.ledger import Ledger, note
 from clusterctl.store import paths
 from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store
 from clusterctl.supervise import jobdir
-from clusterctl.supervise.supervisor import Health, classify
+from clusterctl.supervise.supervisor import Health, NodeOps, classify
 
 
 CHECKPOINT_WAIT_S = 1.0     # how long a look that ends nothing waits for the checkpoint after the observation
@@ -144,11 +144,10 @@ def _look(store: Store, job_id: str, ops, *, deadline_s: float, clock, withheld_
     return Reconciled(a.attempt, states, d, JobState.FAILED, checkpoint, tidy())
 
 
-def in_record(ops, nodes) -> list[str]:
-    """``nodes`` that are still the job's hosts (``ops.hosts``: its record): one that `resume --exclude` took out
-    (which cleaned it up then) is neither asked nor cleaned again; the record has no address for it."""
-    known = getattr(ops, "hosts", None)
-    return [n for n in nodes if known is None or n in known]
+def in_record(ops: NodeOps, nodes) -> list[str]:
+    """``nodes`` that are still the job's hosts (``NodeOps.known``: its record): one that `resume --exclude` took
+    out (which cleaned it up then) is neither asked nor cleaned again; the record has no address for it."""
+    return ops.known(list(nodes))
 
 
 def _latest(ops, nodes) -> tuple[str, int] | None:

@@ -13,13 +13,12 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from clusterctl.model import budget, causes
 from clusterctl.model.ranks import RankView
 from clusterctl.model.events import EventKind, Relaunch, StragglerSeen
-from clusterctl.model.verdicts import INFRA, Decision, NodeError, Observation, Verdict, node_state
+from clusterctl.model.verdicts import INFRA, Decision, NodeError, Observation, Started, Verdict, node_state
 from clusterctl.store.ledger import Ledger, note
 from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store, StoreError
 from clusterctl.supervise import jobdir
@@ -133,11 +132,9 @@ class NodeOps(Protocol):
     ``NodeOps`` and inherits the capabilities a cluster may lack, below the first block, which answer None ("not
     here": the loop does without) or nothing; ``Supervisor`` refuses one short of a member (``port_problems``)."""
 
-    recovery: Mapping[str, tuple[str, str]] = MappingProxyType({})   # node -> (warm | cold, why) of the last start
-
-    def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str,
-              resume: tuple[str, int]) -> dict[str, NodeError]:
-        """Start the attempt on ``nodes``; returns {node: error} for nodes that failed to start (rolled back)."""
+    def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> Started:
+        """Start the attempt on ``nodes``, writing nothing: the nodes started (rows, warm or cold and why), or the
+        errors of the nodes that failed to start (what started on the others rolled back)."""
         raise NotImplementedError
 
     def observe(self, attempt: int, nodes: Sequence[str]) -> list[Observation]:
@@ -186,9 +183,15 @@ class NodeOps(Protocol):
         a ``stacks`` event. None: no stacks here."""
         return None
 
-    def drop_zygotes(self, nodes: Sequence[str]) -> dict[str, NodeError] | None:
-        """The job ended: remove its warm zygotes and warm dirs on ``nodes``; {node: error}. None: no warm path."""
+    def teardown(self, nodes: Sequence[str]) -> dict[str, NodeError] | None:
+        """The job ended: remove what its recovery strategy keeps on ``nodes`` (warm: the zygotes and warm dirs);
+        {node: error}. None: nothing kept here."""
         return None
+
+    def known(self, nodes: Sequence[str]) -> list[str]:
+        """Those of ``nodes`` this cluster can reach by name (the job's record: one `resume --exclude` took out
+        is not); all of them unless the cluster says otherwise."""
+        return list(nodes)
 
     def startup(self, attempt: int) -> tuple[str, str] | None:
         """Where ``attempt``'s start-up stands: (phase, message), e.g. ("rendezvous", "waiting for rendezvous: 1/2
@@ -361,11 +364,13 @@ class Supervisor:
                 self.ledger.attempt_started(self.job_id, attempt, rdzv, nodes, (path, step), message,
                                             expect=ACTIVE_STATES)
             self.on_event(message)
-            errors = self.ops.start(attempt, nodes, rdzv, (path, step))
+            started = self.ops.start(attempt, nodes, rdzv, (path, step))
+            errors = started.errors
             if not errors:
-                relaunches = [] if first else self._relaunches(attempt, nodes)
+                relaunches = [] if first else self._relaunches(attempt, nodes, started)
                 with self._unless_preempted():  # a `stop` during the start: Preempted removes what started
-                    self.ledger.attempt_running(self.job_id, attempt, relaunches, expect=ACTIVE_STATES)
+                    self.ledger.attempt_running(self.job_id, attempt, relaunches, expect=ACTIVE_STATES,
+                                                nodes={n: s.row() for n, s in started.nodes.items()})
                 for r in relaunches:
                     self.on_event(r.message())
                 return nodes, rdzv, attempt
@@ -384,12 +389,12 @@ class Supervisor:
                 return None
             attempt += 1
 
-    def _relaunches(self, attempt: int, nodes: list[str]) -> list[Relaunch]:
-        """How each node of a relaunch started: warm or cold, and why (``NodeOps.recovery``: node ->
-        (mode, why) of the last start; without it every node is cold)."""
-        modes = self.ops.recovery
-        return [Relaunch(attempt, node, *modes.get(node, ("cold", "the node runtime has no warm path")))
-                for node in nodes]
+    @staticmethod
+    def _relaunches(attempt: int, nodes: list[str], started: Started) -> list[Relaunch]:
+        """How each node of a relaunch started: warm or cold, and why (``Started.nodes``; a node it does not
+        name is cold)."""
+        return [Relaunch(attempt, node, s.mode, s.why) if (s := started.nodes.get(node)) is not None
+                else Relaunch(attempt, node, "cold", "the node runtime has no warm path") for node in nodes]
 
     def _checkpoint_for_start(self, nodes: list[str]) -> tuple[str, int] | None:
         """The checkpoint a new attempt resumes from. An unknown answer is asked again, never taken as "none":
@@ -578,7 +583,7 @@ class Supervisor:
             self.on_event(end)
             self._cleanup(attempt, nodes)
             self._cleanup_unclean()
-            self._drop_zygotes()
+            self._teardown()
             return JobState.SUCCEEDED
         if d.verdict == Verdict.STOPPED:
             self.ledger.attempt_ended(self.job_id, attempt, "stopped")
@@ -784,9 +789,10 @@ class Supervisor:
                 self.event(EventKind.CLEANUP_PENDING, f"{node}: containers of this job may still be there ({why}); "
                                                       "run `clusterctl stop` once it is reachable again", node=node)
 
-    def _drop_zygotes(self) -> None:
-        """The job ended: remove its warm zygotes on every node that answers (``NodeOps.drop_zygotes``)."""
-        for node, e in (self.ops.drop_zygotes(self.ops.reachable(self.all_nodes)) or {}).items():
+    def _teardown(self) -> None:
+        """The job ended: remove what its recovery keeps (warm zygotes) on every node that answers
+        (``NodeOps.teardown``)."""
+        for node, e in (self.ops.teardown(self.ops.reachable(self.all_nodes)) or {}).items():
             self.event(EventKind.CLEANUP_PENDING, f"could not remove the zygote on {node}: {e.message} (run "
                                                   "`clusterctl stop` when it is reachable again)", node=node)
 
@@ -802,7 +808,7 @@ class Supervisor:
         with self._unless_preempted():
             self.ledger.job_ended(self.job_id, state, reason, expect=ACTIVE_STATES | {state})
         self.on_event(f"job {state.value}: {reason}")
-        self._drop_zygotes()     # after the end is recorded: a crash here leaves only warm leftovers (`stop`)
+        self._teardown()     # after the end is recorded: a crash here leaves only warm leftovers (`stop`)
         return state
 
     def _uncordoned(self, nodes: Sequence[str]) -> list[str]:

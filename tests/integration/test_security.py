@@ -406,7 +406,7 @@ def test_plan_and_start_scripts_pass_values_verbatim(tmp_path_factory, local_bin
     shlex.join(argv)`, env script + checkpoint installer on stdin): every value arrives as one argv element / env
     value under its name (whatever the name), and nothing runs: every arg and env value also carries the payloads
     that would create the canary if any were executed."""
-    from clusterctl.supervise.cluster_ops import CHECKPOINT_INSTALLER
+    from clusterctl.supervise.recovery import CHECKPOINT_INSTALLER
 
     tmp = tmp_path_factory.mktemp("inj")
     canary = tmp / "CANARY"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from clusterctl.model.verdicts import Observation
+from clusterctl.model.verdicts import Observation, Started
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise.supervisor import NodeOps, Policy, Supervisor
 from clusterctl.views import status as status_mod
@@ -43,7 +43,7 @@ class LongCluster(NodeOps):
     def start(self, attempt, nodes, rdzv_host, resume):
         self.started.append((attempt, tuple(nodes), resume))
         self.round = 0
-        return {}
+        return Started()
 
     def observe(self, attempt, nodes):
         self.round += 1

@@ -23,6 +23,7 @@ from clusterctl.store.state import JobState, Store
 from clusterctl.supervise import controller
 from clusterctl.supervise.cluster_ops import ClusterOps
 from clusterctl.supervise.reconcile import judge
+from clusterctl.supervise.supervisor import NodeOps
 from clusterctl.transport import ConnectOptions
 from clusterctl.transport.base import CommandResult
 from clusterctl.views import logs
@@ -385,7 +386,7 @@ def test_status_error_tails_are_shown_neutralised():
 
 
 # ------------------------------------------------------------------------------------------- a reconcile's end
-class _Ops:
+class _Ops(NodeOps):
     """The nodes of an unsupervised job: what they say, and what removing the job's leftovers does."""
 
     def __init__(self, obs=None, errors=None):

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from clusterctl.model.verdicts import Observation
+from clusterctl.model.verdicts import Observation, Started
 from clusterctl.store.logcopy import LogSink, rotated
 from clusterctl.store.state import JobState, Store, StoreError
 from clusterctl.supervise import controller
@@ -45,7 +45,7 @@ def test_the_supervisor_survives_refused_node_rows_and_finishes_the_job(tmp_path
 
         def start(self, *a):
             store.set_node = refuse          # from now on every node row is refused (a full disk)
-            return {}
+            return Started()
 
         def observe(self, attempt, nodes):
             return self.script.pop(0)

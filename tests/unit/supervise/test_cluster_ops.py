@@ -8,7 +8,7 @@ from clusterctl.config.inventory import Host
 from clusterctl.config.spec import loads_job
 from clusterctl.errors import CommandTimeout, ConnectError, DeadlineExceeded
 from clusterctl.launch import runtimes
-from clusterctl.model.verdicts import ErrorKind, NodeError
+from clusterctl.model.verdicts import ErrorKind, NodeError, Started
 from clusterctl.store.logcopy import LogSink
 from clusterctl.supervise.cluster_ops import ClusterOps, CommandFailed, node_error
 from clusterctl.transport.base import CommandResult
@@ -84,7 +84,7 @@ def test_start_failures_are_typed_and_what_started_is_removed(tmp_path):
     nodes = {"n1": Node(HOSTS["n1"]), "n2": Node(HOSTS["n2"], "connect"), "n3": Node(HOSTS["n3"], "start")}
     ops = _ops(tmp_path, nodes)
     try:
-        errors = ops.start(1, list(HOSTS), "n1", ("", 0))
+        errors = ops.start(1, list(HOSTS), "n1", ("", 0)).errors
     finally:
         ops.close()
     assert errors == {
@@ -92,16 +92,28 @@ def test_start_failures_are_typed_and_what_started_is_removed(tmp_path):
         "n3": NodeError("n3", ErrorKind.COMMAND_FAILED, "Error: short-name resolution enforced"),
     }
     assert str(errors["n3"]) == "Error: short-name resolution enforced"      # the text events show, as before
-    assert ops.store.nodes == [(1, "n1", "running")]
+    assert ops.store.nodes == []        # ClusterOps writes nothing (issue 36): the ledger writes what start returns
     assert "rm" in " ".join(nodes["n1"].runs[-1])                            # rolled back on n1
 
 
-def test_start_everywhere_is_no_error_and_attaches(tmp_path):
+def _modes(started: Started) -> dict[str, tuple[str, str]]:
+    """node -> (warm | cold, why) of a start that started every node."""
+    assert started.errors == {}
+    return {n: (s.mode, s.why) for n, s in started.nodes.items()}
+
+
+def test_start_everywhere_is_no_error_attaches_and_returns_the_rows(tmp_path):
+    """The start writes nothing (issue 36: its rows came from the fan-out's threads): each node's row comes back
+    as a value, for the supervisor's ``attempt_running`` transaction."""
     nodes = {n: Node(h) for n, h in HOSTS.items()}
     ops = _ops(tmp_path, nodes)
     try:
-        assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
-        assert sorted(ops.watches.snapshot()) == sorted(HOSTS)
+        started = ops.start(1, list(HOSTS), "n1", ("", 0))
+        assert started.errors == {} and sorted(ops.watches.snapshot()) == sorted(HOSTS)
+        assert {n: s.row() for n, s in started.nodes.items()} == {
+            n: {"address": h.address, "container": ops.plan.node(n).container_name, "state": "running"}
+            for n, h in HOSTS.items()}
+        assert ops.store.nodes == []
     finally:
         ops.close()
 
@@ -130,9 +142,9 @@ def test_a_first_attempt_starts_with_one_command_per_node_a_relaunch_removes_lef
     ops = _ops(tmp_path, nodes, JOB + "recovery: cold\n")
     try:
         remove = runtimes.get("podman").remove_job_argv("j-1")
-        assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
+        recovery = _modes(ops.start(1, list(HOSTS), "n1", ("", 0)))
         assert [len(n.runs) for n in nodes.values()] == [1, 1, 1] and all(n.runs[0] != remove for n in nodes.values())
-        assert ops.start(2, list(HOSTS), "n1", ("", 0)) == {}
+        recovery = _modes(ops.start(2, list(HOSTS), "n1", ("", 0)))
         assert all(n.runs[1] == remove and len(n.runs) == 3 for n in nodes.values())
     finally:
         ops.close()
@@ -145,13 +157,13 @@ def test_a_relaunch_skips_the_leftovers_removal_on_nodes_its_stop_just_cleaned(t
     ops = _ops(tmp_path, nodes, JOB + "recovery: cold\n")
     try:
         remove = runtimes.get("podman").remove_job_argv("j-1")
-        assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
+        recovery = _modes(ops.start(1, list(HOSTS), "n1", ("", 0)))
         assert ops.stop(1, ["n1", "n2"]) == {}
         for n in nodes.values():
             n.runs.clear()
-        assert ops.start(2, list(HOSTS), "n1", ("", 0)) == {}
+        recovery = _modes(ops.start(2, list(HOSTS), "n1", ("", 0)))
         assert [remove in n.runs for n in nodes.values()] == [False, False, True]
-        assert ops.start(3, list(HOSTS), "n1", ("", 0)) == {}      # started since: cleaned again
+        recovery = _modes(ops.start(3, list(HOSTS), "n1", ("", 0)))      # started since: cleaned again
         assert [n.runs.count(remove) for n in nodes.values()] == [1, 1, 2]
     finally:
         ops.close()
@@ -163,8 +175,8 @@ def test_the_start_commands_are_bounded_by_the_jobs_start_timeout(tmp_path):
     nodes = {n: Node(h) for n, h in HOSTS.items()}
     ops = _ops(tmp_path, nodes, JOB + "supervisor: {start_timeout_s: 240}\nrecovery: cold\n")
     try:
-        assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
-        assert ops.start(2, list(HOSTS), "n1", ("", 0)) == {}
+        recovery = _modes(ops.start(1, list(HOSTS), "n1", ("", 0)))
+        recovery = _modes(ops.start(2, list(HOSTS), "n1", ("", 0)))
     finally:
         ops.close()
     assert all(n.timeouts == [240, 240, 240] for n in nodes.values())
@@ -218,22 +230,22 @@ def test_warm_recovery_forks_survivors_from_their_zygote_and_a_node_without_one_
     ops = _ops(tmp_path, nodes)
     rt = runtimes.get("podman")
     try:
-        assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
+        recovery = _modes(ops.start(1, list(HOSTS), "n1", ("", 0)))
         p1 = ops.plan
         for name, n in nodes.items():
             node = p1.node(name)
             assert n.runs == [list(node.runtime_argv),
                               rt.zygote_remove_argv("j-1", name, runtimes.warm_key("j-1", name)),
                               list(node.zygote_argv)]
-            assert ops.recovery[name] == ("cold", "the job's first attempt")
+            assert recovery[name] == ("cold", "the job's first attempt")
             n.runs.clear()
-        assert ops.start(2, list(HOSTS), "n2", ("", 0)) == {}
+        recovery = _modes(ops.start(2, list(HOSTS), "n2", ("", 0)))
         p2 = ops.plan
         for name in ("n1", "n2"):
             node = p2.node(name)
             assert nodes[name].runs == [rt.remove_job_argv("j-1"), rt.zygote_ping_argv(node.warm_dir),
                                         list(node.warm_argv)]
-            assert ops.recovery[name][0] == "warm"
+            assert recovery[name][0] == "warm"
             argv = list(node.warm_argv)
             inside = runtimes.warm_path(node.warm_dir, True)
             client = runtimes.zygote_client(inside, "torchrun")
@@ -246,7 +258,7 @@ def test_warm_recovery_forks_survivors_from_their_zygote_and_a_node_without_one_
         assert nodes["n3"].runs == [rt.remove_job_argv("j-1"), rt.zygote_ping_argv(node.warm_dir),
                                     list(node.runtime_argv),
                                     rt.zygote_remove_argv("j-1", "n3", node.warm_dir), list(node.zygote_argv)]
-        assert ops.recovery["n3"] == ("cold", "no zygote on the node (a new node, or its zygote had not started yet)")
+        assert recovery["n3"] == ("cold", "no zygote on the node (a new node, or its zygote had not started yet)")
     finally:
         ops.close()
 
@@ -269,12 +281,12 @@ def test_a_node_whose_warm_root_is_not_ours_starts_cold_with_the_reason_and_no_z
     ops = _ops(tmp_path, nodes)
     rt = runtimes.get("podman")
     try:
-        assert ops.start(1, list(HOSTS), "n2", ("", 0)) == {}
+        recovery = _modes(ops.start(1, list(HOSTS), "n2", ("", 0)))
         for n in nodes.values():
             n.runs.clear()
-        assert ops.start(2, list(HOSTS), "n2", ("", 0)) == {}
+        recovery = _modes(ops.start(2, list(HOSTS), "n2", ("", 0)))
         node = ops.plan.node("n1")
-        assert ops.recovery["n1"] == ("cold", WarmRootNotOurs.WHY)
+        assert recovery["n1"] == ("cold", WarmRootNotOurs.WHY)
         assert nodes["n1"].runs == [rt.remove_job_argv("j-1"), rt.zygote_ping_argv(node.warm_dir),
                                     list(node.runtime_argv)]            # no zygote start: it would fail the same
     finally:
@@ -299,17 +311,17 @@ def test_a_warm_start_that_fails_after_the_ping_is_retried_cold_once(tmp_path):
     ops = _ops(tmp_path, nodes)
     rt = runtimes.get("podman")
     try:
-        assert ops.start(1, list(HOSTS), "n1", ("", 0)) == {}
+        recovery = _modes(ops.start(1, list(HOSTS), "n1", ("", 0)))
         for n in nodes.values():
             n.runs.clear()
-        assert ops.start(2, list(HOSTS), "n1", ("", 0)) == {}
+        recovery = _modes(ops.start(2, list(HOSTS), "n1", ("", 0)))
         node = ops.plan.node("n2")
         assert nodes["n2"].runs == [rt.remove_job_argv("j-1"), rt.zygote_ping_argv(node.warm_dir),
                                     list(node.warm_argv), rt.remove_job_argv("j-1"), list(node.runtime_argv),
                                     rt.zygote_remove_argv("j-1", "n2", node.warm_dir), list(node.zygote_argv)]
-        assert ops.recovery["n2"] == ("cold", "its warm start failed (Error: statfs /tmp/clusterctl-warm/x: no such "
+        assert recovery["n2"] == ("cold", "its warm start failed (Error: statfs /tmp/clusterctl-warm/x: no such "
                                               "file): started cold")
-        assert ops.recovery["n1"][0] == ops.recovery["n3"][0] == "warm"
+        assert recovery["n1"][0] == recovery["n3"][0] == "warm"
     finally:
         ops.close()
 

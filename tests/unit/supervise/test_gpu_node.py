@@ -46,7 +46,7 @@ def test_infiniband_auto_is_asked_of_each_gpu_node_once_and_passed_to_its_contai
     nodes = {"ib": Node(ib=True), "eth": Node(), "off": Node(ib=True)}
     ops = _ops(tmp_path, hosts, nodes)
     try:
-        assert ops.start(1, list(hosts), "ib", ("", 0)) == {}
+        assert ops.start(1, list(hosts), "ib", ("", 0)).errors == {}
         argv = {n: ops.plan.node(n).runtime_argv for n in hosts}
         assert "--device=/dev/infiniband" in argv["ib"] and "--cap-add=IPC_LOCK" in argv["ib"]
         assert "--ulimit=memlock=-1" in argv["ib"]

@@ -7,7 +7,7 @@ from clusterctl.checks.registry import GPU_CHECKS, LAUNCH_CHECKS
 from clusterctl.config.inventory import Host
 from clusterctl.config.spec import loads_job
 from clusterctl.model.events import EventKind
-from clusterctl.model.verdicts import Observation
+from clusterctl.model.verdicts import Observation, Started
 from clusterctl.store.logcopy import LogSink
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise.cluster_ops import ClusterOps
@@ -29,7 +29,7 @@ class Ops(QuietOps):
 
     def start(self, attempt, nodes, rdzv_host, resume):
         self.started.append((attempt, tuple(nodes)))
-        return {}
+        return Started()
 
     def observe(self, attempt, nodes):
         if attempt == 1:

@@ -43,7 +43,7 @@ def test_checkpoint_installer_makes_the_module_importable_anywhere(tmp_path):
     import subprocess
     import sys
 
-    from clusterctl.supervise.cluster_ops import CHECKPOINT_INSTALLER
+    from clusterctl.supervise.recovery import CHECKPOINT_INSTALLER
 
     script = "export PYTHONPATH=/elsewhere\n" + CHECKPOINT_INSTALLER
     code = ("import os; from clusterctl import checkpoint; print(checkpoint.__file__); print(os.environ['PYTHONPATH']); "

@@ -8,7 +8,7 @@ import json
 from clusterctl.config.inventory import Host
 from clusterctl.config.spec import loads_job
 from clusterctl.model.events import EventKind
-from clusterctl.model.verdicts import Observation
+from clusterctl.model.verdicts import Observation, Started
 from clusterctl.store.ledger import Ledger
 from clusterctl.store.logcopy import LogSink
 from clusterctl.store.state import ACTIVE_STATES, JobState, Store
@@ -45,7 +45,7 @@ class Ops(QuietOps):
         self.said, self.asked, self.rounds = list(said), 0, 0
 
     def start(self, attempt, nodes, rdzv_host, resume):
-        return {}
+        return Started()
 
     def observe(self, attempt, nodes):
         self.rounds += 1

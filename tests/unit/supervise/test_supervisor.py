@@ -4,7 +4,7 @@ from collections import deque
 
 import pytest
 
-from clusterctl.model.verdicts import ErrorKind, NodeError, Observation, Verdict
+from clusterctl.model.verdicts import ErrorKind, NodeError, Observation, Started, Verdict
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise.supervisor import Health, NodeOps, PEER_SETTLE, Policy, Supervisor, classify
 
@@ -61,7 +61,7 @@ class FakeOps(NodeOps):
 
     def start(self, attempt, nodes, rdzv_host, resume):
         self.started.append((attempt, tuple(nodes), rdzv_host, resume))
-        return {}
+        return Started()
 
     def observe(self, attempt, nodes):
         return [o for o in self.script.popleft() if o.node in nodes]
@@ -302,8 +302,8 @@ class FailingOps(FakeOps):
     def start(self, attempt, nodes, rdzv_host, resume):
         super().start(attempt, nodes, rdzv_host, resume)
         if len(self.started) not in self.fail_starts:
-            return {}
-        return {e.node: e for e in self.start_errors if e.node in nodes}
+            return Started()
+        return Started(errors={e.node: e for e in self.start_errors if e.node in nodes})
 
     def stop(self, attempt, nodes):
         super().stop(attempt, nodes)
@@ -418,7 +418,7 @@ def test_an_attempt_recorded_succeeded_makes_the_job_succeeded_not_relaunched(st
     store.set_state(job_id, JobState.RUNNING)
     store.end_attempt(job_id, 1, "succeeded")
 
-    class NoNodes:
+    class NoNodes(NodeOps):
         def observe(self, *a, **k):
             return [Observation("a", M), Observation("b", M)]    # the containers were already removed
 
@@ -588,7 +588,7 @@ def test_the_port_is_whole_or_refused(tmp_path):
     from clusterctl.supervise.supervisor import port_problems
 
     class Bare:          # the six methods of the first block only
-        def start(self, *a): return {}
+        def start(self, *a): return Started()
         def observe(self, *a): return []
         def stop(self, *a, **kw): return {}
         def reachable(self, nodes): return list(nodes)
@@ -597,7 +597,7 @@ def test_the_port_is_whole_or_refused(tmp_path):
 
     store = Store(tmp_path / "s.db")
     job_id = store.create_job("j", "{}", None, None)
-    with pytest.raises(TypeError, match="Bare is not a whole NodeOps: it lacks recovery, checkpoint_hint"):
+    with pytest.raises(TypeError, match="Bare is not a whole NodeOps: it lacks checkpoint_hint"):
         Supervisor(job_id, store, Bare(), Policy(min_nodes=1, max_nodes=1), ["a"])
     assert port_problems(FakeOps([])) == []
-    assert [m for m in port_problems(object()) if not hasattr(ClusterOps, m)] == ["recovery"]   # set in __init__
+    assert [m for m in port_problems(object()) if not hasattr(ClusterOps, m)] == []
