@@ -83,12 +83,6 @@ class Ledger:
             return self.state_changed(job_id, JobState.RECOVERING, "resumed by user",
                                       notes=[note(EventKind.RESUME, message)])
 
-    def budget_charged(self, job_id: str, infra: bool, used: int, message: str, **fields: Any) -> None:
-        """One failure charged: the budget's use on the job row and the ``budget`` event."""
-        with self.store.transaction():
-            self.store.update_job(job_id, **{"node_failures_used" if infra else "failures_used": used})
-            self.store.add_event(job_id, EventKind.BUDGET.value, message, **fields)
-
     def forgotten(self, job_id: str) -> None:
         """`clusterctl forget`: a finished job's rows go (``JobActive`` if it is not finished)."""
         self.store.delete_job(job_id)
@@ -123,11 +117,15 @@ class Ledger:
 
     def attempt_ended(self, job_id: str, attempt: int, result: str, *, to: JobState | None = None,
                       reason: str | None = None, expect: Iterable[JobState] | None = None,
-                      nodes: Mapping[str, Mapping[str, Any]] | None = None, notes: Iterable[Note] = ()) -> None:
+                      nodes: Mapping[str, Mapping[str, Any]] | None = None, notes: Iterable[Note] = (),
+                      budget: tuple[bool, int] | None = None) -> None:
         """The attempt's end (``result``: succeeded, stopped, start_failed, abandoned, or the verdict), with the
-        node rows and events that say how, and (``to``) the job's next state: one transaction. A job state the
+        node rows and events that say how (the verdict, the budget's), the failure ``budget`` it spends ((infra?,
+        used): the job row's count) and (``to``) the job's next state: one transaction. A job state the
         transitions refuse (a `stop` came first) raises ``InvalidTransition`` and records none of it."""
         with self.store.transaction():
+            if budget is not None:
+                self.store.update_job(job_id, **{"node_failures_used" if budget[0] else "failures_used": budget[1]})
             for node, fields in (nodes or {}).items():
                 self.store.set_node(job_id, attempt, node, **fields)
             self._notes(job_id, notes)

@@ -30,6 +30,15 @@ STARTUP_EVERY_S = 2.0   # an attempt's start-up is said when it changes, at most
 GPU_RECHECK_S = 10.0    # a node left out for a GPU error whose GPU check failed is checked again after this
 
 
+@dataclass(frozen=True)
+class Charged:
+    """A failure charged to a budget, recorded with the attempt's end: its ``progress``/``budget`` notes, the
+    budget's new use (infra?, used) and, when that exhausts it, the job's end reason."""
+    notes: list
+    budget: tuple[bool, int]
+    exhausted: str | None = None
+
+
 class Preempted(Exception):
     """The job left the supervisor's hands between two of its steps: `clusterctl stop` (or another writer, e.g.
     ``status`` reconciling a supervisor it took for dead) ended it first. The supervisor cleans up and exits."""
@@ -376,16 +385,20 @@ class Supervisor:
                 return nodes, rdzv, attempt
             failed = [note(EventKind.START_FAILED, f"attempt {attempt}: {node} failed to start: {e.message}",
                            attempt=attempt, node=node, klass="node_lost") for node, e in errors.items()]
-            self.ledger.attempt_ended(self.job_id, attempt, "start_failed", notes=failed)
+            # a launch that cannot start is an error to show, not a failure to retry (charged to no budget)
+            charged = None if first else self._charge(Verdict.NODE_LOST, f"{len(errors)} node(s) failed to start")
+            self.ledger.attempt_ended(self.job_id, attempt, "start_failed", notes=failed + self._said(charged),
+                                      budget=charged and charged.budget)
             for n in failed:
                 self.on_event(n.message)
-            if first:   # a launch that cannot start is an error to show, not a failure to retry
+            self._tell(charged)
+            if charged is None:
                 node, e = next(iter(errors.items()))
                 self._finish(JobState.FAILED, f"launch failed: {node} could not start: {e.message} "
                                               "(what started on the other nodes was removed)")
                 return None
             excluded.update(errors)
-            if not self._spend(Verdict.NODE_LOST, f"{len(errors)} node(s) failed to start"):
+            if not self._spend(charged):
                 return None
             attempt += 1
 
@@ -563,15 +576,12 @@ class Supervisor:
         return False
 
     def _act(self, d: Decision, attempt: int, nodes: list[str], excluded: set[str]) -> JobState | None:
-        self.event(EventKind.VERDICT, d.message, attempt=attempt, klass=d.verdict.value, node=d.node,
-                   exit_code=d.exit_code, signal=d.signal, rank=d.rank, oom=d.oom or None)
-        if d.verdict == Verdict.HANG:
-            self._take_stacks(attempt, nodes)      # where every rank waits: before anything is stopped
-            self._dump_ranks(attempt, nodes)       # every rank's flight recorder and stack, kept in the job dir
-        if d.verdict in INFRA and d.node:
-            self._maybe_cordon(d.node, d.verdict)
-        if d.verdict == Verdict.GPU_ERROR:
-            self._gpu_suspect.update({n: ("", -math.inf) for n in d.lost})
+        """The attempt's end: the verdict, the budget it spends (a failure to recover from) and the attempt's
+        result with the job's next state, in one ledger transaction (``Ledger.attempt_ended``); then what it
+        takes: stacks on a hang (before anything is stopped), a cordon, the gang stop, the backoff or the end."""
+        said = d.message
+        verdict = note(EventKind.VERDICT, said, attempt=attempt, klass=d.verdict.value, node=d.node,
+                       exit_code=d.exit_code, signal=d.signal, rank=d.rank, oom=d.oom or None)
         if d.verdict == Verdict.SUCCESS:
             # the end is recorded before anything is removed: a supervisor killed in between leaves a SUCCEEDED
             # job with containers to clean up (`stop` removes them), never a finished job that `resume` re-runs
@@ -579,23 +589,34 @@ class Supervisor:
             with self._unless_preempted():
                 self.ledger.attempt_ended(self.job_id, attempt, "succeeded", to=JobState.SUCCEEDED,
                                           reason=d.message, expect=ACTIVE_STATES | {JobState.SUCCEEDED},
-                                          notes=[note(EventKind.END, end)])
+                                          notes=[verdict, note(EventKind.END, end)])
+            self.on_event(said)
             self.on_event(end)
             self._cleanup(attempt, nodes)
             self._cleanup_unclean()
             self._teardown()
             return JobState.SUCCEEDED
-        if d.verdict == Verdict.STOPPED:
-            self.ledger.attempt_ended(self.job_id, attempt, "stopped")
+        if d.verdict in (Verdict.STOPPED, Verdict.CONFIG_ERROR):   # not retried: the same failure again, with the fix
+            self.ledger.attempt_ended(self.job_id, attempt, d.verdict.value, notes=[verdict])
+            self.on_event(said)
             self._cleanup(None, self.all_nodes)
-            return self._finish(JobState.STOPPED, d.message)
-        if d.verdict == Verdict.CONFIG_ERROR:     # the same failure again on every retry: stop here, with the fix
-            self.ledger.attempt_ended(self.job_id, attempt, d.verdict.value)
-            self._cleanup(None, self.all_nodes)
+            if d.verdict == Verdict.STOPPED:
+                return self._finish(JobState.STOPPED, d.message)
             return self._finish(JobState.FAILED, f"{d.message} (config_error: not retried)")
+        charged = self._charge(d.verdict, d.message)
         with self._unless_preempted():
             self.ledger.attempt_ended(self.job_id, attempt, d.verdict.value, to=JobState.RECOVERING,
-                                      reason=d.message, expect=ACTIVE_STATES)
+                                      reason=d.message, expect=ACTIVE_STATES, notes=[verdict, *self._said(charged)],
+                                      budget=charged.budget)
+        self.on_event(said)
+        self._tell(charged)
+        if d.verdict == Verdict.HANG:
+            self._take_stacks(attempt, nodes)      # where every rank waits: before anything is stopped
+            self._dump_ranks(attempt, nodes)       # every rank's flight recorder and stack, kept in the job dir
+        if d.verdict in INFRA and d.node:
+            self._maybe_cordon(d.node, d.verdict)
+        if d.verdict == Verdict.GPU_ERROR:
+            self._gpu_suspect.update({n: ("", -math.inf) for n in d.lost})
         # every node that answers is stopped, the lost ones too when they answer (their processes died but the
         # runtime may still list the container); nodes lost by not answering are cleaned up when they answer again
         reachable = [n for n in nodes if n not in d.unreachable]
@@ -605,7 +626,7 @@ class Supervisor:
         self._cleanup(attempt, reachable)
         self._unclean.update(d.unreachable)
         excluded.update(d.lost)
-        if not self._spend(d.verdict, d.message):
+        if not self._spend(charged):
             self._cleanup(None, self.all_nodes)
             return self.store.get_job(self.job_id).state
         return None
@@ -715,17 +736,19 @@ class Supervisor:
         if text is not None:        # None: no stacks here
             self.event(EventKind.STACKS, text, attempt=attempt)
 
-    def _spend(self, verdict: Verdict, message: str) -> bool:
-        """Charge one failure to the matching budget; sleep the backoff. False when the budget is exhausted.
+    def _charge(self, verdict: Verdict, message: str) -> Charged:
+        """One failure charged to the matching budget, as values for the attempt's end (its ``progress`` and
+        ``budget`` events, the budget's new use) and whether that exhausts it.
 
         A budget counts the failures within ``window_s`` (or since the last progress); an attempt that made
         progress starts the backoff over (see ``budget``)."""
         job, p = self.store.get_job(self.job_id), self.policy
         kind = budget.INFRA if verdict in INFRA else budget.USER
+        notes = []
         progress = self._attempt_progress(job.attempt)
         if progress:
-            self.event(EventKind.PROGRESS, f"attempt {job.attempt} made progress ({progress}): the backoff starts over",
-                       attempt=job.attempt)
+            notes.append(note(EventKind.PROGRESS, f"attempt {job.attempt} made progress ({progress}): the backoff "
+                                                  "starts over", attempt=job.attempt))
         now = self.clock()
         self._charges.append(budget.Charge(now, kind, bool(progress)))
         used = budget.used(self._charges, kind, now=now, window_s=p.window_s)
@@ -734,13 +757,27 @@ class Supervisor:
         else:
             limit, key = p.max_failures, "restarts.max_failures"
         within = budget.describe(p.window_s)
-        said = f"{kind} restart budget: {used} of {limit} used {within}"
-        self.ledger.budget_charged(self.job_id, kind == budget.INFRA, used, said, attempt=job.attempt, klass=kind)
-        self.on_event(said)
-        if used > limit:
-            self._finish(JobState.FAILED, f"{message}; {kind if kind == budget.INFRA else 'user-error'} restart "
-                                          f"budget exhausted ({limit} {key} {within})")
+        notes.append(note(EventKind.BUDGET, f"{kind} restart budget: {used} of {limit} used {within}",
+                          attempt=job.attempt, klass=kind))
+        exhausted = (f"{message}; {kind if kind == budget.INFRA else 'user-error'} restart budget exhausted "
+                     f"({limit} {key} {within})") if used > limit else None
+        return Charged(notes, (kind == budget.INFRA, used), exhausted)
+
+    @staticmethod
+    def _said(charged: Charged | None) -> list:
+        return list(charged.notes) if charged is not None else []
+
+    def _tell(self, charged: Charged | None) -> None:
+        for n in self._said(charged):
+            self.on_event(n.message)
+
+    def _spend(self, charged: Charged) -> bool:
+        """After a charge is recorded: the job's end when it exhausted its budget (False), else the backoff."""
+        if charged.exhausted is not None:
+            self._finish(JobState.FAILED, charged.exhausted)
             return False
+        kind = budget.INFRA if charged.budget[0] else budget.USER
+        p = self.policy
         delay = budget.backoff(kind, budget.streak(self._charges, kind), first_s=p.backoff_s, max_s=p.backoff_max_s)
         if delay:
             self.event(EventKind.BACKOFF, f"waiting {delay:g}s before the next attempt")

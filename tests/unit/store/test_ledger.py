@@ -99,8 +99,22 @@ def test_a_kind_this_release_does_not_know_reads_back_as_its_string(led):
     assert store.events(job_id)[-1].kind == "from_the_future"
 
 
-def test_budget_use_and_its_event_land_together(led):
+def test_an_attempts_end_is_its_verdict_its_budget_and_its_next_state_together(led):
+    """Issue 36: ending an attempt (the verdict, the budget it spends, the attempt's result, RECOVERING) is one
+    transaction; refused (a `stop` came first), none of it is recorded, the budget's use neither."""
     ledger, store, job_id = led
-    ledger.budget_charged(job_id, True, 2, "infra restart budget: 2 of 3 used", klass="infra")
-    assert store.get_job(job_id).node_failures_used == 2
-    assert (store.events(job_id)[-1].kind, store.events(job_id)[-1].klass) == (EventKind.BUDGET, "infra")
+    _running(ledger, job_id)
+    ledger.attempt_ended(job_id, 1, "node_lost", to=JobState.RECOVERING, expect=ACTIVE_STATES, budget=(True, 2),
+                         notes=[note(EventKind.VERDICT, "node n2 lost", klass="node_lost"),
+                                note(EventKind.BUDGET, "infra restart budget: 2 of 3 used", klass="infra")])
+    job = store.get_job(job_id)
+    assert (job.node_failures_used, job.failures_used, job.state) == (2, 0, JobState.RECOVERING)
+    assert [(e.kind, e.klass) for e in store.events(job_id)][-2:] == [(EventKind.VERDICT, "node_lost"),
+                                                                       (EventKind.BUDGET, "infra")]
+    ledger.attempt_started(job_id, 2, "n1", ["n1"], None, "start", expect=ACTIVE_STATES)
+    ledger.stop_requested(job_id)
+    before = len(store.events(job_id))
+    with pytest.raises(InvalidTransition):
+        ledger.attempt_ended(job_id, 2, "user_error", to=JobState.RECOVERING, expect=ACTIVE_STATES, budget=(False, 1),
+                             notes=[note(EventKind.BUDGET, "user restart budget: 1 of 3 used", klass="user")])
+    assert store.get_job(job_id).failures_used == 0 and len(store.events(job_id)) == before

@@ -4,7 +4,7 @@ from collections import deque
 
 import pytest
 
-from clusterctl.model.verdicts import ErrorKind, NodeError, Observation, Started, Verdict
+from clusterctl.model.verdicts import ErrorKind, NodeError, NodeStarted, Observation, Started, Verdict
 from clusterctl.store.state import JobState, Store
 from clusterctl.supervise.supervisor import Health, NodeOps, PEER_SETTLE, Policy, Supervisor, classify
 
@@ -601,3 +601,45 @@ def test_the_port_is_whole_or_refused(tmp_path):
         Supervisor(job_id, store, Bare(), Policy(min_nodes=1, max_nodes=1), ["a"])
     assert port_problems(FakeOps([])) == []
     assert [m for m in port_problems(object()) if not hasattr(ClusterOps, m)] == []
+
+
+def test_ending_an_attempt_is_one_transaction_verdict_budget_result_and_next_state(store):
+    """Issue 36 (docs/design.md, the ledger): the verdict event, the budget it spends (the job row's count and the
+    ``budget`` event), the attempt's result and RECOVERING are written in one transaction (they were three: a
+    supervisor killed between them left a verdict without its attempt's end, or an end without its charge); the
+    relaunch's node rows go with RUNNING. Each write is tagged with the outermost transaction it joined."""
+    import contextlib
+
+    count, tagged = [0], []
+    transaction = store.transaction
+
+    @contextlib.contextmanager
+    def counted():
+        if store._tx is None:
+            count[0] += 1
+        with transaction():
+            yield
+    store.transaction = counted
+    for name in ("add_event", "update_job", "end_attempt", "set_state", "set_node"):
+        def spy(*a, _name=name, _real=getattr(store, name), **kw):
+            what = a[1] if _name == "add_event" else ",".join(sorted(kw)) if _name == "update_job" else ""
+            tagged.append((_name, str(what), count[0] if store._tx is not None else None))
+            return _real(*a, **kw)
+        setattr(store, name, spy)
+
+    class Rows(FakeOps):
+        def start(self, attempt, nodes, rdzv_host, resume):
+            super().start(attempt, nodes, rdzv_host, resume)
+            return Started(nodes={n: NodeStarted(f"10.0.0.{i}", f"c-{n}") for i, n in enumerate(nodes)})
+
+    ops = Rows([obs(a=R, b=R, c=R), obs(a=R, b=M, c=R), obs(a=(E, 0), c=(E, 0))])
+    job_id, state, _ = run(store, ops)
+    assert state == JobState.SUCCEEDED
+    end = [t for t in tagged if t[1] in ("verdict", "budget", "node_failures_used") or t[0] == "end_attempt"]
+    assert [t[:2] for t in end[:4]] == [("update_job", "node_failures_used"), ("add_event", "verdict"),
+                                        ("add_event", "budget"), ("end_attempt", "")]
+    assert len({t[2] for t in end[:4]}) == 1 and end[0][2] is not None
+    assert store.get_job(job_id).node_failures_used == 1
+    running = [t for t in tagged if t[0] == "set_node" and t[2] is not None]
+    assert {n.node: n.container for n in store.nodes(job_id, 2)} == {"a": "c-a", "c": "c-c"}
+    assert running and all(t[2] is not None for t in running)
