@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from clusterctl.config import inventory
 from clusterctl.config.inventory import SLURM_SOURCE, Inventory, is_slurm_source  # noqa: F401 - is_slurm_source: callers' name
@@ -139,6 +139,32 @@ def node_records(names: Sequence[str], run: RunCmd = run_cmd) -> dict[str, dict[
     if r.returncode != 0:
         raise UserError(f"scontrol show node: {r.stderr.strip() or 'failed'}")
     return parse_node_records(r.stdout)
+
+
+def under_slurm(hosts: Iterable[Any]) -> bool:
+    """Does a job on ``hosts`` (``inventory.Host``) run under Slurm (an srun connection, or inside an allocation)?"""
+    return any(h.connection == "srun" for h in hosts) or bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def drained_among(hosts: Iterable[Any], nodes: Sequence[str]) -> set[str]:
+    """Under Slurm: those of ``nodes`` that Slurm reports drained, down or not responding (relaunches skip
+    them); none outside Slurm, and none when ``scontrol`` does not answer."""
+    if not under_slurm(hosts):
+        return set()
+    try:
+        return drained(node_records(list(nodes))) & set(nodes)
+    except UserError:
+        return set()
+
+
+def drain_if_under(hosts: Iterable[Any], node: str, reason: str) -> tuple[bool, str]:
+    """Drain ``node`` when the job on ``hosts`` runs under Slurm: (done, Slurm's message)."""
+    if not under_slurm(hosts):
+        return False, "the job does not run under Slurm"
+    try:
+        return drain(node, reason)
+    except UserError as e:
+        return False, str(e)
 
 
 def drain(node: str, reason: str, run: RunCmd = run_cmd) -> tuple[bool, str]:

@@ -6,7 +6,6 @@ per-node work fanned out in parallel. A start that fails on some nodes removes w
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -18,44 +17,20 @@ from typing import Callable, Mapping, Sequence
 from clusterctl import checkpoint as checkpoint_mod
 from clusterctl.config.inventory import Host
 from clusterctl.config.spec import JobSpec
-from clusterctl.errors import CommandTimeout, DeadlineExceeded, TransportError
 from clusterctl.launch import runtimes
 from clusterctl.launch.plan import LaunchPlan, build_plan
-from clusterctl.model import causes
 from clusterctl.model.ranks import RankView
-from clusterctl.model.verdicts import ErrorKind, NodeError, NodeStarted, Observation, Started
-from clusterctl.store import paths
+from clusterctl.model.verdicts import NodeError, NodeStarted, Observation, Started
 from clusterctl.store.logcopy import LogSink
 from clusterctl.store.state import JobState, Store
-from clusterctl.supervise import probe, rankwatch, recovery
-from clusterctl.supervise.recovery import CommandFailed
-from clusterctl.supervise.observe import rendezvous_peers, startup
+from clusterctl.slurm import allocation as slurm_nodes
+from clusterctl.supervise import diagnose, probe, rankwatch, recovery
+from clusterctl.supervise.recovery import CommandFailed, node_errors
 from clusterctl.supervise.watch import Mux, Watch, Watches
-from clusterctl.transport import ConnectOptions, HostResult, Transport, connect, fan_out
-from clusterctl.transport.base import readable
+from clusterctl.transport import ConnectOptions, Transport, connect, fan_out
 from clusterctl.transport.pool import Pool
 from clusterctl.transport.streams import StreamMux, open_stream
 
-# exit 0 when the node has InfiniBand verbs devices (clusterctl_infiniband: auto); a glob, no process per file
-HAS_INFINIBAND = 'for f in /dev/infiniband/uverbs*; do [ -e "$f" ] && exit 0; done; exit 1'
-
-
-def node_error(node: str, error: BaseException) -> NodeError:
-    """A start/stop failure as a value: its kind from the exception, its text as before (``str(error)``)."""
-    if isinstance(error, (DeadlineExceeded, CommandTimeout)):
-        kind = ErrorKind.TIMEOUT
-    elif isinstance(error, TransportError):
-        kind = ErrorKind.UNREACHABLE
-    elif isinstance(error, CommandFailed):
-        kind = ErrorKind.COMMAND_FAILED
-    else:
-        kind = ErrorKind.ERROR
-    return NodeError(node, kind, str(error))
-
-
-def node_errors(results: Sequence[HostResult]) -> dict[str, NodeError]:
-    """The failed hosts of a fan-out, by name."""
-    return {r.host.name: node_error(r.host.name, r.error) for r in results if r.error is not None}
 
 
 @dataclass
@@ -139,9 +114,7 @@ class ClusterOps:
     def make_plan(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> LaunchPlan:
         return build_plan(self.spec, [self.hosts[n] for n in nodes], job_id=self.job_id, attempt=attempt,
                           rdzv_host=self.hosts[rdzv_host], interfaces=self.interfaces, gpu_flags=self.gpu_flags,
-                          infiniband=self._infiniband,
-                          resume_from=resume[0],
-                          resume_step=resume[1])
+                          infiniband=self._infiniband, resume_from=resume[0], resume_step=resume[1])
 
     def adopt(self, attempt: int, nodes: Sequence[str], rdzv_host: str) -> LaunchPlan:
         """Take over an attempt that was started earlier (by another supervisor, or before a ``stop``)."""
@@ -158,7 +131,7 @@ class ClusterOps:
     def start(self, attempt: int, nodes: Sequence[str], rdzv_host: str, resume: tuple[str, int]) -> Started:
         """Start the attempt: each node's leftovers removed, then the job's recovery strategy starts it. Writes
         nothing: the nodes started (their rows, warm or cold and why) or their errors come back as values."""
-        self._ask_infiniband(nodes)
+        self._infiniband.update(probe.infiniband(self, [n for n in nodes if n not in self._infiniband]))
         self._set_plan(self.make_plan(attempt, nodes, rdzv_host, resume))
 
         # each command's bound is the job's (a slow node, a saturated host gets what the job allows); a node's
@@ -193,22 +166,6 @@ class ClusterOps:
         self.attach(attempt)
         return Started(nodes={n: started[n] for n in nodes})
 
-    def _ask_infiniband(self, nodes: Sequence[str]) -> None:
-        """``clusterctl_infiniband: auto``: does each container node not asked yet have /dev/infiniband/uverbs*?
-        One short command per node, once (a node that does not answer is asked again at its next start). Not asked
-        of CPU hosts (``clusterctl_gpus: 0``): gloo does not use the verbs devices."""
-        todo = [self.hosts[n] for n in nodes if n not in self._infiniband and self.hosts[n].infiniband is None
-                and self.hosts[n].gpus != 0 and self.runtime(n).containerized]
-        if not todo:
-            return
-
-        def ask(host: Host) -> bool:
-            return self.run(host.name, ["sh", "-c", HAS_INFINIBAND], timeout=self.probe_timeout_s).exit_code == 0
-
-        for r in fan_out(todo, ask, host_timeout=self.options.connect_timeout + self.probe_timeout_s + 5):
-            if r.ok:
-                self._infiniband[r.host.name] = r.value
-
     def observe(self, attempt: int, nodes: Sequence[str], *, watch: bool = True,
                 deadline_s: float | None = None) -> list[Observation]:
         """One probe round (``probe.observe``); a node found unreachable is asked over a fresh connection next."""
@@ -225,75 +182,33 @@ class ClusterOps:
         return runtimes.Ref(name or runtimes.container_name(self.job_id, node), ndir,
                             self.runtime(node).log_path(ndir), self.job_id)
 
+    # the diagnoses (``diagnose``: each over this plumbing) and Slurm's view of the nodes
     def read_log(self, node: str, attempt: int, timeout: float, on_data: Callable[[bytes], None]) -> None:
-        """The node's own log of ``attempt``, whole (stdout and stderr), passed to ``on_data`` in pieces as it comes
-        (a stream: at most 64 KiB at a time in memory; ``run`` held it whole, or over SSH only its last 8 MiB):
-        what ``logs`` and ``resume`` complete the controller's copy from. ``CommandTimeout`` after ``timeout``."""
-        argv = self.runtime(node).logs_argv(self.ref(node, attempt))
-        stream = open_stream(self.transport(node), ["sh", "-c", '"$@" 2>&1', "clusterctl-logs", *argv])
-        deadline = time.monotonic() + timeout
-        try:
-            while (data := stream.read()) != b"":
-                if data:
-                    on_data(data)
-                elif (left := deadline - time.monotonic()) <= 0:
-                    raise CommandTimeout(node, f"reading its log took over {timeout:g}s")
-                else:
-                    readable(stream.fileno(), min(left, 0.5))
-        finally:
-            stream.close()
+        probe.read_log(self, node, attempt, timeout, on_data)
 
     def socket_fallback(self, attempt: int) -> list[tuple[str, str]]:
-        """(node, line) for each node of ``attempt`` with InfiniBand on (the plan) whose NCCL said it uses sockets
-        (``causes.nccl_network`` over the lines a grep of its log finds; one bounded command per such node)."""
-        if self._plan is None or self._plan.attempt != attempt:
-            return []
-
-        def look(host: Host) -> tuple[str, str] | None:
-            argv = self.runtime(host.name).logs_argv(self.ref(host.name, attempt))
-            r = self.run(host.name, ["sh", "-c", '"$@" 2>&1 | grep -m 50 -E "NCCL INFO (Using network|NET/)"',
-                                      "clusterctl-net", *argv], timeout=self.probe_timeout_s)
-            got = causes.nccl_network(causes.node_lines(r.stdout, host.name))
-            return (host.name, got[1]) if got and got[0].lower() == "socket" else None
-
-        ib = [self.hosts[n.host] for n in self._plan.nodes if n.infiniband]
-        return [r.value for r in fan_out(ib, look, host_timeout=self.probe_timeout_s + 5) if r.ok and r.value]
+        return diagnose.socket_fallback(self, attempt)
 
     def startup(self, attempt: int) -> tuple[str, str] | None:
-        """Where ``attempt``'s start-up stands (``observe.startup``): the nodes whose torchrun agent reached the
-        rendezvous (distinct peers connected to the c10d store's port on the rendezvous host: one bounded ``ss``
-        there, asked only until a rank printed), the ranks that printed (the log copy), its first ``step N``."""
-        plan = self._plan
-        if plan is None or plan.attempt != attempt:
-            return None
-        ranks = sum(self.sink.ranks(n.host) for n in plan.nodes)
-        world = sum(n.nproc for n in plan.nodes)
-        step = self.first_step(attempt) if self.first_step is not None else None
-        joined = None
-        if not ranks and step is None:
-            rdzv = next(n.host for n in plan.nodes if n.is_rdzv_host)
-            port = plan.rdzv_endpoint.rsplit(":", 1)[-1]
-            try:
-                r = self.run(rdzv, ["ss", "-Htn", "state", "established", f"( sport = :{port} )"],
-                              timeout=self.probe_timeout_s)
-                joined = rendezvous_peers(r.stdout) if r.ok else None
-            except TransportError:
-                pass
-        return startup(len(plan.nodes), joined, ranks, world, step)
+        return diagnose.startup(self, attempt)
 
     def gpu_check(self, nodes: Sequence[str]) -> dict[str, str]:
-        """{node: why} for each of ``nodes`` that fails the GPU part of launch's quick preflight (gpu_driver,
-        gpu_count, gpu_health: ``checks.registry.GPU_CHECKS``, one probe per node over a fresh connection); a node
-        that passes is absent. What a node left out for a GPU error passes before it is used again."""
-        from clusterctl.checks.job import PreflightJob
-        from clusterctl.checks.preflight import run_preflight
-        from clusterctl.checks.registry import GPU_CHECKS
+        return diagnose.gpu_check(self, nodes)
 
-        report = run_preflight([self.hosts[n] for n in nodes], connect=lambda h: self.connect(h, self.options),
-                               job=PreflightJob.from_spec(self.spec), only=GPU_CHECKS)
-        return {h.host: "; ".join(f"{c.id}: {c.detail}" + (f" (fix: {c.hint})" if c.hint else "")
-                                  for c in h.checks if c.status == "fail")
-                for h in report.hosts if any(c.status == "fail" for c in h.checks)}
+    def rank_views(self, attempt: int) -> dict[str, dict[int, RankView]]:
+        return rankwatch.rank_views(self._watches, list(self._plan_nodes), attempt)
+
+    def dump_ranks(self, attempt: int, nodes: Sequence[str], dest_dir: str) -> dict[str, str]:
+        return diagnose.dump_ranks(self, attempt, nodes, dest_dir)
+
+    def stacks(self, attempt: int, nodes: Sequence[str]) -> str:
+        return diagnose.stacks(self, attempt, nodes)
+
+    def slurm_drained(self, nodes: Sequence[str]) -> set[str]:
+        return slurm_nodes.drained_among(self.hosts.values(), nodes)
+
+    def slurm_drain(self, node: str, reason: str) -> tuple[bool, str]:
+        return slurm_nodes.drain_if_under(self.hosts.values(), node, reason)
 
     def checkpoint_hint(self) -> int | None:
         """The newest checkpoint step any watch has seen on the shared storage (cheap, unverified)."""
@@ -306,17 +221,6 @@ class ClusterOps:
             runtimes.watch_argv(self.runtime(node), self._plan_node(node), self.spec.checkpoint.dir,
                                 runtimes.view_dir(self._plan_node(node).node_dir))
             if self._plan else None))
-
-    def rank_views(self, attempt: int) -> dict[str, dict[int, RankView]]:
-        """node -> rank -> what every rank of ``attempt`` is doing, as the watches last heard it (``rankwatch``)."""
-        return rankwatch.rank_views(self._watches, list(self._plan_nodes), attempt)
-
-    def dump_ranks(self, attempt: int, nodes: Sequence[str], dest_dir: str) -> dict[str, str]:
-        """Every rank's flight-recorder dump and stack copied into ``dest_dir`` (``rankwatch.dump_ranks``, one
-        bounded command per node); node -> why not, for the nodes that sent less."""
-        views = {n: runtimes.view_dir(self.ref(n, attempt).node_dir) for n in nodes}
-        return rankwatch.dump_ranks(lambda n, argv, timeout: self.run(n, argv, timeout=timeout), views,
-                                    self.hosts, dest_dir, connect_timeout_s=self.options.connect_timeout)
 
     def wait_for_change(self, seconds: float) -> bool:
         """Sleep between probe rounds; wake early when a watched process ends (True then)."""
@@ -361,33 +265,6 @@ class ClusterOps:
     def known(self, nodes: Sequence[str]) -> list[str]:
         """``nodes`` that are hosts of the job's record (one `resume --exclude` took out has no address)."""
         return [n for n in nodes if n in self.hosts]
-
-    def under_slurm(self) -> bool:
-        return any(h.connection == "srun" for h in self.hosts.values()) or bool(os.environ.get("SLURM_JOB_ID"))
-
-    def slurm_drained(self, nodes: Sequence[str]) -> set[str]:
-        """Under Slurm: those of ``nodes`` that Slurm reports drained, down or not responding (relaunches skip
-        them); an unanswered ``scontrol`` skips none."""
-        if not self.under_slurm():
-            return set()
-        from clusterctl.errors import UserError
-        from clusterctl.slurm import allocation as slurm
-
-        try:
-            return slurm.drained(slurm.node_records(list(nodes))) & set(nodes)
-        except UserError:
-            return set()
-
-    def slurm_drain(self, node: str, reason: str) -> tuple[bool, str]:
-        from clusterctl.errors import UserError
-        from clusterctl.slurm import allocation as slurm
-
-        if not self.under_slurm():
-            return False, "the job does not run under Slurm"
-        try:
-            return slurm.drain(node, reason)
-        except UserError as e:
-            return False, str(e)
 
     def reachable(self, nodes: Sequence[str]) -> list[str]:
         """The nodes that run a command now. A node that failed its last probe is asked over a fresh connection:
@@ -456,19 +333,6 @@ class ClusterOps:
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0 and not self.stop_requested():
             time.sleep(min(left, poll_s))
-
-    def stacks(self, attempt: int, nodes: Sequence[str]) -> str:
-        """Where every rank waits (py-spy, see ``stacks``): one line per group of ranks; the full stacks are kept
-        as JSON in the job's directory (``stacks-<attempt>.json``)."""
-        from clusterctl.launch import stacks
-
-        found, errors = stacks.collect(nodes, lambda n: lambda argv, **kw: self.run(n, argv, **kw),
-                                       self.job_id, attempt, host_timeout=60)
-        try:
-            paths.write_private(self.sink.path.parent / f"stacks-{attempt}.json", stacks.dump_json(found, errors))
-        except OSError:
-            pass
-        return stacks.hang_record(found, errors)
 
     # ------------------------------------------------------------------------------------------ logs
     def _follow(self, attempt: int, node: str) -> None:

@@ -7,15 +7,18 @@ GPU Xid say why. ``ClusterOps.observe`` calls ``observe`` here and keeps the nod
 from __future__ import annotations
 
 import sys
+import time
 import traceback
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from clusterctl.errors import TransportError
+from clusterctl.errors import CommandTimeout, TransportError
 from clusterctl.launch import runtimes
 from clusterctl.model import causes
 from clusterctl.model.verdicts import Observation
 from clusterctl.supervise.observe import Confirm, Explain, interpret
 from clusterctl.transport import fan_out
+from clusterctl.transport.base import readable
+from clusterctl.transport.streams import open_stream
 
 if TYPE_CHECKING:
     from clusterctl.supervise.cluster_ops import ClusterOps
@@ -141,3 +144,42 @@ def init_gone(ops: ClusterOps, node: str, argv: list[str]) -> bool:
     """``observe.Confirm``: is the init process of a container the runtime lists as running gone? (one
     command, the runtime's ``init_gone_argv``: exit 3)."""
     return ops.run(node, argv, timeout=ops.probe_timeout_s).exit_code == 3
+
+
+# exit 0 when the node has InfiniBand verbs devices (clusterctl_infiniband: auto); a glob, no process per file
+HAS_INFINIBAND = 'for f in /dev/infiniband/uverbs*; do [ -e "$f" ] && exit 0; done; exit 1'
+
+
+def infiniband(ops: ClusterOps, nodes: Sequence[str]) -> dict[str, bool]:
+    """``clusterctl_infiniband: auto``: node -> has /dev/infiniband/uverbs*, for each container node of ``nodes``.
+    One short command per node (one that does not answer is absent: asked again at its next start). Not asked of
+    CPU hosts (``clusterctl_gpus: 0``): gloo does not use the verbs devices."""
+    todo = [ops.hosts[n] for n in nodes if ops.hosts[n].infiniband is None and ops.hosts[n].gpus != 0
+            and ops.runtime(n).containerized]
+    if not todo:
+        return {}
+
+    def ask(host) -> bool:
+        return ops.run(host.name, ["sh", "-c", HAS_INFINIBAND], timeout=ops.probe_timeout_s).exit_code == 0
+
+    return {r.host.name: r.value for r in fan_out(todo, ask, host_timeout=ops.options.connect_timeout
+                                                  + ops.probe_timeout_s + 5) if r.ok}
+
+
+def read_log(ops: ClusterOps, node: str, attempt: int, timeout: float, on_data: Callable[[bytes], None]) -> None:
+    """The node's own log of ``attempt``, whole (stdout and stderr), passed to ``on_data`` in pieces as it comes
+    (a stream: at most 64 KiB at a time in memory; ``run`` held it whole, or over SSH only its last 8 MiB):
+    what ``logs`` and ``resume`` complete the controller's copy from. ``CommandTimeout`` after ``timeout``."""
+    argv = ops.runtime(node).logs_argv(ops.ref(node, attempt))
+    stream = open_stream(ops.transport(node), ["sh", "-c", '"$@" 2>&1', "clusterctl-logs", *argv])
+    deadline = time.monotonic() + timeout
+    try:
+        while (data := stream.read()) != b"":
+            if data:
+                on_data(data)
+            elif (left := deadline - time.monotonic()) <= 0:
+                raise CommandTimeout(node, f"reading its log took over {timeout:g}s")
+            else:
+                readable(stream.fileno(), min(left, 0.5))
+    finally:
+        stream.close()

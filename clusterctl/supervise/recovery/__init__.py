@@ -4,7 +4,8 @@ A strategy is one module, ``clusterctl/supervise/recovery/<name>.py``, whose ``S
 and one registry line: its name in ``config.spec.RECOVERIES`` (the job schema's ``recovery:`` choices come from
 it). ``ClusterOps.start`` removes the previous attempt's leftovers, then hands each node to the job's strategy;
 ``ClusterOps.stop`` of every attempt (and the job's end, ``teardown``) asks it to remove what it keeps on a node.
-``cold``: every start is fresh; ``warm``: a zygote per node that relaunches fork from (docs/design.md).
+``cold``: every start is fresh; ``warm``: a zygote per node that relaunches fork from (docs/design.md). Here too:
+what a start or stop that failed on a node is, as a value (``node_error``: ``model.verdicts.NodeError``).
 """
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from clusterctl import checkpoint as checkpoint_mod
 from clusterctl.config.spec import RECOVERIES
+from clusterctl.errors import CommandTimeout, DeadlineExceeded, TransportError
 from clusterctl.launch import runtimes
 from clusterctl.launch.plan import NODE_MODULES, NodePlan, checkpoint_installer
-from clusterctl.transport import CommandResult
+from clusterctl.model.verdicts import ErrorKind, NodeError
+from clusterctl.transport import CommandResult, HostResult
 
 # `from clusterctl import checkpoint` works on every node, in containers too (see plan.checkpoint_installer)
 _PKG = Path(checkpoint_mod.__file__).parent
@@ -27,6 +30,24 @@ CHECKPOINT_INSTALLER = checkpoint_installer((_PKG / "checkpoint.py").read_text()
 
 class CommandFailed(RuntimeError):
     """A node ran a start/stop command and it failed; the message is the command's own error (its tail)."""
+
+
+def node_error(node: str, error: BaseException) -> NodeError:
+    """A start/stop failure as a value: its kind from the exception, its text as before (``str(error)``)."""
+    if isinstance(error, (DeadlineExceeded, CommandTimeout)):
+        kind = ErrorKind.TIMEOUT
+    elif isinstance(error, TransportError):
+        kind = ErrorKind.UNREACHABLE
+    elif isinstance(error, CommandFailed):
+        kind = ErrorKind.COMMAND_FAILED
+    else:
+        kind = ErrorKind.ERROR
+    return NodeError(node, kind, str(error))
+
+
+def node_errors(results: Sequence[HostResult]) -> dict[str, NodeError]:
+    """The failed hosts of a fan-out, by name."""
+    return {r.host.name: node_error(r.host.name, r.error) for r in results if r.error is not None}
 
 
 def what_failed(r: CommandResult) -> str:

@@ -10,7 +10,8 @@ from clusterctl.errors import CommandTimeout, ConnectError, DeadlineExceeded
 from clusterctl.launch import runtimes
 from clusterctl.model.verdicts import ErrorKind, NodeError, Started
 from clusterctl.store.logcopy import LogSink
-from clusterctl.supervise.cluster_ops import ClusterOps, CommandFailed, node_error
+from clusterctl.supervise.cluster_ops import ClusterOps
+from clusterctl.supervise.recovery import CommandFailed, node_error
 from clusterctl.transport.base import CommandResult
 
 JOB = """

@@ -8,7 +8,8 @@ from clusterctl.config.inventory import Host
 from clusterctl.config.spec import loads_job
 from clusterctl.model import causes
 from clusterctl.store.logcopy import LogSink
-from clusterctl.supervise.cluster_ops import HAS_INFINIBAND, ClusterOps
+from clusterctl.supervise.cluster_ops import ClusterOps
+from clusterctl.supervise.probe import HAS_INFINIBAND
 from clusterctl.supervise.probe import xid
 from clusterctl.transport.base import CommandResult
 from tests.unit.supervise.test_cluster_ops import JOB, Mux, Store
