@@ -324,3 +324,47 @@ def test_pyprojects_package_list_names_every_package():
     listed = set(tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(PKG.parent).parts) for p in PKG.rglob("__init__.py")}
     assert found - listed == set()
+
+
+def test_dropping_warm_recovery_is_its_module_and_its_registry_line(tmp_path):
+    """Issue 36's target, done in a copy of the package: ``supervise/recovery/warm.py`` deleted and ``"warm"``
+    taken out of ``RECOVERIES``, every module still imports, the schema offers ``cold`` alone (its default), a job
+    that asks for warm is refused, and a plan gives every node its cold path."""
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "clusterctl"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "supervise" / "recovery" / "warm.py").unlink()
+    spec = copy / "config" / "spec.py"
+    text = spec.read_text()
+    assert 'RECOVERIES = ("warm", "cold")' in text
+    spec.write_text(text.replace('RECOVERIES = ("warm", "cold")', 'RECOVERIES = ("cold",)'))
+    script = r'''
+import importlib, pkgutil, clusterctl
+for m in pkgutil.walk_packages(clusterctl.__path__, "clusterctl."):
+    if not m.name.endswith("__main__"):      # a command line: it runs when imported
+        importlib.import_module(m.name)
+from clusterctl.config.inventory import Host
+from clusterctl.config.spec import JobSpec, loads_job
+from clusterctl.errors import InputError
+from clusterctl.launch.plan import build_plan
+from clusterctl.supervise import recovery
+prop = JobSpec.model_json_schema()["properties"]["recovery"]
+assert prop.get("enum", [prop.get("const")]) == ["cold"] and prop["default"] == "cold", prop   # one name: "const"
+job = "name: j\nimage: img\nnodes: 2\nnproc_per_node: 1\nscript: t.py\n"
+spec = loads_job(job, "job.yaml")
+assert spec.recovery == "cold" and recovery.get("cold") is not None
+try:
+    loads_job(job + "recovery: warm\n", "job.yaml")
+    raise SystemExit("recovery: warm was accepted")
+except InputError as e:
+    assert "recovery" in str(e), e
+hosts = [Host("a", "10.0.0.1", runtime="podman"), Host("b", "10.0.0.2", runtime="podman")]
+plan = build_plan(spec, hosts, job_id="j-1", attempt=2, rdzv_host=hosts[0])
+assert all(not n.warm_argv and not n.zygote_argv and n.cold_why for n in plan.nodes)
+print("ok")
+'''
+    r = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout.strip()) == (0, "ok"), r.stderr[-3000:]
