@@ -146,7 +146,10 @@ def test_a_first_attempt_starts_with_one_command_per_node_a_relaunch_removes_lef
         recovery = _modes(ops.start(1, list(HOSTS), "n1", ("", 0)))
         assert [len(n.runs) for n in nodes.values()] == [1, 1, 1] and all(n.runs[0] != remove for n in nodes.values())
         recovery = _modes(ops.start(2, list(HOSTS), "n1", ("", 0)))
-        assert all(n.runs[1] == remove and len(n.runs) == 3 for n in nodes.values())
+        assert all(n.runs[1] == remove and len(n.runs) == 3 for n in nodes.values())   # no ping, no zygote
+        assert recovery == {n: ("cold", "recovery: cold in the job") for n in HOSTS}    # the cold strategy's why
+        assert ops.stop(None, list(HOSTS)) == {}
+        assert all(n.runs[-1] == remove for n in nodes.values())       # it keeps nothing on a node to remove
     finally:
         ops.close()
 
