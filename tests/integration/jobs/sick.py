@@ -1,6 +1,7 @@
 """A DDP job that gets sick, not dead (issue 37): at step ``--at`` of attempt ``--attempt``, rank ``--rank`` does
 ``--fault`` while every other rank goes on into DDP's all-reduce (comma-separated faults and steps: one after the
-other, as ``--fault busy,sleep --at 5,10``; a fault ``A:KIND`` is attempt A's, as ``--fault 1:sigstop,2:other``):
+other, as ``--fault busy,sleep --at 5,10``; a fault ``A:KIND`` is attempt A's, as ``--fault 1:sigstop,2:other``;
+``KIND@R`` is rank R's, not ``--rank``'s, as ``--fault 1:gilbusy@0,1:sleep@1``):
 
     sleep     blocks forever in its own code (time.sleep)
     fifo      blocks reading a FIFO nobody writes (open() of ``--fifo``)
@@ -9,6 +10,8 @@ other, as ``--fault busy,sleep --at 5,10``; a fault ``A:KIND`` is attempt A's, a
     skip      skips the step's collectives (DDP no_sync + no loss all_reduce), then waits in the next one: one
               sequence number ahead of its peers... which never come
     busy      computes silently for ``--busy-s`` seconds (CPU advancing, no output), then trains on: no hang
+    gilbusy   the same in C calls that hold the GIL (``sum(range(N))``, ~10 s each): its monitor thread cannot
+              write its view; the node reads its CPU from outside (runtimes.RANK_OS): no hang either
     slow      runs every step ``--slow`` times slower from then on (a straggler), to the end
 
 Every rank prints ``step N`` and rank 0 appends {"step", "attempt", "time"} to ``--record``. Later attempts run
@@ -48,7 +51,6 @@ def main():
     rank = dist.get_rank()
     attempt = int(os.environ.get("CLUSTERCTL_ATTEMPT", "1"))
     start = 0
-    faulty = rank == a.rank
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(64, 64))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -57,10 +59,11 @@ def main():
     faults = {}
     for at, f in zip((int(x) for x in a.at.split(",")), a.fault.split(",")):
         when, _, kind = f.rpartition(":")
-        if int(when or a.attempt) == attempt:
+        kind, _, who = kind.partition("@")
+        if int(when or a.attempt) == attempt and int(who or a.rank) == rank:
             faults[at] = kind
     for step in range(start + 1, a.steps + 1):
-        fault = faults.get(step) if faulty else None
+        fault = faults.get(step)
         if fault:
             print(f"rank {rank}: {fault} at step {step}", flush=True)
             if a.mark:          # the last fault's, and each attempt's (MARK.<attempt>)
@@ -90,6 +93,13 @@ def main():
                 m = torch.randn(256, 256)
                 while time.monotonic() < end:
                     m = torch.tanh(m @ m)
+            elif fault == "gilbusy":
+                t = time.monotonic()
+                sum(range(1_000_000))
+                rate = 1_000_000 / max(1e-3, time.monotonic() - t)
+                end = time.monotonic() + a.busy_s
+                while (left := end - time.monotonic()) > 0.5:
+                    sum(range(int(rate * min(10.0, left))))      # one C call holding the GIL
             elif fault == "slow":
                 slow = a.slow
         t0 = time.monotonic()
