@@ -4,14 +4,14 @@ scaled by ``--scale``). The sick rank's peers go on into DDP's all-reduce and wa
 
     compute   computes silently (torch matmuls, no output) for the phase's length, then trains on
     pyloop    computes silently in a pure Python loop (holds the GIL, lets it go every switch interval)
-    gilcall   computes silently in long C calls that hold the GIL (``sum(range(N))``, ~20 s each): its monitor
+    gilcall   computes silently in long C calls that hold the GIL (``sum(range(N))``, ~10 s each): its monitor
               thread cannot write its view; only what the node reads of it from outside says it computes
     ckpt      writes a checkpoint slowly (1 MiB then a 0.5 s pause, ``fsync`` each: a slow NFS), then trains on
     slow      runs every step at half speed (a straggler at 0.5x) for the phase's length
 
 The sick rank appends ``{"phase", "rank", "node", "start", "end"}`` (wall times) to ``--phases``; rank 0 appends
-``{"step", "attempt", "time"}`` to ``--record`` every step. Every rank prints ``step N`` every 50 steps only
-(a silent phase is silent for the whole job).
+``{"step", "attempt", "time"}`` to ``--record`` every step. Every rank prints ``step N`` every 10 steps (a
+silent phase is silent for the whole job; ``hang_timeout_s``, 300 s without output, still applies, as it should).
 """
 import argparse
 import datetime
@@ -37,7 +37,7 @@ def gil_rate() -> float:
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--duration", type=float, default=1740.0)
+    p.add_argument("--duration", type=float, default=1620.0)
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--step-time", type=float, default=0.2)
     p.add_argument("--record", required=True)
@@ -75,7 +75,9 @@ def main():
             elif kind == "gilcall":
                 rate = gil_rate()
                 while (left := end - time.monotonic()) > 1:
-                    sum(range(int(rate * min(20.0, left))))      # one C call holding the GIL
+                    n, t = int(rate * min(10.0, left - 0.5)), time.monotonic()
+                    sum(range(n))                                 # one C call holding the GIL (~10 s)
+                    rate = n / max(1e-3, time.monotonic() - t)    # as fast as the node lets it now
             elif kind == "ckpt":
                 os.makedirs(a.ckpt_dir, exist_ok=True)
                 with open(os.path.join(a.ckpt_dir, f"slow-{rank}.pt"), "wb") as f:
@@ -103,7 +105,7 @@ def main():
                 m = torch.tanh(m @ m)
         done = torch.tensor([float(time.time() - t0 >= a.duration * a.scale)])
         dist.all_reduce(done, op=dist.ReduceOp.MAX)      # every rank stops at the same step
-        if step % 50 == 0:
+        if step % 10 == 0:
             print(f"step {step}", flush=True)
         if rank == 0:
             with open(a.record, "a") as f:

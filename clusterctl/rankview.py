@@ -328,7 +328,10 @@ class Monitor:
         self.colls_at = self.started
         # (t, cpu, io, stack, main thread running) over RECENT_S
         self.samples: list[tuple[float, float, int | None, str, bool]] = []
-        self.main_tid = threading.main_thread().native_id
+        # the main thread's kernel tid: its own when this runs in it (a forked warm rank's main thread keeps the
+        # zygote's native_id in `threading`: Python 3.11 does not update it after fork)
+        self.main_tid = threading.get_native_id() if threading.current_thread() is threading.main_thread() \
+            else threading.main_thread().native_id
         self.arrivals: list[list[int]] | None = None
         self.arrivals_at: float | None = None
         self.waiting: dict | None = None

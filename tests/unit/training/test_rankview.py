@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import signal
 import socket
 import subprocess
@@ -468,3 +469,17 @@ def test_a_gpu_ranks_dump_is_ncclss_flight_record_which_torchs_analyzer_reads(tm
     assert d["nccl_version"] == "2.27.5" and [e["profiling_name"] for e in d["entries"]] == ["nccl:all_reduce"] * 5
     assert d["pg_config"]["0"]["ranks"] == "[0, 1, 2, 3]"     # NCCL's own config kept: the analyzer's key
     assert (tmp_path / "d" / "stack-2.txt").read_text().startswith("rank 2 pid ")
+
+
+def test_a_forked_ranks_monitor_looks_at_its_own_main_thread(tmp_path):
+    """A warm rank is forked by the zygote: Python keeps the parent's tid as the main thread's native_id in the
+    child, so /proc/self/task/<that tid> is not there and the rank never read as running (the soak: a warm rank
+    computing at load 50 was still, and a hang)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        m = rankview.Monitor(str(tmp_path), rank=0, local_rank=0, progress=rankview.Progress())
+        os.write(w, b"1" if m.main_tid == threading.get_native_id() and m.main_running() else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1"
