@@ -19,7 +19,7 @@ from clusterctl.model import budget, causes
 from clusterctl.model.ranks import RankView
 from clusterctl.model.events import EventKind, Relaunch, StragglerSeen
 from clusterctl.model.verdicts import INFRA, Decision, NodeError, Observation, Started, Verdict, node_state
-from clusterctl.store.ledger import Ledger, note
+from clusterctl.store.ledger import Ledger, Note, note
 from clusterctl.store.state import ACTIVE_STATES, InvalidTransition, JobState, Store, StoreError
 from clusterctl.supervise import jobdir
 from clusterctl.supervise.ranklook import Look, RankWatch
@@ -34,7 +34,7 @@ GPU_RECHECK_S = 10.0    # a node left out for a GPU error whose GPU check failed
 class Charged:
     """A failure charged to a budget, recorded with the attempt's end: its ``progress``/``budget`` notes, the
     budget's new use (infra?, used) and, when that exhausts it, the job's end reason."""
-    notes: list
+    notes: list[Note]
     budget: tuple[bool, int]
     exhausted: str | None = None
 
@@ -764,7 +764,7 @@ class Supervisor:
         return Charged(notes, (kind == budget.INFRA, used), exhausted)
 
     @staticmethod
-    def _said(charged: Charged | None) -> list:
+    def _said(charged: Charged | None) -> list[Note]:
         return list(charged.notes) if charged is not None else []
 
     def _tell(self, charged: Charged | None) -> None:
