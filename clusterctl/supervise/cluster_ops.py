@@ -2,6 +2,9 @@
 
 One persistent transport per node (reconnected after a failure), every remote call with a timeout, and all
 per-node work fanned out in parallel. A start that fails on some nodes removes what it started on the others.
+ClusterOps is the plumbing (pool, watches, plan, ``run``/``runtime``/``ref``), start (each node by the job's
+``recovery`` strategy), stop, reachability and checkpoint lookup; the probe round is ``probe``, the diagnoses
+``diagnose``. It writes nothing: ``start`` returns ``Started``, which the supervisor's ledger writes.
 """
 from __future__ import annotations
 
