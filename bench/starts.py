@@ -95,8 +95,19 @@ def with_env(needle: str) -> list[int]:
     return sorted({q for p in found for q in tree(p)})
 
 
+def cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` so far (None when it is gone)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def stacks(pids: list[int]) -> str:
-    out = []
+    """Each process's stacks, then the CPU seconds each used while they were taken: a start whose ranks still
+    advance is starved (slow), one whose ranks all stand still is deadlocked."""
+    out, before, t0 = [], {pid: cpu_s(pid) for pid in pids}, time.monotonic()
     for pid in pids:
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
@@ -114,6 +125,8 @@ def stacks(pids: list[int]) -> str:
             out.append("wchan: " + open(f"/proc/{pid}/wchan").read())
         except OSError:
             pass
+    out.append(f"===== CPU seconds of each process over the {time.monotonic() - t0:.0f} s the stacks took")
+    out += [f"pid {pid}: {before[pid]} -> {cpu_s(pid)}" for pid in pids]
     return "\n".join(out)
 
 

@@ -95,3 +95,19 @@ def test_ports_never_hand_out_one_in_flight_and_the_longest_free_comes_first():
     a, b = ports.take(), ports.take()
     ports.give(a)
     assert (a, b) == (100, 101) and [ports.take(), ports.take()] == [102, 100] and not ports.free
+
+
+def test_a_stuck_starts_stacks_end_with_the_cpu_each_process_used_while_they_were_taken(monkeypatch):
+    starts = _starts()
+    monkeypatch.setattr(starts, "PY_SPY", None)
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(1.0)
+        assert starts.cpu_s(spin.pid) > 0.2 and starts.cpu_s(idle.pid) < 0.2
+        text = starts.stacks([spin.pid, idle.pid])
+    finally:
+        spin.kill(), idle.kill(), spin.wait(), idle.wait()
+    assert f"===== pid {spin.pid}: " in text and "CPU seconds of each process" in text
+    assert f"pid {idle.pid}: " in text.rsplit("CPU seconds", 1)[1]
+    assert starts.cpu_s(spin.pid) is None                   # gone
