@@ -189,7 +189,10 @@ class Local(Child):
             f"env: {{OMP_NUM_THREADS: '1'}}\nrendezvous: {{port: {port}, join_timeout: 60, "
             f"last_call_timeout: 1}}\nrestarts: {{max_restarts: 0, max_failures: 0}}\n"
             f"supervisor: {{probe_interval_s: 1}}\n")
-        env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "CLUSTERCTL_STATE_DIR": str(self.state)}
+        # PYTHONPATH: this checkout's clusterctl, not the editable install's (another tree, which may change
+        # under a run: one start of a run here imported a module of /work/main from before a merge, one after)
+        env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "CLUSTERCTL_STATE_DIR": str(self.state),
+               "PYTHONPATH": str(common.ROOT)}
         self.env = env
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "clusterctl.cli", "--state-dir", str(self.state),
