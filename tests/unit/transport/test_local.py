@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import time
-import tracemalloc
 
 import pytest
 
 from clusterctl.config.inventory import Host
 from clusterctl.errors import CommandTimeout
 from clusterctl.transport import ConnectOptions
-from clusterctl.transport.base import MAX_OUTPUT
+from tests.unit.transport.bounded import assert_keeps_the_last_8_mib
 from clusterctl.transport.local import LocalTransport
 
 
@@ -22,18 +21,7 @@ def transport():
 
 
 def test_100_mb_of_output_keeps_the_last_8_mib_and_memory_bounded(transport):
-    script = ('head -c 100000000 /dev/zero | tr "\\0" x; echo; echo END-OF-OUT; '
-              'head -c 20000000 /dev/zero | tr "\\0" y >&2; echo >&2; echo END-OF-ERR >&2')
-    tracemalloc.start()
-    try:
-        r = transport.run(["sh", "-c", script], timeout=120)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert r.ok, r.stderr[-200:]
-    assert len(r.stdout) == MAX_OUTPUT and r.stdout.endswith("xxx\nEND-OF-OUT\n")
-    assert len(r.stderr) == MAX_OUTPUT and r.stderr.endswith("yyy\nEND-OF-ERR\n")
-    assert peak < 5 * MAX_OUTPUT, f"peak {peak / 2**20:.0f} MiB"
+    assert_keeps_the_last_8_mib(transport, 100, 20)
 
 
 def test_stdin_exit_code_missing_command_and_deadline(transport):

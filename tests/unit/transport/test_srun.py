@@ -4,7 +4,6 @@ step): output stays bounded in memory, stdin and the deadline hold, and srun's s
 from __future__ import annotations
 
 import time
-import tracemalloc
 
 import pytest
 
@@ -12,7 +11,7 @@ from clusterctl.config.inventory import Host
 from clusterctl.errors import CommandTimeout, TransportError
 from clusterctl.slurm import allocation as slurm
 from clusterctl.transport import ConnectOptions, srun
-from clusterctl.transport.base import MAX_OUTPUT
+from tests.unit.transport.bounded import assert_keeps_the_last_8_mib
 
 # srun's options end at `--`; the step is what follows (srun's own `srun: error:` lines come on its stderr)
 STUB = '#!/bin/sh\nwhile [ "$#" -gt 0 ] && [ "$1" != "--" ]; do shift; done\nshift\nexec "$@"\n'
@@ -30,18 +29,7 @@ def transport(tmp_path, monkeypatch):
 
 def test_200_mb_of_output_keeps_the_last_8_mib_and_memory_bounded(transport):
     """srun's pipes were read with ``communicate()``: 200 MB of output took the process to 589 MiB."""
-    script = ('head -c 200000000 /dev/zero | tr "\\0" x; echo; echo END-OF-OUT; '
-              'head -c 30000000 /dev/zero | tr "\\0" y >&2; echo >&2; echo END-OF-ERR >&2')
-    tracemalloc.start()
-    try:
-        r = transport.run(["sh", "-c", script], timeout=120)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert r.ok, r.stderr[-200:]
-    assert len(r.stdout) == MAX_OUTPUT and r.stdout.endswith("xxx\nEND-OF-OUT\n")
-    assert len(r.stderr) == MAX_OUTPUT and r.stderr.endswith("yyy\nEND-OF-ERR\n")
-    assert peak < 5 * MAX_OUTPUT, f"peak {peak / 2**20:.0f} MiB"       # the two tails and their decoded copies
+    assert_keeps_the_last_8_mib(transport, 200, 30)
 
 
 def test_stdin_exit_code_and_deadline(transport):
