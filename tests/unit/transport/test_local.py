@@ -10,8 +10,8 @@ import pytest
 from clusterctl.config.inventory import Host
 from clusterctl.errors import CommandTimeout
 from clusterctl.transport import ConnectOptions
-from tests.unit.transport.bounded import assert_keeps_the_last_8_mib
 from clusterctl.transport.local import LocalTransport
+from tests.unit.transport.bounded import assert_keeps_the_last_8_mib
 
 
 @pytest.fixture
