@@ -1,8 +1,9 @@
 """The rank view: what each rank of a job is doing, written once a second to a small file the node's watch reads.
 
 Shipped to the nodes beside ``checkpoint.py`` (``plan.NODE_MODULES``); stdlib only at import, imports no other
-clusterctl module; torch is only used where the rank already imported it. Every rank the launcher starts, cold
-(torchrun's entry) or warm (the zygote's ``rank`` kind), runs through it::
+clusterctl module; torch is only used where the rank already imported it (the monitor's thread imports nothing
+and never waits on an import lock: a torch module the main thread is still importing is left alone). Every rank
+the launcher starts, cold (torchrun's entry) or warm (the zygote's ``rank`` kind), runs through it::
 
     python -m clusterctl.rankview SCRIPT ARGS...      # as `python SCRIPT ARGS...`
     python -m clusterctl.rankview -m MODULE ARGS...   # as `python -m MODULE ARGS...`
@@ -202,13 +203,20 @@ class NcclRecorder:
 _nccl_seen = False
 
 
+def _importing(name: str) -> bool:
+    """Is module ``name`` being imported now (in ``sys.modules``, its code still running in another thread: the
+    rank's main thread, which holds its import lock)? The monitor then leaves it alone: it never waits on an import
+    lock (a cold rank at load 50 takes a minute to import torch) nor calls into a half-built module."""
+    return bool(getattr(getattr(sys.modules.get(name), "__spec__", None), "_initializing", False))
+
+
 def _fr():
-    """torch's flight-recorder dumps in this process, or None (no torch imported, an old torch): NCCL's once it
-    recorded a collective (a GPU job: its default group is NCCL's; from then on only NCCL's groups are seen),
-    else the generic one (gloo)."""
+    """torch's flight-recorder dumps in this process, or None (no torch imported, an old torch, torch.distributed
+    still being imported: no process group yet): NCCL's once it recorded a collective (a GPU job: its default group
+    is NCCL's; from then on only NCCL's groups are seen), else the generic one (gloo)."""
     global _nccl_seen
     c10d = sys.modules.get("torch._C._distributed_c10d")
-    if c10d is None:
+    if c10d is None or _importing("torch.distributed"):
         return None
     if hasattr(c10d, "_dump_nccl_trace_json"):
         if not _nccl_seen:
@@ -277,16 +285,16 @@ def repaired_pickle(c10d) -> bytes:
     """``_dump_fr_trace()`` with its ``pg_config`` rebuilt so torch's analyzer reads it: gloo records it under ""
     (the analyzer's ``KeyError: ('0', 0)``). Each group's ranks from this process's own view of the groups (their
     names, descriptions, global ranks); groups it does not know, from the entries (ranks: the world's)."""
-    import pickle
+    import pickle           # loaded already (torch imports it): no import lock taken in the monitor's thread
 
     # no C++ stack traces: symbolizing 2,000 entries' took 1.5-3 s per rank here (30 ms without); each rank's
     # Python stacks are in its stack-<RANK>.txt
     dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))
     config: dict[str, dict] = {}
     try:
-        from torch.distributed import distributed_c10d as dc
-
-        world = dc._world
+        # looked up, never imported: an import here would wait on the import lock of a torch.distributed the main
+        # thread is still importing (`_fr` says None then), or import it in the monitor's thread
+        world = sys.modules["torch.distributed.distributed_c10d"]._world
         for pg, name in list(world.pg_names.items()):
             ranks = sorted(world.pg_group_ranks.get(pg, {}))
             config[str(name)] = {"name": str(name), "desc": str(getattr(pg, "group_desc", "") or ""),
@@ -389,7 +397,7 @@ class Monitor:
         not installed)."""
         cuda = sys.modules.get("torch.cuda")
         try:
-            if cuda is None or not cuda.is_initialized():
+            if cuda is None or _importing("torch.cuda") or not cuda.is_initialized():
                 return None, None
             n = cuda.device_count()
             dev = self.local_rank if n > 1 and self.local_rank < n else 0   # (this thread's current device is 0)
@@ -588,7 +596,7 @@ def dump(directory: str, rank: int) -> None:
     c10d = _fr()
     try:
         if c10d is None:
-            raise RuntimeError("no flight recorder in this process (torch.distributed not imported)")
+            raise RuntimeError("no flight recorder in this process (torch.distributed not imported, or not yet)")
         data = repaired_pickle(c10d)
     except Exception as e:  # noqa: BLE001 - the stacks are still there
         with open(os.path.join(directory, f"fr-{rank}.error"), "w") as f:

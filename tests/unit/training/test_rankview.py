@@ -483,3 +483,104 @@ def test_a_forked_ranks_monitor_looks_at_its_own_main_thread(tmp_path):
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(r, 1) == b"1"
+
+
+def test_the_monitor_never_waits_on_an_import_the_main_thread_has_not_finished(tmp_path):
+    """Issue 37 (a hang verdict naming a cold rank "stuck in _lock_unlock_module"): the monitor's thread must never
+    take an import lock. A dump asked while the rank's main thread was still importing torch.distributed (a cold
+    rank at load 50 imports torch for a minute) ran `from torch.distributed import distributed_c10d` in the
+    monitor's thread, which waited on that import's lock (`_lock_unlock_module`) until the import ended: no view
+    written meanwhile, no fr-<RANK>. Here this thread holds torch.distributed's import lock, as its import does,
+    while the monitor ticks and dumps."""
+    import importlib._bootstrap as bootstrap
+
+    import torch.distributed  # noqa: F401 - imported whole; its import is replayed below
+
+    spec = sys.modules["torch.distributed"].__spec__
+    lock = bootstrap._get_module_lock("torch.distributed")
+    m = rankview.Monitor(str(tmp_path), rank=3, local_rank=0, progress=rankview.Progress())
+    done = threading.Event()
+
+    def monitor():
+        m.tick()
+        rankview.dump(str(tmp_path / "d"), 3)
+        done.set()
+
+    t = threading.Thread(target=monitor, daemon=True)
+    lock.acquire()
+    spec._initializing = True
+    try:
+        t.start()
+        finished = done.wait(10)
+    finally:
+        spec._initializing = False
+        lock.release()
+        t.join(30)
+    assert finished, "the monitor waited on torch.distributed's import lock"
+    assert (tmp_path / "d" / "stack-3.txt").is_file()
+    assert "not yet" in (tmp_path / "d" / "fr-3.error").read_text()
+    rankview.dump(str(tmp_path / "e"), 3)            # imported now: the flight record
+    assert (tmp_path / "e" / "fr-3").is_file()
+
+
+IMPORT_RACE = r"""
+import os, sys, threading
+from clusterctl import rankview
+
+view = sys.argv[1]
+m = rankview.Monitor(view, rank=0, local_rank=0, progress=rankview.Progress())
+bad, looks, dumps = [], [0], [0]
+
+
+def prof(frame, event, arg):
+    if event == "call" and frame.f_code.co_filename.startswith("<frozen importlib"):
+        bad.append(f"{frame.f_code.co_name}({frame.f_locals.get('name')})")
+
+
+class EveryImport:
+    # before each module the main thread imports: one tick in another thread (and a dump while torch.distributed
+    # is being imported), waited for
+    def find_spec(self, name, path=None, target=None):
+        if bad or threading.current_thread() is not threading.main_thread():
+            return None
+        td = sys.modules.get("torch.distributed")
+        dumping = td is not None and td.__spec__._initializing and "torch._C._distributed_c10d" in sys.modules
+
+        def look():
+            sys.setprofile(prof)
+            try:
+                m.tick()
+                if dumping:
+                    rankview.dump(os.path.join(view, f"d{looks[0]}"), 0)
+                    dumps[0] += 1
+            except Exception as e:
+                bad.append(repr(e))
+            finally:
+                sys.setprofile(None)
+
+        t = threading.Thread(target=look, daemon=True)
+        t.start()
+        t.join(5)
+        looks[0] += 1
+        if t.is_alive():
+            bad.append(f"blocked before {name}")
+        return None
+
+
+sys.meta_path.insert(0, EveryImport())
+import torch, torch.distributed, torch.optim, torch.nn.parallel, torch.utils.data
+print(looks[0], dumps[0], bad[:3])
+"""
+
+
+def test_a_tick_or_a_dump_at_any_point_of_a_ranks_import_of_torch_enters_no_import(tmp_path):
+    """The monitor's thread runs while the rank's main thread imports torch (a cold rank): before every module of
+    that import a tick runs in another thread (a dump too while torch.distributed is being imported, which is when
+    torch's flight recorder appears), with a profile on that thread; neither calls into importlib (no import, no
+    import lock) nor blocks."""
+    r = subprocess.run([sys.executable, "-c", IMPORT_RACE, str(tmp_path)], env=ENV, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    looks, dumps, bad = r.stdout.split(" ", 2)
+    assert int(looks) > 500 and int(dumps) > 10, r.stdout        # it looked all along torch's import
+    assert bad.strip() == "[]", r.stdout
