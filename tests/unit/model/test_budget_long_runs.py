@@ -8,8 +8,9 @@ import pytest
 
 from clusterctl.model.verdicts import Observation, Started
 from clusterctl.store.state import JobState, Store
-from clusterctl.supervise.supervisor import NodeOps, Policy, Supervisor
+from clusterctl.supervise.supervisor import Policy, Supervisor
 from clusterctl.views import status as status_mod
+from tests.fakes.ops import QuietOps
 
 HOUR, DAY = 3600.0, 86400.0
 NODES = ["a", "b", "c", "d"]
@@ -26,7 +27,7 @@ class Clock:
         self.t += seconds
 
 
-class LongCluster(NodeOps):
+class LongCluster(QuietOps):
     """Every attempt answers ``rounds - 1`` probe rounds with all nodes running (output each round; with
     ``checkpoints`` a new valid checkpoint each round), then fails: ``fault`` = "node" (its last node is gone) or
     "user" (a rank exits 1 on every node). After ``failures`` failures the next attempt finishes (exit 0).
@@ -59,17 +60,8 @@ class LongCluster(NodeOps):
             return [Observation(n, "exited", exit_code=1, rank=0) for n in nodes]
         return [Observation(n, "missing" if n == nodes[-1] else "running") for n in nodes]
 
-    def stop(self, attempt, nodes):
-        return {}
-
-    def reachable(self, nodes):
-        return list(nodes)
-
     def latest_checkpoint(self, nodes):
         return (f"/ck/step-{self.step:09d}", self.step) if self.step else ("", 0)
-
-    def stop_requested(self):
-        return False
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from clusterctl.store.logcopy import LogSink, rotated
 from clusterctl.store.state import JobState, Store, StoreError
 from clusterctl.supervise import controller
 from clusterctl.supervise.supervisor import NodeOps, Policy, Supervisor
+from tests.fakes.ops import QuietOps
 
 
 def fill(store: Store) -> None:
@@ -37,7 +38,7 @@ def test_the_supervisor_survives_refused_node_rows_and_finishes_the_job(tmp_path
     store = Store(tmp_path / "state.db")
     job_id = store.create_job("demo", "{}", None, None)
 
-    class Ops(NodeOps):
+    class Ops(QuietOps):
         rounds = [[Observation("a", "running", progress=True)]] * 3 + [[Observation("a", "exited", exit_code=0)]]
 
         def __init__(self):
@@ -49,18 +50,6 @@ def test_the_supervisor_survives_refused_node_rows_and_finishes_the_job(tmp_path
 
         def observe(self, attempt, nodes):
             return self.script.pop(0)
-
-        def stop(self, attempt, nodes):
-            return {}
-
-        def reachable(self, nodes):
-            return list(nodes)
-
-        def latest_checkpoint(self, nodes):
-            return ("", 0)
-
-        def stop_requested(self):
-            return False
 
     def refuse(*a, **k):
         raise StoreError("state.db: cannot write the state database: database or disk is full")
