@@ -10,5 +10,6 @@ dest="$root/tests/gpu/wheels"
 mkdir -p "$dest"
 exec python3 -m pip download -q --only-binary=:all: --python-version "$pyver" --implementation cp \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+  --platform manylinux_2_26_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
   --platform linux_x86_64 -d "$dest" \
   paramiko pyyaml tenacity pydantic click rich platformdirs py-spy

@@ -9,24 +9,27 @@ fixture documents, the rank probe program run cold on CPU) are unit tests (tests
 Stages (each prints PASS/FAIL lines; the summary and every figure go to OUT/results.json):
 
 ``deps``       with ``--wheels DIR``: clusterctl's dependencies installed offline from DIR (cp312 wheels fetched
-               by tests/gpu/fetch_wheels.sh) into a venv that sees the machine's torch (--system-site-packages);
-               clusterctl itself runs from this tree (PYTHONPATH).
+               by tests/gpu/fetch_wheels.sh) with ``pip --target`` into a folder first on PYTHONPATH (the machine's
+               own python3 and torch); clusterctl itself runs from this tree (PYTHONPATH).
 ``fixtures``   every nvidia-smi query, the cuInit program and the kernel-log probe preflight runs, through their
                parsers; the outputs become golden fixtures under OUT/fixtures/<parser>/<case>_real.json.
 ``preflight``  ``clusterctl preflight`` against the real driver (local connection, bare): gpu_driver (with cuInit),
                gpu_count, gpu_health pass, nvidia-smi's driver version in the detail.
-``zygote``     clusterctl's zygote (launch/zygote.py) on this CUDA build: after its preload no libcuda/NVML is
-               mapped and no /dev/nvidia* is open; a rank forked from it initialises CUDA and NCCL and is not
-               in torch's "bad fork" state.
+``zygote``     clusterctl's zygote (launch/zygote.py) on this CUDA build: after its preload no NVML is mapped and
+               no /dev/nvidia* is open (the driver is not initialised; ``import torch`` itself maps libcuda, which
+               module did is recorded); a rank forked from it initialises CUDA and NCCL and is not in torch's
+               "bad fork" state.
 ``startup``    warm (forked from the zygote) vs cold (a fresh interpreter) rank start-up per phase: torch import,
                CUDA context, first matmul, NCCL init (world size 1).
 ``release``    a forked rank holding GPU memory is SIGKILLed: seconds until nvidia-smi shows the memory released,
                and the zygote's ping latency meanwhile (it must keep answering).
 ``job``        a clusterctl job with NCCL (the quickstart, every GPU, recovery: warm, flight recorder on): its last
                rank SIGKILLs itself (--kill-rank-at), the supervisor relaunches warm, the job resumes from its
-               checkpoint and finishes; an on-demand flight-recorder dump is taken from the warm rank through
-               torch's debug-info pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE); the ranks' views (issue 37) show
-               collectives read from NCCL's flight recorder and their GPU memory. (No NCCL hang here: NCCL refuses
+               checkpoint and finishes; the ranks' views (issue 37) show collectives read from NCCL's flight
+               recorder and their GPU memory, and ``top --once`` the rank training with its GPU memory and
+               utilisation; on-demand flight-recorder dumps are taken from the warm rank through torch's
+               debug-info pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE) and through the rank view's ``dump`` trigger,
+               and torch's analyzer reads both. (No NCCL hang here: NCCL refuses
                two ranks of one communicator on one GPU, and the device machine has one.)
 
 Exit 0 only when every stage run passed. Record the figures in docs/benchmarks.md ``## gpu``.
@@ -44,6 +47,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from clusterctl.launch.zygote import PRELOAD  # noqa: E402 - stdlib only at import
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
@@ -85,7 +91,9 @@ def build_inventory(n_gpus: int) -> dict[str, Any]:
 
 def build_job(work: Path, n_gpus: int, steps: int, *, port: int = RDZV_PORT) -> dict[str, Any]:
     """The quickstart on every GPU with NCCL, warm recovery, a checkpoint every 5 steps, the last rank killing
-    itself at step 10 (once: not after a resume), torch's flight recorder on with its debug-info pipe."""
+    itself at step 10 (once: not after a resume), torch's debug-info pipe on. The flight recorder is clusterctl's
+    own (launch/plan.py FLIGHT_RECORDER: TORCH_FR_BUFFER_SIZE, and TORCH_FR_DUMP_TEMP_FILE under the checkpoint
+    dir, where a pipe-triggered dump goes too: the deprecated TORCH_NCCL_DEBUG_INFO_TEMP_FILE loses to it)."""
     fr = work / "fr"
     return {
         "name": "gpu-devrun", "nodes": 1, "nproc_per_node": n_gpus, "script": "train.py",
@@ -93,7 +101,6 @@ def build_job(work: Path, n_gpus: int, steps: int, *, port: int = RDZV_PORT) -> 
         "args": ["--steps", str(steps), "--checkpoint-every", "5", "--kill-rank-at", "10", "--step-time", "0.2",
                  "--log-every", "5", "--phases", str(work / "phases.jsonl")],
         "env": {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT", "PYTHONPATH": str(ROOT),
-                "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{fr}/trace_rank_",
                 "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{fr}/pipe_"},
         "checkpoint": {"dir": str(work / "checkpoints"), "keep": 2},
         "rendezvous": {"port": port, "join_timeout": 120, "last_call_timeout": 1},
@@ -139,6 +146,20 @@ if hold and cuda:
 open(out, "w").write(json.dumps(res))
 if hold:
     time.sleep(600)
+'''
+
+
+# which of the zygote's preload modules maps libcuda (dlopen, not cuInit: cuInit opens /dev/nvidiactl): argv modules
+MAPS_PROBE = r'''
+import importlib, sys
+def cuda():
+    return any("libcuda.so" in ln for ln in open("/proc/self/maps"))
+for m in sys.argv[1:]:
+    importlib.import_module(m)
+    if cuda():
+        print(m); break
+else:
+    print("none")
 '''
 
 
@@ -202,18 +223,21 @@ class Run:
 
 
 def stage_deps(r: Run, wheels: str | None) -> None:
+    """Install the wheels with ``pip --target`` into a folder put first on PYTHONPATH: the machine's python3 is
+    itself a venv (/opt/torch/.venv), and a venv made from a venv's python sees the base interpreter's site
+    packages, not its torch."""
     if not wheels:
         r.step("deps: none to install (no --wheels)", True)
         return
-    venv = r.work / "venv"
-    p = r.sh([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], 120)
-    if not r.step("deps: venv with the machine's site packages", p.returncode == 0, p.stderr[-300:]):
-        return
-    py = str(venv / "bin" / "python")
-    p = r.sh([py, "-m", "pip", "install", "-q", "--no-index", "--find-links", wheels, *DEPS], 180)
-    if r.step("deps: installed offline from the wheels", p.returncode == 0, (p.stdout + p.stderr)[-500:]):
-        r.python = py
-        r.env["PATH"] = f"{venv / 'bin'}:{r.env['PATH']}"
+    site = r.work / "site"
+    whls = sorted(str(w) for w in Path(wheels).glob("*.whl"))
+    p = r.sh([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+              "--no-cache-dir", "--target", str(site), *whls], 180)
+    if r.step("deps: installed offline from the wheels", p.returncode == 0 and bool(whls),
+              f"{len(whls)} wheels; " + (p.stdout + p.stderr)[-500:]):
+        r.env["PYTHONPATH"] = f"{site}:{r.env['PYTHONPATH']}"
+        r.env["PATH"] = f"{site / 'bin'}:{r.env['PATH']}"
+        sys.path.insert(0, str(site))
 
 
 def gpu_count(r: Run) -> int:
@@ -328,9 +352,14 @@ def stage_zygote_startup_release(r: Run, stages: list[str]) -> None:
             maps = Path(f"/proc/{z.pid}/maps").read_text()
             fds = [os.readlink(f) for f in Path(f"/proc/{z.pid}/fd").iterdir() if f.is_symlink()]
             mapped = sorted({ln.split()[-1] for ln in maps.splitlines() if "libcuda" in ln or "libnvidia-ml" in ln})
-            r.step("zygote: no libcuda/NVML mapped after the preload", not mapped, ", ".join(mapped))
+            r.figures["zygote_mapped"] = mapped
+            r.step("zygote: no NVML mapped after the preload", not any("libnvidia-ml" in m for m in mapped),
+                   ", ".join(mapped))
+            p = r.sh([r.python, "-c", MAPS_PROBE, *PRELOAD], 120)
+            r.figures["zygote_maps_libcuda_at"] = p.stdout.strip()
+            print(f"    libcuda mapped by: {p.stdout.strip()}")
             dev = [f for f in fds if f.startswith("/dev/nvidia")]
-            r.step("zygote: no /dev/nvidia* open", not dev, ", ".join(dev))
+            r.step("zygote: CUDA driver not initialised (no /dev/nvidia* open)", not dev, ", ".join(dev))
         warm = None
         if "zygote" in stages or "startup" in stages:
             c = fork_rank(r, sock, probe, r.work / "warm.json")
@@ -386,14 +415,49 @@ def release(r: Run, sock: Path, probe: Path) -> None:
            and max(answered) < 5.0, json.dumps(r.figures["release"]))
 
 
+def analyzer(r: Run, folder: Path, prefix: str) -> subprocess.CompletedProcess:
+    """torch's flight-recorder analyzer on the dumps ``folder/<prefix><rank>``."""
+    return r.sh([r.python, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder), "-p", prefix], 120)
+
+
+def on_demand(r: Run, fr: Path, job_dir: Path | None) -> dict[str, Any]:
+    """While attempt 2 (the warm one) trains: ``top --once``; a dump through torch's debug-info pipe (its C++
+    heartbeat thread: no GIL needed); a dump through the rank view's trigger (``view/dump``: fr-<RANK>, stacks)."""
+    got: dict[str, Any] = {"top": []}
+    end = time.monotonic() + 20
+    while time.monotonic() < end:   # until every rank trains (its CUDA memory is in the view from its first step)
+        t = r.clusterctl("top", "gpu-devrun", "--once", "--output", "json", timeout=60)
+        (r.out / "top.json").write_text(t.stdout + t.stderr)
+        try:
+            got["top"] = json.loads(t.stdout)["ranks"]
+        except (ValueError, KeyError, TypeError):
+            got["top"] = []
+        if got["top"] and all(x.get("state") == "training" for x in got["top"]):
+            break
+        time.sleep(1)
+    pipe = fr / "pipe_0.pipe"
+    if pipe.exists():           # torch makes the FIFO when the process group starts; its reader is the warm rank
+        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b"1\n")
+        os.close(fd)
+        got["pipe"] = time.monotonic()
+    if job_dir is not None:
+        views = sorted(job_dir.glob("*/view"), key=lambda d: d.stat().st_mtime)
+        if views:
+            dest = r.work / "dump"
+            (views[-1] / "dump").write_text(str(dest))
+            got["trigger"] = dest
+    return got
+
+
 def stage_job(r: Run, inv: Path, job: Path, steps: int) -> None:
     fr = r.work / "fr"
     fr.mkdir(exist_ok=True)
     p = r.clusterctl("launch", str(job), "-i", str(inv), "--detach", timeout=180)
     if not r.step("job: launched (detached)", p.returncode == 0, (p.stdout + p.stderr)[-500:]):
         return
-    end = time.monotonic() + max(10.0, r.left() - 20)
-    dumped = state = None
+    end = time.monotonic() + max(10.0, r.left() - 40)
+    state, got = None, None
     nccl_ok, nccl_said = False, "never looked"
     while time.monotonic() < end:
         s = r.clusterctl("status", "gpu-devrun", "--output", "json", timeout=60)
@@ -404,16 +468,13 @@ def stage_job(r: Run, inv: Path, job: Path, steps: int) -> None:
         state = doc.get("state")
         if state == "RUNNING" and not nccl_ok:
             nccl_ok, nccl_said = nccl_view(read_views(Path.home()))
-        if doc.get("attempt", 0) >= 2 and dumped is None:
-            pipe = fr / "pipe_0.pipe"
-            if pipe.exists():       # torch opens it when the process group starts: ask rank 0 for a dump
-                fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
-                os.write(fd, b"1\n")
-                os.close(fd)
-                dumped = time.monotonic()
+        if state == "RUNNING" and doc.get("attempt", 0) >= 2 and got is None and read_views(Path.home()):
+            jobs = sorted(Path.home().glob(".clusterctl/nodes/gpu-local/jobs/gpu-devrun-*"))
+            got = on_demand(r, fr, jobs[-1] if jobs else None)
         if state in ("SUCCEEDED", "FAILED", "CANCELLED"):
             break
-        time.sleep(2)
+        time.sleep(1)
+    got = got or {}
     logs = r.clusterctl("logs", "gpu-devrun", "--tail", "400", timeout=60)
     events = r.clusterctl("events", "gpu-devrun", "--output", "json", timeout=60)
     (r.out / "job.log").write_text(logs.stdout + logs.stderr)
@@ -429,10 +490,29 @@ def stage_job(r: Run, inv: Path, job: Path, steps: int) -> None:
     r.step("job: relaunched warm", bool(warm), warm[0]["message"] if warm else events.stdout[-500:])
     r.step("job: resumed from the checkpoint", "resumed from" in text)
     r.step(f"job: finished ({steps} steps) with NCCL", f"done: step {steps}" in text and "NCCL INFO" in text)
-    traces = sorted(fr.glob("trace_rank_*"))
-    r.step("job: on-demand flight-recorder dump from the warm rank", dumped is not None and bool(traces),
-           ", ".join(t.name for t in traces))
     r.step("job: the rank view reads NCCL's flight recorder (collectives, GPU memory)", nccl_ok, nccl_said)
+    tops = got.get("top") or []
+    r.figures["top"] = tops
+    r.step("job: top shows the rank's GPU memory and utilisation",
+           bool(tops) and all((t.get("gpu_mem_bytes") or 0) > 0 and t.get("gpu_util_pct") is not None for t in tops),
+           json.dumps(tops)[:600])
+    # the pipe's dump goes where clusterctl's TORCH_FR_DUMP_TEMP_FILE says: <checkpoints>/flight_recorder/<job>-<n>/
+    traces = sorted((r.work / "checkpoints" / "flight_recorder").glob("*-2/rank_*"))
+    r.step("job: on-demand flight-recorder dump from the warm rank through TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+           "pipe" in got and bool(traces), ", ".join(str(t.relative_to(r.work)) for t in traces))
+    if traces:
+        a = analyzer(r, traces[0].parent, "rank_")
+        (r.out / "fr-analyzer-pipe.txt").write_text(a.stdout + a.stderr)
+        r.step("job: torch's analyzer reads the pipe's dump", a.returncode == 0, (a.stdout + a.stderr)[-400:])
+    dump = got.get("trigger")
+    frs = sorted(dump.glob("fr-*")) if dump else []
+    r.step("job: the rank view's dump trigger wrote fr-<RANK> and stacks (NCCL)",
+           bool(frs) and any(dump.glob("stack-*.txt")), ", ".join(f.name for f in dump.iterdir()) if dump and
+           dump.exists() else "no dump dir")
+    if frs:
+        a = analyzer(r, dump, "fr-")
+        (r.out / "fr-analyzer-view.txt").write_text(a.stdout + a.stderr)
+        r.step("job: torch's analyzer reads the rank view's NCCL dump", a.returncode == 0, (a.stdout + a.stderr)[-400:])
     phases = r.work / "phases.jsonl"
     if phases.exists():
         r.figures["job_phases"] = [json.loads(ln) for ln in phases.read_text().splitlines() if ln.strip()]

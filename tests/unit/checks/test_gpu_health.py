@@ -139,3 +139,17 @@ def test_a_host_without_nvidia_smi_starts_no_python_and_reads_no_kernel_log(tmp_
     assert {n: sections[n].rc for n in ("nvidia_smi", "cuda_init", "xid", "smi_remap")} == dict.fromkeys(
         ("nvidia_smi", "cuda_init", "xid", "smi_remap"), 127)
     assert not log.exists(), log.read_text()
+
+
+def test_a_real_h200_passes_driver_count_and_health():
+    """Every output as this workplace's H200 gave it (device run 2026-12-04, driver 580.159.04: h200_x1_real): the
+    GPU checks pass, and they read what nvidia-smi said (not a default)."""
+    real = {s: fixture(k, "h200_x1_real") for s, k in (("nvidia_smi", "nvidia_smi"), ("smi_modes", "gpu_modes"),
+                                                       ("smi_remap", "remapped_rows"), ("smi_fabric", "gpu_fabric"),
+                                                       ("cuda_init", "cuda_init"), ("xid", "xid"))}
+    hosts, fakes = cluster(1, gpus=1, node1={"sections": real})
+    results = run(hosts, fakes)[0]
+    driver, count, health = (check(results, "node1", c) for c in ("gpu_driver", "gpu_count", "gpu_health"))
+    assert (driver.status, count.status, health.status) == ("pass", "pass", "pass"), (driver, count, health)
+    assert "580.159.04" in driver.detail and "cuInit ok, 1 devices" in driver.detail, driver
+    assert count.detail == "1 x NVIDIA H200", count
