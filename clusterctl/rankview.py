@@ -29,6 +29,7 @@ rebuilt) and ``stack-<RANK>.txt`` (``faulthandler``, every thread), once per dis
 """
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import json
 import os
@@ -316,12 +317,62 @@ def repaired_pickle(c10d) -> bytes:
     return pickle.dumps(dump)
 
 
+# ------------------------------------------------------------------------------------------------ NVML
+NVML_LIB = "libnvidia-ml.so.1"
+
+
+class _Utilization(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]      # nvmlUtilization_t
+
+
+class Nvml:
+    """A GPU's utilisation (% of the last sample period a kernel ran: nvidia-smi's ``utilization.gpu``) from NVML
+    itself through ctypes: ``libnvidia-ml.so.1`` is there wherever nvidia-smi works (the NVIDIA container toolkit
+    mounts it into containers), where ``torch.cuda.utilization`` also needs pynvml, which a job's image seldom has.
+    The device is named by its PCI bus id, which CUDA_VISIBLE_DEVICES does not renumber. Any failure to load or
+    initialise NVML, or to find the device, turns it off for good (None, not asked again)."""
+
+    def __init__(self, lib: str = NVML_LIB):
+        self.lib_name = lib
+        self.lib = None
+        self.handles: dict[str, ctypes.c_void_p] = {}
+        self.off = False
+
+    def utilization(self, bus_id: str) -> float | None:
+        if self.off:
+            return None
+        try:
+            if self.lib is None:
+                lib = ctypes.CDLL(self.lib_name)
+                if lib.nvmlInit_v2() != 0:
+                    raise OSError("nvmlInit_v2 failed")
+                self.lib = lib
+            handle = self.handles.get(bus_id)
+            if handle is None:
+                handle = ctypes.c_void_p()
+                if self.lib.nvmlDeviceGetHandleByPciBusId_v2(bus_id.encode(), ctypes.byref(handle)) != 0:
+                    raise OSError(f"no NVML device at {bus_id}")
+                self.handles[bus_id] = handle
+            u = _Utilization()
+            if self.lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(u)) != 0:
+                return None             # this sample only (e.g. GPU lost: the next look tries again)
+            return float(u.gpu)
+        except (OSError, AttributeError):
+            self.off = True
+            return None
+
+
+def pci_bus_id(props) -> str:
+    """NVML's bus id ("%08X:%02X:%02X.0", as nvidia-smi prints it) of torch's ``get_device_properties``."""
+    return f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+
+
 # ------------------------------------------------------------------------------------------------ the monitor
 class Monitor:
     """The view of this rank, one ``tick`` a second (``start`` runs it on a daemon thread)."""
 
     def __init__(self, view_dir: str, *, rank: int, local_rank: int, progress: Progress,
-                 clock=time.monotonic, main_ident: int | None = None):
+                 clock=time.monotonic, main_ident: int | None = None, nvml: Nvml | None = None):
         self.dir, self.rank, self.local_rank = view_dir, rank, local_rank
         self.progress, self.clock = progress, clock
         self.path = os.path.join(view_dir, f"rank-{rank}")
@@ -347,7 +398,8 @@ class Monitor:
         self.in_flight: dict[str, tuple[int, int]] = {}    # pg -> (enqueued, completed) of last tick's collectives
         self.dumped: str | None = None   # the trigger's content last acted on
         self.peer_pids: dict[str, int] = {}
-        self.nvml = True                 # torch.cuda.utilization works (until it fails once)
+        self.nvml = nvml if nvml is not None else Nvml()
+        self.bus_ids: dict[int, str] = {}
 
     # -------------------------------------------------------------- /proc
     def _read(self, path: str) -> bytes:
@@ -393,8 +445,7 @@ class Monitor:
 
     def gpu(self) -> tuple[float | None, int | None]:
         """(utilisation %, memory reserved in bytes) of the rank's GPU, once the rank uses CUDA: the caching
-        allocator's count (no sync) and NVML's utilisation through torch (None, and not asked again, where NVML is
-        not installed)."""
+        allocator's count (no sync) and NVML's utilisation (``Nvml``: None where NVML is not there)."""
         cuda = sys.modules.get("torch.cuda")
         try:
             if cuda is None or _importing("torch.cuda") or not cuda.is_initialized():
@@ -404,13 +455,12 @@ class Monitor:
             mem = int(cuda.memory_reserved(dev))
         except Exception:  # noqa: BLE001
             return None, None
-        util = None
-        if self.nvml:
-            try:
-                util = float(cuda.utilization(dev))
-            except Exception:  # noqa: BLE001 - no pynvml: never asked again
-                self.nvml = False
-        return util, mem
+        try:
+            if dev not in self.bus_ids:
+                self.bus_ids[dev] = pci_bus_id(cuda.get_device_properties(dev))
+        except Exception:  # noqa: BLE001 - a torch without the PCI ids: no utilisation
+            return None, mem
+        return self.nvml.utilization(self.bus_ids[dev]), mem
 
     def main_running(self) -> bool:
         """Is the main thread running or runnable (``R`` in /proc)? A rank that computes is, however little CPU a

@@ -23,6 +23,8 @@ Stages (each prints PASS/FAIL lines; the summary and every figure go to OUT/resu
                CUDA context, first matmul, NCCL init (world size 1).
 ``release``    a forked rank holding GPU memory is SIGKILLed: seconds until nvidia-smi shows the memory released,
                and the zygote's ping latency meanwhile (it must keep answering).
+``nvml``       the rank view's GPU utilisation (clusterctl.rankview.Nvml: NVML through ctypes, the device by its PCI
+               bus id) against nvidia-smi's ``utilization.gpu`` while matmuls keep the GPU busy, and idle.
 ``job``        a clusterctl job with NCCL (the quickstart, every GPU, recovery: warm, flight recorder on): its last
                rank SIGKILLs itself (--kill-rank-at), the supervisor relaunches warm, the job resumes from its
                checkpoint and finishes; the ranks' views (issue 37) show collectives read from NCCL's flight
@@ -54,7 +56,7 @@ from clusterctl.launch.zygote import PRELOAD  # noqa: E402 - stdlib only at impo
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
 ZYGOTE = ROOT / "clusterctl" / "launch" / "zygote.py"
-STAGES = ("deps", "fixtures", "preflight", "zygote", "startup", "release", "job")
+STAGES = ("deps", "fixtures", "preflight", "zygote", "startup", "release", "nvml", "job")
 BUDGET_S = 480.0
 RDZV_PORT = 29512
 DEPS = ("paramiko", "pyyaml", "tenacity", "pydantic", "click", "rich", "platformdirs", "py-spy")
@@ -161,6 +163,46 @@ for m in sys.argv[1:]:
 else:
     print("none")
 '''
+
+
+# argv: SECONDS. Idle, then busy (bf16 matmuls on a side thread): rankview.Nvml's utilisation and nvidia-smi's.
+NVML_PROBE = r'''
+import json, subprocess, sys, threading, time
+import torch
+from clusterctl.rankview import Nvml, pci_bus_id
+bus = pci_bus_id(torch.cuda.get_device_properties(0)); nvml = Nvml()
+def smi():
+    out = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=utilization.gpu,pci.bus_id",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True).stdout
+    u, b = [x.strip() for x in out.split(",")]
+    return float(u), b
+time.sleep(1.5)
+idle = (nvml.utilization(bus), smi())
+stop = time.monotonic() + float(sys.argv[1])
+def work():
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    while time.monotonic() < stop:
+        for _ in range(20): a @ a
+        torch.cuda.synchronize()
+threading.Thread(target=work, daemon=True).start()
+time.sleep(float(sys.argv[1]) / 2)
+busy = (nvml.utilization(bus), smi())
+print(json.dumps({"bus_id": bus, "smi_bus_id": busy[1][1], "idle": [idle[0], idle[1][0]],
+                  "busy": [busy[0], busy[1][0]]}))
+'''
+
+
+def stage_nvml(r: Run) -> None:
+    p = r.sh([r.python, "-c", NVML_PROBE, "4"], 90)
+    try:
+        d = json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        r.step("nvml: the probe ran", False, (p.stdout + p.stderr)[-500:])
+        return
+    r.figures["nvml"] = d
+    r.step("nvml: the bus id names the device nvidia-smi names", d["bus_id"] == d["smi_bus_id"], json.dumps(d))
+    r.step("nvml: busy GPU read busy by both (>= 50 %)", (d["busy"][0] or 0) >= 50 and d["busy"][1] >= 50,
+           json.dumps(d))
 
 
 def nccl_view(views: list[dict]) -> tuple[bool, str]:
@@ -539,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, stage in (("fixtures", lambda: stage_fixtures(r, n)),
                             ("preflight", lambda: stage_preflight(r, inv, job, n)),
                             ("zygote|startup|release", lambda: stage_zygote_startup_release(r, args.stages)),
+                            ("nvml", lambda: stage_nvml(r)),
                             ("job", lambda: stage_job(r, inv, job, args.steps))):
             if not any(s in args.stages for s in name.split("|")):
                 continue

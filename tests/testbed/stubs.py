@@ -222,6 +222,51 @@ def libcuda(init_result: int, devices: int, driver_version: int) -> Path:
     return out
 
 
+# A stub of NVML (libnvidia-ml.so.1): the calls clusterctl.rankview.Nvml makes, with the nvmlReturn_t values and the
+# nvmlUtilization_t layout of the NVML API reference (https://docs.nvidia.com/deploy/nvml-api/: 0 NVML_SUCCESS,
+# 6 NVML_ERROR_NOT_FOUND; nvmlDeviceGetHandleByPciBusId_v2 takes "domain:bus:device.function" as nvidia-smi prints
+# it; nvmlUtilization_t = {unsigned int gpu; unsigned int memory;}). One device, at BUS_ID, UTIL % busy.
+_LIBNVML_C = r"""
+typedef int nvmlReturn_t;
+typedef struct { unsigned int gpu; unsigned int memory; } nvmlUtilization_t;
+static int device = 42, initialized;
+static int same(const char *a, const char *b) { while (*a && *a == *b) { a++; b++; } return *a == *b; }
+nvmlReturn_t nvmlInit_v2(void) { initialized = 1; return 0; }
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus, void **handle) {
+    if (!initialized) return 1;
+    if (!same(bus, BUS_ID)) return 6;
+    *handle = &device; return 0;
+}
+nvmlReturn_t nvmlDeviceGetUtilizationRates(void *handle, nvmlUtilization_t *u) {
+    if (handle != &device) return 2;
+    u->gpu = UTIL; u->memory = UTIL / 2; return 0;
+}
+"""
+
+
+def libnvml(bus_id: str, util: int) -> Path:
+    """The stub libnvidia-ml.so.1 with one GPU at ``bus_id``, ``util`` % busy, compiled (``cc``) into a cache."""
+    cache = Path(os.environ.get("TMPDIR", "/tmp")) / "clusterctl-stub-libnvml"
+    out = cache / f"libnvml-{bus_id.replace(':', '_')}-{util}.so.1"
+    if out.exists():
+        return out
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("the stub libnvidia-ml.so.1 needs a C compiler (`cc`): apt-get install gcc")
+    cache.mkdir(parents=True, exist_ok=True)
+    src = cache / f"libnvml-{os.getpid()}.c"
+    src.write_text(_LIBNVML_C)
+    tmp = out.with_name(out.name + f".{os.getpid()}")
+    try:
+        subprocess.run([cc, "-shared", "-fPIC", "-nostdlib", "-O1", f'-DBUS_ID="{bus_id}"', f"-DUTIL={util}",
+                        "-o", str(tmp), str(src)], check=True, capture_output=True, timeout=60)
+        os.replace(tmp, out)
+    finally:
+        src.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+    return out
+
+
 def _script(path: Path, text: str) -> None:
     path.write_text(text)
     os.chmod(path, 0o755)

@@ -360,25 +360,49 @@ def test_the_entries_are_read_once_per_collective_waited_in_and_every_10_s(tmp_p
 
 
 def test_gpu_fields_once_the_rank_uses_cuda(tmp_path, monkeypatch):
-    """Where a rank uses CUDA: its device's reserved memory (the caching allocator's count) and NVML's utilisation
-    through torch; NVML missing: utilisation None, not asked again; no CUDA: no GPU fields."""
+    """Where a rank uses CUDA: its device's reserved memory (the caching allocator's count) and its utilisation from
+    NVML itself (a stub libnvidia-ml.so.1, asked for the device's PCI bus id: no pynvml); NVML missing: utilisation
+    None, not asked again; no CUDA: no GPU fields."""
     import types
 
-    calls = []
-    cuda = types.SimpleNamespace(is_initialized=lambda: True, device_count=lambda: 8,
-                                 memory_reserved=lambda d: 1 << 30, utilization=lambda d: calls.append(d) or 87)
-    monkeypatch.setitem(sys.modules, "torch.cuda", cuda)
-    m = rankview.Monitor(str(tmp_path), rank=13, local_rank=5, progress=rankview.Progress())
-    d = m.tick()
-    assert (d["gpu_util"], d["gpu_mem"]) == (87.0, 1 << 30) and calls == [5]
+    from tests.testbed.stubs import libnvml
 
-    def no_nvml(d):
-        raise ModuleNotFoundError("pynvml")
-    cuda.utilization = no_nvml
+    props = {5: types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1b, pci_device_id=0),
+             0: types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x06, pci_device_id=0)}
+    asked = []
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, device_count=lambda: 8,
+                                 memory_reserved=lambda d: 1 << 30,
+                                 get_device_properties=lambda d: asked.append(d) or props[d])
+    monkeypatch.setitem(sys.modules, "torch.cuda", cuda)
+    nvml = rankview.Nvml(str(libnvml("00000000:1B:00.0", 87)))
+    m = rankview.Monitor(str(tmp_path), rank=13, local_rank=5, progress=rankview.Progress(), nvml=nvml)
     d = m.tick()
-    assert (d["gpu_util"], d["gpu_mem"]) == (None, 1 << 30) and m.nvml is False
+    assert (d["gpu_util"], d["gpu_mem"]) == (87.0, 1 << 30) and asked == [5]
+    assert m.tick()["gpu_util"] == 87.0 and asked == [5]       # the bus id is looked up once
+
+    # a device NVML does not know (another bus id): no utilisation, and NVML is not asked again
+    other = rankview.Monitor(str(tmp_path), rank=0, local_rank=0, progress=rankview.Progress(),
+                             nvml=rankview.Nvml(str(libnvml("00000000:1B:00.0", 87))))
+    cuda.device_count = lambda: 1
+    d = other.tick()
+    assert (d["gpu_util"], d["gpu_mem"]) == (None, 1 << 30) and other.nvml.off
+    # no NVML library at all (no driver in the image): the same
+    gone = rankview.Monitor(str(tmp_path), rank=1, local_rank=0, progress=rankview.Progress(),
+                            nvml=rankview.Nvml(str(tmp_path / "libnvidia-ml.so.1")))
+    d = gone.tick()
+    assert (d["gpu_util"], d["gpu_mem"]) == (None, 1 << 30) and gone.nvml.off
     cuda.is_initialized = lambda: False
     assert "gpu_mem" not in m.tick()
+
+
+def test_nvmls_bus_id_is_what_nvidia_smi_prints():
+    import types
+
+    # the device run's H200 (docs/benchmarks.md ## gpu): nvidia-smi's Bus-Id "00000000:00:06.0" is bus 0, device 6
+    assert rankview.pci_bus_id(types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0, pci_device_id=6)) == \
+        "00000000:00:06.0"
+    assert rankview.pci_bus_id(types.SimpleNamespace(pci_domain_id=1, pci_bus_id=0xb3, pci_device_id=0x1f)) == \
+        "00000001:B3:1F.0"
 
 
 def test_local_rank_0_forgets_the_files_of_ranks_no_longer_on_its_node(tmp_path):
