@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,7 +37,10 @@ TRAIN = common.ROOT / "bench" / "soak_train.py"
 DURATION_S = 1620.0
 
 
-def run(tb, base: Path, scale: float) -> dict:
+def run(tb, base: Path, scale: float, keep: Path) -> dict:
+    """The soak; ``keep`` gets what explains a false verdict after the testbed is gone: the job's state dir (events,
+    logs, the dumps and stacks a hang keeps) and ``tops.jsonl`` (``top --once -o json`` at each stuck, straggler
+    and verdict event)."""
     name = "bsoak"
     shared = Path(tb.shared) / name
     shared.mkdir(parents=True, exist_ok=True)
@@ -61,8 +65,12 @@ def run(tb, base: Path, scale: float) -> dict:
                 if e.kind in ("stuck", "straggler", "verdict"):
                     print(f"{time.time() - t0:7.1f}s event {e.kind} {e.klass} {e.node}/{e.rank}: {e.message}",
                           flush=True)
+                    t = r.cli("top", name, "--once", "--output", "json", check=False, timeout=60).stdout
+                    with open(keep / "tops.jsonl", "a") as f:
+                        f.write(json.dumps({"t": round(time.time() - t0, 1), "event": e.kind, "class": e.klass,
+                                            "node": e.node, "rank": e.rank, "message": e.message, "top": t}) + "\n")
                     if e.kind in ("stuck", "straggler"):
-                        tops.append(r.cli("top", name, "--once", check=False, timeout=60).stdout)
+                        tops.append(t)
             seen = len(events)
         job = r.job_row()
         ev = r.events()
@@ -87,6 +95,7 @@ def run(tb, base: Path, scale: float) -> dict:
                 "false_stragglers": [e["message"] for e in named if e not in right], "tops": tops[:3]}
     finally:
         r.cli("stop", r.name, "--grace", "0", check=False, timeout=120)
+        shutil.copytree(r.state_dir, keep / "state", dirs_exist_ok=True, ignore_dangling_symlinks=True)
 
 
 def section(res: dict) -> str:
@@ -128,10 +137,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     exit_on_signals()
     base = common.scratch("clusterctl-bench-soak-")
+    keep = Path(f"/tmp/clusterctl-soak-{time.strftime('%Y%m%d-%H%M%S')}")
+    keep.mkdir(parents=True)
     tb = Testbed(3, base / "tb", [profile(gpus=0)] * 3, prefix=args.prefix, subnet_octet=args.subnet)
     try:
         tb.up()
-        res = run(tb, base, args.scale)
+        res = run(tb, base, args.scale, keep)
     finally:
         tb.down()
     print(json.dumps({k: v for k, v in res.items() if k != "tops"}, indent=1))
@@ -139,6 +150,7 @@ def main(argv=None) -> int:
         print(t)
     text = section(res)
     print(text)
+    print(f"kept {keep}: the job's state dir and top at each event")
     if not args.no_write:
         write_subsection(SECTION, SUB, text, DOC)
     return 0

@@ -200,22 +200,28 @@ CUresult cuGetErrorString(CUresult e, const char **s) { *s = string_of(e); retur
 
 def libcuda(init_result: int, devices: int, driver_version: int) -> Path:
     """The stub libcuda.so.1 for these answers, compiled once (``cc``) into a cache shared by testbeds."""
-    cache = Path(os.environ.get("TMPDIR", "/tmp")) / "clusterctl-stub-libcuda"
-    out = cache / f"libcuda-{init_result}-{devices}-{driver_version}.so.1"
+    return _compiled("libcuda", f"libcuda-{init_result}-{devices}-{driver_version}.so.1", _LIBCUDA_C,
+                     [f"-DINIT_RESULT={init_result}", f"-DDEVICES={devices}", f"-DDRIVER_VERSION={driver_version}"])
+
+
+def _compiled(kind: str, name: str, source: str, defines: list[str]) -> Path:
+    """``source`` built as a shared library (no libc) into ``$TMPDIR/clusterctl-stub-<kind>/<name>``, once: an
+    existing one is reused (parallel testbeds may build the same one: the rename is atomic)."""
+    cache = Path(os.environ.get("TMPDIR", "/tmp")) / f"clusterctl-stub-{kind}"
+    out = cache / name
     if out.exists():
         return out
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        raise RuntimeError("the stub libcuda.so.1 needs a C compiler (`cc`): apt-get install gcc")
+        raise RuntimeError(f"the stub {kind} needs a C compiler (`cc`): apt-get install gcc")
     cache.mkdir(parents=True, exist_ok=True)
-    src = cache / f"libcuda-{os.getpid()}-{init_result}-{devices}.c"
-    src.write_text(_LIBCUDA_C)
+    src = cache / f"{name}-{os.getpid()}.c"
+    src.write_text(source)
     tmp = out.with_name(out.name + f".{os.getpid()}")
     try:
-        subprocess.run([cc, "-shared", "-fPIC", "-nostdlib", "-O1", f"-DINIT_RESULT={init_result}",
-                        f"-DDEVICES={devices}", f"-DDRIVER_VERSION={driver_version}", "-o", str(tmp), str(src)],
+        subprocess.run([cc, "-shared", "-fPIC", "-nostdlib", "-O1", *defines, "-o", str(tmp), str(src)],
                        check=True, capture_output=True, timeout=60)
-        os.replace(tmp, out)       # atomic: parallel testbeds may build the same one
+        os.replace(tmp, out)
     finally:
         src.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
@@ -246,25 +252,8 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(void *handle, nvmlUtilization_t *u) {
 
 def libnvml(bus_id: str, util: int) -> Path:
     """The stub libnvidia-ml.so.1 with one GPU at ``bus_id``, ``util`` % busy, compiled (``cc``) into a cache."""
-    cache = Path(os.environ.get("TMPDIR", "/tmp")) / "clusterctl-stub-libnvml"
-    out = cache / f"libnvml-{bus_id.replace(':', '_')}-{util}.so.1"
-    if out.exists():
-        return out
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise RuntimeError("the stub libnvidia-ml.so.1 needs a C compiler (`cc`): apt-get install gcc")
-    cache.mkdir(parents=True, exist_ok=True)
-    src = cache / f"libnvml-{os.getpid()}.c"
-    src.write_text(_LIBNVML_C)
-    tmp = out.with_name(out.name + f".{os.getpid()}")
-    try:
-        subprocess.run([cc, "-shared", "-fPIC", "-nostdlib", "-O1", f'-DBUS_ID="{bus_id}"', f"-DUTIL={util}",
-                        "-o", str(tmp), str(src)], check=True, capture_output=True, timeout=60)
-        os.replace(tmp, out)
-    finally:
-        src.unlink(missing_ok=True)
-        tmp.unlink(missing_ok=True)
-    return out
+    return _compiled("libnvml", f"libnvml-{bus_id.replace(':', '_')}-{util}.so.1", _LIBNVML_C,
+                     [f'-DBUS_ID="{bus_id}"', f"-DUTIL={util}"])
 
 
 def _script(path: Path, text: str) -> None:
