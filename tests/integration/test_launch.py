@@ -319,8 +319,9 @@ def test_two_jobs_side_by_side_same_name_refused_and_stop_takes_only_its_own(tb3
     tb = tb3
     inv = write_inventory(tb, tmp_path / "inventory.yaml", runtime)
     state = tmp_path / "state"
-    # 1 process per node: two jobs' ranks side by side, not the ranks' count, are what this test is about
-    one = {"nproc_per_node": 1}
+    # 2 nodes of the 3, 1 process per node: two jobs' ranks side by side, not their count, are what this test is
+    # about (each rank started costs ~10 s of a loaded CI core)
+    one = {"nodes": 2, "nproc_per_node": 1}
     job_a = write_job(tmp_path / "a.yaml", tb, "tbsidea", runtime, steps=100000, step_time=0.1, port=29400,
                       extra=one)
     job_b = write_job(tmp_path / "b.yaml", tb, "tbsideb", runtime, steps=120, step_time=0.1, port=29401, extra=one)
