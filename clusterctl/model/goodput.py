@@ -323,7 +323,9 @@ def _cycle(attempt: int, verdict: Mark, start: Mark, nxt: Mark | None, recs: lis
         resume_next = max(cks, default=start.step or 0)
     return {
         "attempt": attempt, "verdict": verdict.klass or "start_failed", "node": verdict.node,
-        "fault_at": _r(last.time) if last else None,
+        # a step line read a hair after the verdict (another thread of the supervisor stamped it): the fault was
+        # no later than its detection
+        "fault_at": _r(min(last.time, verdict.time)) if last else None,
         "detected_at": _r(verdict.time), "stopped_at": _r(stopped),
         "restarted_at": _r(nxt.time) if nxt else None,
         "first_step_at": _r(first.time) if first else None,

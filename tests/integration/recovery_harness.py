@@ -174,6 +174,8 @@ def stop_unless_done(run: Run) -> None:
     """A test's teardown: `clusterctl stop` unless the job ended by itself (succeeded or stopped, its supervisor
     gone), so that no supervisor outlives the testbed. `stop` connects to every node (~2 s of CPU): a finished job
     that the test has already checked needs none."""
+    if not run.state_dir.exists():      # never launched: nothing to stop (and no error to hide the test's own)
+        return
     job = run.job_row()
     if job is None:
         return

@@ -57,6 +57,16 @@ def test_a_node_kill_is_accounted_to_the_second():
     json.dumps(r)
 
 
+def test_a_step_read_just_after_the_verdict_puts_the_fault_no_later_than_its_detection():
+    """A clean-clone CI run (2026-12-04): the dying attempt's last step line was stamped 1 ms after the node_lost
+    verdict (the output and the watch are read by different threads): fault_at came out after detected_at."""
+    steps = node_kill_steps() + [StepSeen(136.001, 1, 21)]
+    r = build(node_kill_marks(), steps, created_at=100.0, now=999.0, job_id="j1", name="n", state="SUCCEEDED")
+    (d,) = r["disruptions"]
+    assert d["fault_at"] == d["detected_at"] == 136.0 and d["lost_steps"] == 11, d
+    assert d["fault_at"] <= d["detected_at"] <= d["stopped_at"] <= d["restarted_at"] <= d["first_step_at"], d
+
+
 def test_without_a_step_signal_the_report_says_what_it_cannot_tell():
     r = build(node_kill_marks(), [], created_at=100.0, now=999.0)
     assert r["wall_s"] == 62.0
