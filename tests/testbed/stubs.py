@@ -205,16 +205,20 @@ def libcuda(init_result: int, devices: int, driver_version: int) -> Path:
 
 
 def _compiled(kind: str, name: str, source: str, defines: list[str]) -> Path:
-    """``source`` built as a shared library (no libc) into ``$TMPDIR/clusterctl-stub-<kind>/<name>``, once: an
-    existing one is reused (parallel testbeds may build the same one: the rename is atomic)."""
-    cache = Path(os.environ.get("TMPDIR", "/tmp")) / f"clusterctl-stub-{kind}"
+    """``source`` built as a shared library (no libc) into ``$TMPDIR/clusterctl-stubs-<uid>/<name>``, once: an
+    existing one is reused (parallel testbeds may build the same one: the rename is atomic). The cache is this
+    user's alone (0700, owned by us, else refused): a library another user could plant there is loaded as code."""
+    cache = Path(os.environ.get("TMPDIR", "/tmp")) / f"clusterctl-stubs-{os.getuid()}"
+    cache.mkdir(mode=0o700, exist_ok=True)
+    st = cache.lstat()
+    if not cache.is_dir() or cache.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise RuntimeError(f"{cache}: not a private directory of this user: refusing to build or load {kind} there")
     out = cache / name
     if out.exists():
         return out
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError(f"the stub {kind} needs a C compiler (`cc`): apt-get install gcc")
-    cache.mkdir(parents=True, exist_ok=True)
     src = cache / f"{name}-{os.getpid()}.c"
     src.write_text(source)
     tmp = out.with_name(out.name + f".{os.getpid()}")
