@@ -50,16 +50,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))           # clusterctl from this tree (its dependencies: the deps stage)
 from clusterctl.launch.zygote import PRELOAD  # noqa: E402 - stdlib only at import
 
-ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
 ZYGOTE = ROOT / "clusterctl" / "launch" / "zygote.py"
 STAGES = ("deps", "fixtures", "preflight", "zygote", "startup", "release", "nvml", "job")
 BUDGET_S = 480.0
 RDZV_PORT = 29512
-DEPS = ("paramiko", "pyyaml", "tenacity", "pydantic", "click", "rich", "platformdirs", "py-spy")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -566,7 +565,6 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="clusterctl-devrun-"))
     r = Run(out, work, args.budget_s)
-    sys.path.insert(0, str(ROOT))
     try:
         if "deps" in args.stages:
             stage_deps(r, args.wheels)
