@@ -170,6 +170,19 @@ def job_row(state_dir: Path, name: str):
         return store.find_job(name)
 
 
+def wait_for(pred, timeout: float, what: str, interval: float = 0.05, run: Run | None = None):
+    """``pred()``'s first true value within ``timeout`` s, polled every ``interval`` s; else an AssertionError
+    naming ``what`` (with ``run``'s events, when given)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}"
+                         + (f"\n{run.events_text()}" if run else ""))
+
+
 def stop_unless_done(run: Run) -> None:
     """A test's teardown: `clusterctl stop` unless the job ended by itself (succeeded or stopped, its supervisor
     gone), so that no supervisor outlives the testbed. `stop` connects to every node (~2 s of CPU): a finished job

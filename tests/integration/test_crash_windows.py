@@ -28,20 +28,10 @@ def _job(state: Path, name: str):
         return store.find_job(name)
 
 
-def _wait(pred, timeout: float, what: str, interval: float = 0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-
-
 def _supervisor_gone(state: Path, name: str, timeout: float) -> float:
     """Seconds until the job's supervisor process has exited."""
     t0 = time.monotonic()
-    _wait(lambda: not rh._alive(_job(state, name).supervisor_pid), timeout, "the supervisor to exit", 0.2)
+    rh.wait_for(lambda: not rh._alive(_job(state, name).supervisor_pid), timeout, "the supervisor to exit", 0.2)
     return time.monotonic() - t0
 
 
@@ -61,7 +51,7 @@ def test_stop_during_a_backoff_and_during_a_start_wins(make_testbed, tmp_path, r
         # 1. a stop during the backoff: at once, not after 60 s, and no attempt 2
         with rh.open_store(state) as store:
             job_id = store.find_job(name).job_id
-            _wait(lambda: any(e.kind == "backoff" for e in store.events(job_id)), 120, "the backoff", 0.2)
+            rh.wait_for(lambda: any(e.kind == "backoff" for e in store.events(job_id)), 120, "the backoff", 0.2)
         r = clusterctl(state, "stop", name, "--grace", "0", timeout=120)
         assert r.returncode == 0, r.stderr
         assert _supervisor_gone(state, name, 20) < 20
@@ -72,7 +62,7 @@ def test_stop_during_a_backoff_and_during_a_start_wins(make_testbed, tmp_path, r
         # 2. a stop while the next attempt starts (after `resume`): the start's containers are removed too
         r = clusterctl(state, "resume", name, "--detach", timeout=180)
         assert r.returncode == 0, r.stderr
-        _wait(lambda: _job(state, name).attempt >= 2 or _job(state, name).state.value == "STARTING", 120,
+        rh.wait_for(lambda: _job(state, name).attempt >= 2 or _job(state, name).state.value == "STARTING", 120,
               "attempt 2 to start")
         r = clusterctl(state, "stop", name, "--grace", "0", timeout=120)
         assert r.returncode == 0, r.stderr
@@ -108,7 +98,7 @@ def test_a_bare_runner_that_died_without_its_exit_file_never_gets_its_reused_pid
                                "restarts": {"max_restarts": 0, "max_failures": 3, "max_node_failures": 3}})
         r = clusterctl(state, "launch", str(job), "-i", str(inv), "--detach", "--skip-preflight", timeout=180)
         assert r.returncode == 0, r.stderr
-        j = _wait(lambda: (x := _job(state, name)) and x.state.value == "RUNNING" and x, 180, "attempt 1", 0.5)
+        j = rh.wait_for(lambda: (x := _job(state, name)) and x.state.value == "RUNNING" and x, 180, "attempt 1", 0.5)
         node_dir = tb.home / ".clusterctl" / "nodes" / "node2" / "jobs" / j.job_id / "1"
         runner = int((node_dir / "pid").read_text())
         subprocess.run(["kill", "-KILL", "--", f"-{runner}"], check=False)
@@ -117,7 +107,7 @@ def test_a_bare_runner_that_died_without_its_exit_file_never_gets_its_reused_pid
                 subprocess.run(["kill", "-KILL", str(pid)], check=False)
         victim = subprocess.Popen(["sleep", "600"], start_new_session=True)
         (node_dir / "pid").write_text(f"{victim.pid}\n")
-        _wait(lambda: _job(state, name).attempt >= 2, 120, "the relaunch after node2's runner died", 0.5)
+        rh.wait_for(lambda: _job(state, name).attempt >= 2, 120, "the relaunch after node2's runner died", 0.5)
         assert victim.poll() is None, "the relaunch's cleanup signalled the process that reused the runner's pid"
         r = clusterctl(state, "status", name, "--output", "json", timeout=120)
         assert r.returncode == 0, r.stderr
@@ -152,7 +142,7 @@ def test_a_state_dir_filled_by_a_chatty_job_never_kills_the_supervisor_silently(
         env = {"PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
         r = clusterctl(state, "launch", str(job), "--detach", env=env, cwd=tmp_path, timeout=180)
         assert r.returncode == 0, r.stderr
-        _wait(lambda: (j := _job(state, "chatty")) and j.terminal and not rh._alive(j.supervisor_pid), 240,
+        rh.wait_for(lambda: (j := _job(state, "chatty")) and j.terminal and not rh._alive(j.supervisor_pid), 240,
               "the job to end and its supervisor to exit", 0.5)
         j = _job(state, "chatty")
         assert j.state.value in ("SUCCEEDED", "FAILED"), j.state
@@ -182,8 +172,8 @@ def test_a_supervisor_killed_right_after_success_never_lets_resume_rerun_the_job
         assert r.returncode == 0, r.stderr
         with rh.open_store(state) as store:
             job_id = store.find_job(name).job_id
-            pid = _wait(lambda: store.get_job(job_id).supervisor_pid, 60, "the supervisor's claim")
-            _wait(lambda: any(a.result == "succeeded" for a in store.attempts(job_id)), 180,
+            pid = rh.wait_for(lambda: store.get_job(job_id).supervisor_pid, 60, "the supervisor's claim")
+            rh.wait_for(lambda: any(a.result == "succeeded" for a in store.attempts(job_id)), 180,
                   "the attempt to be recorded succeeded", 0.01)
         os.kill(pid, signal.SIGKILL)
         r = clusterctl(state, "resume", name, "--detach", "-o", "json", timeout=180)

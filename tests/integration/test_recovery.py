@@ -313,19 +313,11 @@ def test_a_straggler_at_half_speed_is_named_within_two_minutes_and_nothing_is_do
               extra_args=["--fault", "1:slow@1", "--at", "10", "--slow", "2"])
     run.launch()
     mark = run.record.parent / "sick.json"
-
-    def wait(what: str, timeout: float, cond):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            got = cond()
-            if got:
-                return got
-            time.sleep(2)
-        raise AssertionError(f"no {what} within {timeout:.0f}s\n{run.events_text()}")
-    wait("fault", 180, mark.exists)
+    rh.wait_for(mark.exists, 180, "the fault", 2, run)
     truth = json.loads(mark.read_text())
     assert (truth["rank"], truth["fault"]) == (1, "slow"), truth
-    st = wait("straggler in status -o json", 180, lambda: (s := run.status()).get("stragglers") and s)
+    st = rh.wait_for(lambda: (s := run.status()).get("stragglers") and s, 180, "a straggler in status -o json",
+                     2, run)
     named = [e for e in run.events() if e["kind"] == "straggler" and e["class"] == "named"]
     assert [(e["node"], e["rank"]) for e in named] == [(truth["node"], 1)], run.events_text()
     assert named[0]["time"] - truth["time"] <= 120, f"named {named[0]['time'] - truth['time']:.0f}s after the fault"
