@@ -266,6 +266,20 @@ def last_entries(data: bytes, n: int) -> list[dict]:
     return out
 
 
+def completed_through(entries: list[dict], pg: str, enq: int) -> int | None:
+    """The last collective of group ``pg`` completed with every earlier one, from the entries' ``retired`` flags
+    (None: the tail does not reach ``enq`` or the torch records no flag). gloo runs collectives on two worker
+    threads, each writing ``last_completed_collective`` after its own: under load a thread that finished #4 can
+    write it after the other wrote #10, and pg_status then says 4 for as long as no collective follows (a rank
+    blocked in its own code read as one waiting in #10)."""
+    mine = [e for e in entries if str(e.get("pg_id")) == pg and isinstance(e.get("retired"), bool)
+            and isinstance(e.get("collective_seq_id"), int) and e["collective_seq_id"] <= enq]
+    if not any(e["collective_seq_id"] == enq for e in mine):
+        return None
+    open_ = [e["collective_seq_id"] for e in mine if not e["retired"]]
+    return min(open_) - 1 if open_ else enq
+
+
 def waiting_in(status: dict[str, tuple[int, int]], entries: list[dict], now_ns: int) -> dict | None:
     """The collective this rank waits in (enqueued, not completed), preferring the default group "0"."""
     for pg in sorted(status, key=lambda p: (p != "0", p)):
@@ -396,6 +410,7 @@ class Monitor:
         self.waiting: dict | None = None
         self.waiting_since_ns = 0        # wall clock ns of its arrival in the collective it waits in
         self.in_flight: dict[str, tuple[int, int]] = {}    # pg -> (enqueued, completed) of last tick's collectives
+        self.completed: dict[str, tuple[int, int]] = {}    # pg -> (enqueued, completed) as corrected last tick
         self.dumped: str | None = None   # the trigger's content last acted on
         self.peer_pids: dict[str, int] = {}
         self.nvml = nvml if nvml is not None else Nvml()
@@ -514,15 +529,12 @@ class Monitor:
         now = self.clock()
         self.n += 1
         c10d = _fr()
-        status = fr_status(c10d) if c10d is not None else {}
+        raw = fr_status(c10d) if c10d is not None else {}
+        status = self._corrected(raw)
         # in a collective since the last tick at least (the same one enqueued, nothing completed since): only then
         # are the entries read to say which (a rank that trains passes through collectives all the time)
         in_flight = {pg: s for pg, s in status.items() if s[0] > s[1]}
-        held, self.in_flight = bool(in_flight) and in_flight == self.in_flight, in_flight
-        if "0" in status:
-            done = status["0"][1]
-            if done != self.colls:
-                self.colls, self.colls_at = done, now
+        held = bool(in_flight) and in_flight == self.in_flight
         steps = self.progress.steps
         stalled = steps is None or now - self.progress.at >= WAIT_S
         waiting = held and stalled
@@ -542,6 +554,19 @@ class Monitor:
                 self.arrivals_at = now if entries else None
                 self.arrivals = [[int(e["collective_seq_id"]), int(e["time_created_ns"])] for e in entries
                                  if str(e.get("pg_id")) == "0" and e.get("time_created_ns")]
+            if entries:         # what the entries say completed, where pg_status lags (see completed_through)
+                for pg, (enq, _) in raw.items():
+                    done = completed_through(entries, pg, enq)
+                    if done is not None and done > self.completed[pg][1]:
+                        self.completed[pg] = (enq, done)
+                status = self._corrected(raw)
+                in_flight = {pg: s for pg, s in status.items() if s[0] > s[1]}
+                waiting = waiting and bool(in_flight)
+        self.in_flight = in_flight
+        if "0" in status:
+            done = status["0"][1]
+            if done != self.colls:
+                self.colls, self.colls_at = done, now
         now_ns = time.time_ns()
         if known:
             self.waiting = {**self.waiting, "for_s": round((now_ns - self.waiting_since_ns) / 1e9, 1)}
@@ -571,6 +596,17 @@ class Monitor:
         if self.arrivals is not None:
             d["arrivals"] = self.arrivals
         return d
+
+    def _corrected(self, raw: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        """pg_status, its completed never going back (see completed_through) while the group's enqueued does not
+        (a group made again starts over)."""
+        out = {}
+        for pg, (enq, done) in raw.items():
+            last = self.completed.get(pg)
+            if last is not None and last[0] <= enq:
+                done = max(done, last[1])
+            out[pg] = self.completed[pg] = (enq, done)
+        return out
 
     def state(self, now: float, progress_at: float, progressed: bool) -> str:
         """training: progress within RECENT_S; waiting: in a collective >= WAIT_S; busy: CPU or I/O within RECENT_S,

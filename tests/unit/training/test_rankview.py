@@ -322,6 +322,7 @@ class _FR:
         self.status = {"0": (3, 3)}
         self.dumps = 0
         self.created_ns = 0
+        self.open: set[int] | None = None       # the collectives not retired (None: entries without the flag)
 
     def _dump_fr_trace_json(self, includeCollectives=True, onlyActive=False):
         enq, done = self.status["0"]
@@ -331,6 +332,9 @@ class _FR:
         self.dumps += 1
         entries = [{"collective_seq_id": i, "pg_id": 0, "profiling_name": "gloo:all_reduce",
                     "time_created_ns": self.created_ns + i} for i in range(1, enq + 1)]
+        if self.open is not None:
+            for e in entries:
+                e["retired"] = e["collective_seq_id"] not in self.open
         return json.dumps({**st, "entries": entries}).encode()
 
 
@@ -357,6 +361,51 @@ def test_the_entries_are_read_once_per_collective_waited_in_and_every_10_s(tmp_p
         clock.t += 1
         m.tick()
     assert fr.dumps == 4
+
+
+def test_completed_through_reads_the_retired_flags_of_the_tail():
+    def e(seq, retired=True, pg=0):
+        return {"collective_seq_id": seq, "pg_id": pg, "retired": retired}
+    assert rankview.completed_through([e(i) for i in range(1, 11)], "0", 10) == 10
+    assert rankview.completed_through([e(8), e(9, False), e(10), e(11, False)], "0", 11) == 8
+    assert rankview.completed_through([e(9), e(10), e(11, False, pg=1)], "0", 10) == 10      # another group's
+    assert rankview.completed_through([e(8), e(9)], "0", 10) is None           # the tail does not reach #10
+    assert rankview.completed_through([{"collective_seq_id": 10, "pg_id": 0}], "0", 10) is None   # no flags
+
+
+def test_a_rank_whose_pg_status_lags_its_retired_collectives_is_not_waiting(tmp_path, monkeypatch):
+    """gloo's two worker threads each write last_completed_collective after their own collective: under load #4's
+    write can land after #10's (seen in test_a_blocked_rank_... under -n 2: rank 1, blocked in its own code, read
+    colls 4 and 'in all_reduce #10' for 114 s). The entries' retired flags say what completed."""
+    fr, clock = _FR(), _Clock()
+    monkeypatch.setattr(rankview, "_fr", lambda: fr)
+    m = rankview.Monitor(str(tmp_path), rank=1, local_rank=1, progress=rankview.Progress(clock), clock=clock)
+    fr.created_ns = time.time_ns() - 60 * 10**9
+    fr.open = set()                              # every collective completed ...
+    fr.status["0"] = (10, 10)
+    m.tick()
+    fr.status["0"] = (10, 4)                     # ... and #4's late write lands last
+    for _ in range(8):
+        clock.t += 1
+        d = m.tick()
+        assert d["in"] is None and d["state"] != "waiting" and d["colls"] == 10, d
+    # a rank that did not see #10 complete first: its entries correct the lagging count
+    fr2 = _FR()
+    monkeypatch.setattr(rankview, "_fr", lambda: fr2)
+    (tmp_path / "b").mkdir()
+    m2 = rankview.Monitor(str(tmp_path / "b"), rank=0, local_rank=0, progress=rankview.Progress(clock),
+                          clock=clock)
+    fr2.created_ns, fr2.open, fr2.status["0"] = time.time_ns() - 60 * 10**9, set(), (10, 4)
+    for _ in range(4):
+        clock.t += 1
+        d = m2.tick()
+    assert d["in"] is None and d["state"] != "waiting" and d["colls"] == 10, d
+    # waiting in #11 with #10's write lost: in #11, 10 completed (ci6 read rank 0's colls as 9)
+    fr2.open, fr2.status["0"] = {11}, (11, 9)
+    for _ in range(4):
+        clock.t += 1
+        d = m2.tick()
+    assert d["in"]["seq"] == 11 and d["state"] == "waiting" and d["colls"] == 10, d
 
 
 def test_gpu_fields_once_the_rank_uses_cuda(tmp_path, monkeypatch):
