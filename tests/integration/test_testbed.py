@@ -112,6 +112,8 @@ def test_container_left_running_is_visible_and_removable(testbed):
             assert time.monotonic() < deadline, "the container's process never showed in the host's process list"
             time.sleep(0.1)
         assert "tbprobe" in testbed.exec(h, ["podman", "ps", "--format", "{{.Names}}"]).stdout
+        # its lock is a file of this host's, gone with the testbed (not the machine's /dev/shm/libpod_lock)
+        assert list((testbed.runroot / h.name / "libpod-tmp" / "locks").iterdir())
     finally:
         ssh(testbed, h, "podman rm -f -t 0 tbprobe", timeout=60)
     assert not any("sleep infinity" in cmd for _, cmd in testbed.processes(h))

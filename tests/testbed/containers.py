@@ -3,7 +3,10 @@
 Each host gets its own containers.conf (runc, cgroupfs, no default ulimits, read-only mounts of the host's
 /usr, the Python install, the venv and the repo, read-write shared storage) and its own storage.conf (vfs,
 per-host graphroot/runroot), selected through CONTAINERS_CONF / CONTAINERS_STORAGE_CONF in the host's sshd
-``SetEnv``. The image is imported once into a template store and copied into each host's store (the libpod
+``SetEnv``. Its container and volume locks are files under its own tmp_dir (``lock_type = "file"``): podman's
+default is one shared-memory segment per machine (/dev/shm/libpod_lock, 2048 locks) that a host's store, removed
+with the testbed, never gives back (the jobs' compile-cache volumes outlive their containers by design); after a
+day of testbeds every podman on the machine failed with "allocating lock ...: exceeded num_locks (2048)". The image is imported once into a template store and copied into each host's store (the libpod
 database is left out: podman creates it per store on first use).
 """
 
@@ -46,6 +49,7 @@ def write_configs(host_dir: Path, runroot: Path, shared: Path) -> dict[str, str]
         'runtime = "runc"\n'
         'cgroup_manager = "cgroupfs"\n'
         f'tmp_dir = "{runroot}/libpod-tmp"\n'
+        'lock_type = "file"\n'                     # locks in tmp_dir/locks, gone with the testbed (see above)
         'events_logger = "file"\n'
         f'events_logfile_path = "{host_dir}/podman-events.log"\n'
     )
