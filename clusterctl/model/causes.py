@@ -18,7 +18,6 @@ RANK_PREFIX = re.compile(r"^\[(\d+)\]:")
 # and only the last MAX_TEXT characters of any text from a node are read.
 ROOT_CAUSE_MARK = "Root Cause (first observed failure):"
 ROOT_CAUSE_BLOCK = 4096
-_RANK = re.compile(r"rank\s{0,64}:\s{0,64}(\d{1,9})")
 _EXITCODE = re.compile(r"exitcode\s{0,64}:\s{0,64}(-?\d{1,9})(?:\s{0,64}\(pid:\s{0,64}(\d{1,12})\))?")
 MAX_TEXT = 256 << 10      # the most of a node's text any parser here reads (its end: where the errors are)
 
@@ -46,19 +45,50 @@ class RootCause:
 
 def root_cause_of(text: str) -> RootCause | None:
     """The first failure summary in ``text`` (its last ``MAX_TEXT`` characters) that names a rank and an exit code.
-    Linear: each marker's block is bounded by the next marker and ``ROOT_CAUSE_BLOCK``."""
+    Linear: each marker's block is bounded by the next marker and ``ROOT_CAUSE_BLOCK``.
+
+    torchrun's root cause is its first *observed* failure, ordered by time: a rank's error file is stamped when the
+    rank raised, a rank killed by a signal when the agent saw it. A local peer of a SIGKILLed rank can raise first
+    ("Connection reset by peer", then SIGTERMed by the agent) and be named. Where the root cause failed because a
+    peer went away (``PEER_GONE``) and the summary's ``Failures:`` list has a rank that did not (nor was SIGTERMed:
+    the agent's own stop of the others), that rank is it."""
     text = capped(text)
     pos = text.find(ROOT_CAUSE_MARK)
     while pos >= 0:
         start = pos + len(ROOT_CAUSE_MARK)
         nxt = text.find(ROOT_CAUSE_MARK, start, start + ROOT_CAUSE_BLOCK)
         block = text[start:nxt if nxt >= 0 else start + ROOT_CAUSE_BLOCK]
-        r = _RANK.search(block)
-        e = _EXITCODE.search(block, r.end()) if r else None
-        if r and e:
-            return RootCause(int(r.group(1)), int(e.group(1)), int(e.group(2)) if e.group(2) else None)
+        end = block.find(SUMMARY_END)
+        block = block[:end] if end >= 0 else block
+        found = _failures(block)[:1]
+        if found:
+            cause, victim = found[0]
+            if victim:
+                listed = text.rfind(FAILURES_MARK, max(0, pos - ROOT_CAUSE_BLOCK), pos)
+                others = _failures(text[listed + len(FAILURES_MARK):pos]) if listed >= 0 else []
+                cause = next((c for c, v in others if not v and c.signal != "SIGTERM"), cause)
+            return cause
         pos = nxt if nxt >= 0 else text.find(ROOT_CAUSE_MARK, start + ROOT_CAUSE_BLOCK)
     return None
+
+
+FAILURES_MARK = "Failures:"
+SUMMARY_END = "=" * 40           # the summary's closing rule (torchrun prints 60)
+_RANK_LINE = re.compile(r"(?<![\w])rank\s{0,64}:\s{0,64}(\d{1,9})")       # not local_rank's
+
+
+def _failures(block: str) -> list[tuple[RootCause, bool]]:
+    """The failures one block of torchrun's summary lists, in order: (the failure, whether it says a peer went
+    away)."""
+    found = list(_RANK_LINE.finditer(block))
+    out = []
+    for m, nxt in zip(found, found[1:] + [None]):
+        entry = block[m.start():nxt.start() if nxt else len(block)]
+        e = _EXITCODE.search(entry)
+        if e:
+            out.append((RootCause(int(m.group(1)), int(e.group(1)), int(e.group(2)) if e.group(2) else None),
+                        peer_failure(entry)))
+    return out
 
 
 def root_cause(text: str) -> tuple[int, int] | None:

@@ -19,6 +19,23 @@ def test_root_cause_of_a_rank_killed_by_sigkill_names_rank_signal_and_pid():
     assert causes.root_cause_of("no summary") is None
 
 
+def test_a_local_peer_that_raised_first_is_not_the_root_cause_the_sigkilled_rank_is():
+    """Recorded in CI (test_oncall, 2026-12-04, a loaded 2-core box): rank 2 SIGKILLed, its local peer rank 3 raised
+    gloo's "Connection reset by peer" first and was SIGTERMed by the agent; torchrun's Root Cause (first observed,
+    by time) named rank 3, and `status` said SIGTERM. The failure list's rank that did not fail for a peer wins."""
+    t = text("torchrun_peer_raised_first.txt")
+    rc = causes.root_cause_of(t)
+    assert (rc.rank, rc.exit_code, rc.pid, rc.signal) == (2, -9, 20, "SIGKILL")
+    raw = "\n".join(line.split("] ", 1)[1] if line.startswith("[node2/") else line for line in t.splitlines())
+    assert causes.root_cause_of(raw) == rc                         # torchrun's own text, without the prefixes
+    # the root cause stays torchrun's when the listed failures are victims too, or none is listed
+    victims = t.replace("Signal 9 (SIGKILL) received by PID 20", "RuntimeError: Connection closed by peer")
+    assert causes.root_cause_of(victims).rank == 3
+    stopped = t.replace("exitcode  : -9 (pid: 20)  (SIGKILL)", "exitcode  : -15 (pid: 20)  (SIGTERM)")
+    assert causes.root_cause_of(stopped).rank == 3                 # SIGTERMed: the agent stopping the others
+    assert causes.root_cause_of(t[t.index("Root Cause"):]).rank == 3
+
+
 def test_signal_of_shell_statuses():
     assert [causes.signal_of(c) for c in (137, 143, 134, 1, None)] == ["SIGKILL", "SIGTERM", "SIGABRT", None, None]
 
