@@ -80,11 +80,15 @@ def test_zygote_start_writes_zygote_py_into_a_fresh_private_dir_then_runs_the_co
 
 FAKE_ZYGOTE = '''import os, sys, time
 d = os.path.dirname(os.path.abspath(sys.argv[0]))
+def put(name, text):                   # whole or not at all (the test reads a file as soon as it exists)
+    with open(os.path.join(d, name + ".tmp"), "w") as f:
+        f.write(text)
+    os.replace(os.path.join(d, name + ".tmp"), os.path.join(d, name))
 if os.fork() == 0:                     # what a zygote forks (an agent, a rank) keeps its command line
-    open(os.path.join(d, "child"), "w").write(str(os.getpid()))
+    put("child", str(os.getpid()))
     time.sleep(60)
     os._exit(0)
-open(os.path.join(d, "args"), "w").write(" ".join(sys.argv[1:]) + " " + str(os.getpid()))
+put("args", " ".join(sys.argv[1:]) + " " + str(os.getpid()))
 time.sleep(60)
 '''
 
