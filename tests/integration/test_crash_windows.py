@@ -101,9 +101,10 @@ def test_a_bare_runner_that_died_without_its_exit_file_never_gets_its_reused_pid
         j = rh.wait_for(lambda: (x := _job(state, name)) and x.state.value == "RUNNING" and x, 180, "attempt 1", 0.5)
         # both nodes in the world (ci12: on a loaded box node1's rendezvous closed alone, elastic 1:2, before node2's
         # torchrun joined; killed then, node2 took no peer down and nothing relaunched in 120 s)
-        events = state / "jobs" / j.job_id / "events.jsonl"
-        rh.wait_for(lambda: events.exists() and "every rank printed" in events.read_text(), 180,
-                    "both nodes' ranks to start", 0.5)
+        def started() -> bool:
+            with rh.open_store(state) as store:
+                return any("every rank printed" in e.message for e in store.events(j.job_id))
+        rh.wait_for(started, 180, "both nodes' ranks to start", 0.5)
         node_dir = tb.home / ".clusterctl" / "nodes" / "node2" / "jobs" / j.job_id / "1"
         runner = int((node_dir / "pid").read_text())
         subprocess.run(["kill", "-KILL", "--", f"-{runner}"], check=False)
